@@ -1,0 +1,3 @@
+"""tpubuild: declarative, incremental builds of TPU-ready TensorFlow SavedModels."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from tpubuild.cli import main
+
+main()

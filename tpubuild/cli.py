@@ -1,0 +1,102 @@
+"""The `tpubuild` command: a click group whose verbs live in `tpubuild.commands.*`.
+
+Verbs are imported lazily (the Olive registry idea) so `tpubuild validate` never pays
+for the imports of `tpubuild convert`. Errors derived from TpubuildError become
+one line each and an exit code; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import click
+
+from tpubuild import __version__
+from tpubuild.errors import TpubuildError
+
+# verb -> module under tpubuild.commands exporting `command`, in --help order.
+VERBS = {
+    "build": "build",
+    "validate": "validate",
+    "list": "list_",
+    "render": "render",
+    "explain": "explain",
+    "convert": "convert",
+    "inspect": "inspect_",
+    "report": "report",
+    "clean": "clean",
+    "gc": "gc",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [verb for verb in VERBS if importlib.util.find_spec(f"tpubuild.commands.{VERBS[verb]}")]
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in VERBS:
+            return None
+        try:
+            module = importlib.import_module(f"tpubuild.commands.{VERBS[name]}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"tpubuild.commands.{VERBS[name]}":
+                return None
+            raise
+        return module.command
+
+
+class Options:
+    """Global options every verb receives through click's context object."""
+
+    def __init__(self, workspace: Path | None, debug: bool):
+        self.workspace = workspace
+        self.debug = debug
+
+
+@click.group(
+    cls=LazyGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="Run `tpubuild VERB --help` for a verb's options and an example.",
+)
+@click.version_option(__version__, "--version", prog_name="tpubuild")
+@click.option(
+    "--workspace",
+    "-w",
+    type=click.Path(path_type=Path, file_okay=True, dir_okay=True),
+    help="The workspace (a directory holding tpubuild.yaml, or the file itself). "
+    "Default: the nearest tpubuild.yaml in this directory or above.",
+)
+@click.option("--debug", is_flag=True, help="Show Python tracebacks for errors.")
+@click.pass_context
+def cli(ctx: click.Context, workspace: Path | None, debug: bool) -> None:
+    """tpubuild: build TPU-ready TensorFlow SavedModels from YAML recipes.
+
+    Each model in the workspace has a recipe (recipes/*.yaml) whose `converter:`
+    section mirrors the Cloud TPU Inference Converter's ConverterOptions. tpubuild
+    rebuilds only the stages whose inputs changed and publishes numbered versions.
+    """
+    ctx.obj = Options(workspace, debug)
+
+
+def main(argv: list[str] | None = None) -> None:
+    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    try:
+        code = cli.main(args=argv, prog_name="tpubuild", standalone_mode=False)
+    except TpubuildError as exc:
+        if debug:
+            raise
+        for line in exc.lines():
+            click.echo(line, err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("tpubuild: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(2 if isinstance(exc, click.UsageError) else exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)
+
