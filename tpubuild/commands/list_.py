@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import json
+
+import click
+
+from tpubuild.commands._common import recipes_from
+
+
+@click.command(
+    "list",
+    short_help="List recipes with their model and the stages they run.",
+    epilog="Example: tpubuild list --json | jq '.[].stages'",
+)
+@click.argument("targets", nargs=-1)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.pass_context
+def command(ctx: click.Context, targets: tuple[str, ...], as_json: bool) -> int:
+    """List the workspace's recipes: name, file, model and the pipeline stages."""
+    from tpubuild.pipeline import stage_names
+
+    _, recipes = recipes_from(ctx, targets)
+    rows = [
+        {
+            "name": r.name,
+            "file": r.rel_file,
+            "model": _model(r.canonical["model"]),
+            "stages": stage_names(r.canonical),
+        }
+        for r in recipes
+    ]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return 0
+    width = max((len(row["name"]) for row in rows), default=0)
+    for row in rows:
+        click.echo(f"{row['name']:<{width}}  {row['model']}  [{' > '.join(row['stages'])}]")
+    return 0
+
+
+def _model(model: dict) -> str:
+    if "saved_model" in model:
+        return model["saved_model"]
+    export = model["export"]
+    return f"{export['script']}:{export['function']}"

@@ -1,0 +1,105 @@
+"""The canonical form of a recipe: one JSON document per meaning (docs/architecture.md).
+
+Two recipes that mean the same thing (key order, comments, enum case, a default spelled
+out or left implicit, `extends` vs inline) produce the same document and the same hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from tpubuild.config.checks import DEFAULT_SIGNATURE_KEYS, expand_globs, generator_module_file
+
+BATCH_DEFAULTS = {
+    "num_batch_threads": 1,
+    "batch_timeout_micros": 0,
+    "allowed_batch_sizes": [],
+    "max_enqueued_batches": 10,
+    "disable_large_batch_splitting": False,
+}
+VERIFY_DEFAULTS = {"samples": 32, "seed": 0, "rtol": None, "atol": None}
+DEFAULT_TAGS = ["serve"]
+DEFAULT_NUM_SAMPLES = 200
+
+
+def canonicalize(data: dict[str, Any], name: str, root: Path) -> dict[str, Any]:
+    """`data` has passed schema and semantic checks; paths are root-relative."""
+    model = data["model"]
+    tags = list(model.get("tags", DEFAULT_TAGS))
+    canonical_model: dict[str, Any] = {"tags": tags}
+    if "saved_model" in model:
+        canonical_model["saved_model"] = model["saved_model"]
+    else:
+        export = model["export"]
+        canonical_model["export"] = {
+            "script": export["script"],
+            "function": export.get("function", "export"),
+            "deps": list(expand_globs(export.get("deps", []), root)),
+        }
+    return {
+        "name": name,
+        "model": canonical_model,
+        "converter": _converter(data.get("converter", {}), tags),
+        "verify": {**VERIFY_DEFAULTS, **data.get("verify", {})},
+    }
+
+
+def _converter(converter: dict[str, Any], tags: list[str]) -> dict[str, Any]:
+    bf16 = converter.get("bfloat16_optimization_options", {})
+    scope = bf16.get("scope", "DEFAULT").upper()
+    out: dict[str, Any] = {
+        "tpu_functions": [dict(entry) for entry in converter.get("tpu_functions", [])],
+        "batch_options": [_batch(entry) for entry in converter.get("batch_options", [])],
+        "io_shape_optimization": converter.get("io_shape_optimization", "DEFAULT").upper(),
+        "bfloat16_optimization": converter.get("bfloat16_optimization", "DEFAULT").upper(),
+        "disable_default_optimizations": converter.get("disable_default_optimizations", False),
+        "bfloat16_optimization_options": {
+            "scope": "TPU" if scope == "DEFAULT" else scope,
+            "skip_safety_checks": bf16.get("skip_safety_checks", False),
+            "filterlist": sorted(set(bf16.get("filterlist", []))),
+        },
+    }
+    if "xla_sharding_options" in converter:
+        xla = converter["xla_sharding_options"]
+        out["xla_sharding_options"] = {
+            "num_cores_per_replica": xla.get("num_cores_per_replica", 1),
+            "device_assignment": list(xla.get("device_assignment", [])),
+            **({"topology": dict(xla["topology"])} if "topology" in xla else {}),
+        }
+    if "quantization_options" in converter:
+        quant = converter["quantization_options"]
+        out["quantization_options"] = {
+            "method": quant.get("method", "STATIC_RANGE").upper(),
+            "tags": list(quant.get("tags", tags)),
+            "signature_keys": list(quant.get("signature_keys", DEFAULT_SIGNATURE_KEYS)),
+            "op_set": quant.get("op_set", "XLA").upper(),
+            "representative_datasets": {
+                key: _dataset(source) for key, source in quant.get("representative_datasets", {}).items()
+            },
+        }
+    return out
+
+
+def _batch(entry: dict[str, Any]) -> dict[str, Any]:
+    return {**BATCH_DEFAULTS, **entry}
+
+
+def _dataset(source: dict[str, Any]) -> dict[str, Any]:
+    if "generator" in source:
+        return {
+            "generator": source["generator"],
+            "num_samples": source.get("num_samples", DEFAULT_NUM_SAMPLES),
+            "module_file": generator_module_file(source["generator"]),
+        }
+    return dict(source)
+
+
+def canonical_json(canonical: dict[str, Any]) -> str:
+    return json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def digest(canonical: dict[str, Any]) -> str:
+    return hashlib.sha256(canonical_json(canonical).encode()).hexdigest()

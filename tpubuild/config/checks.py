@@ -1,0 +1,218 @@
+"""Semantic checks a JSON Schema cannot express, each located at the offending line.
+
+They run on a recipe that already passed the schema (types are right) after `extends`
+and defaults, with paths rebased to the workspace root.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+from tpubuild.config.paths import iter_paths, leaves_root
+from tpubuild.config.yamlload import Marks, format_path
+from tpubuild.errors import Diagnostic
+
+TPU_FUNCTION_KINDS = ("function_alias", "concrete_function_name", "signature_name", "jit_compile_functions")
+EXPERIMENTAL_KINDS = ("function_alias", "concrete_function_name", "signature_name")
+DATASET_KINDS = ("tfrecord_file_path", "npz", "generator")
+DEFAULT_SIGNATURE_KEYS = ["serving_default"]
+
+
+class Checker:
+    def __init__(self, data: dict[str, Any], marks: Marks, root: Path):
+        self.data = data
+        self.marks = marks
+        self.root = root
+        self.problems: list[Diagnostic] = []
+
+    def error(self, path: tuple, message: str, at_key: bool = False) -> None:
+        loc = self.marks.key(path) if at_key else self.marks.value(path)
+        self.problems.append(Diagnostic(loc, format_path(path), message))
+
+    def run(self) -> list[Diagnostic]:
+        converter = self.data.get("converter", {})
+        if not isinstance(converter, dict):
+            converter = {}
+        checks = (
+            (self.check_model,),
+            (self.check_paths,),
+            (self.check_tpu_functions, converter.get("tpu_functions", [])),
+            (self.check_batch_options, converter.get("batch_options", [])),
+            (self.check_xla_sharding, converter.get("xla_sharding_options")),
+            (self.check_quantization, converter.get("quantization_options")),
+        )
+        for check, *args in checks:
+            # The schema's errors are reported too; a check that meets a value of the
+            # wrong type leaves it to them instead of guessing.
+            try:
+                check(*args)
+            except (TypeError, KeyError, AttributeError, ValueError):
+                pass
+        return self.problems
+
+    def check_model(self) -> None:
+        model = self.data.get("model")
+        if model is None:
+            self.error((), "model is required (model.saved_model or model.export)")
+            return
+        kinds = [k for k in ("saved_model", "export") if k in model]
+        if not kinds:
+            self.error(("model",), "set one of saved_model or export")
+        elif len(kinds) > 1:
+            self.error(("model", kinds[1]), "set only one of saved_model or export, not both", at_key=True)
+
+    def check_paths(self) -> None:
+        for path, relative in iter_paths(self.data):
+            if path == ("extends",):
+                continue  # checked when the base was read
+            is_glob = path[:3] == ("model", "export", "deps")
+            if leaves_root(relative):
+                self.error(path, f"{relative!r} is outside the workspace ({self.root})")
+                continue
+            absolute = self.root / relative
+            if is_glob:
+                if not glob.glob(str(absolute), recursive=True):
+                    self.error(path, f"{relative!r} matches no file")
+            elif path[-1] == "saved_model":
+                if not absolute.is_dir():
+                    self.error(path, f"{relative!r} is not a directory")
+                elif not (absolute / "saved_model.pb").is_file():
+                    self.error(path, f"{relative!r} is not a SavedModel (no saved_model.pb)")
+            elif not absolute.is_file():
+                self.error(path, f"{relative!r} does not exist" if not absolute.exists() else f"{relative!r} is not a file")
+        quant = self.data.get("converter", {}).get("quantization_options") or {}
+        for key, source in quant.get("representative_datasets", {}).items():
+            if "generator" in source:
+                module_file = generator_module_file(source["generator"])
+                if not (self.root / module_file).is_file():
+                    where = ("converter", "quantization_options", "representative_datasets", key, "generator")
+                    self.error(where, f"module file {module_file!r} not found in the workspace")
+
+    def check_tpu_functions(self, entries: list[dict[str, Any]]) -> None:
+        seen: dict[tuple, int] = {}
+        for index, entry in enumerate(entries):
+            path = ("converter", "tpu_functions", index)
+            kinds = [k for k in TPU_FUNCTION_KINDS if k in entry]
+            if len(kinds) > 1:
+                self.error(path, _oneof_message(TPU_FUNCTION_KINDS, kinds))
+                continue
+            named = (kinds[0], entry[kinds[0]])
+            if named in seen:
+                self.error(
+                    path + (kinds[0],),
+                    f"names the same function as converter.tpu_functions[{seen[named]}]",
+                )
+            else:
+                seen[named] = index
+
+    def check_batch_options(self, entries: list[dict[str, Any]]) -> None:
+        for index, entry in enumerate(entries):
+            path = ("converter", "batch_options", index)
+            if index >= 1:
+                self.error(path, "only one batch_options entry is supported (the converter supports one today)")
+                continue
+            experimental = entry.get("experimental")
+            if experimental:
+                kinds = [k for k in EXPERIMENTAL_KINDS if k in experimental]
+                if len(kinds) > 1:
+                    self.error(path + ("experimental",), _oneof_message(EXPERIMENTAL_KINDS, kinds))
+            sizes = entry.get("allowed_batch_sizes") or []
+            decreasing = [i for i in range(1, len(sizes)) if sizes[i] <= sizes[i - 1]]
+            if decreasing:
+                i = decreasing[0]
+                self.error(
+                    path + ("allowed_batch_sizes", i),
+                    f"allowed_batch_sizes must increase monotonically: {sizes[i]} follows {sizes[i - 1]}",
+                )
+            elif sizes:
+                last, largest = sizes[-1], entry["max_batch_size"]
+                last_path = path + ("allowed_batch_sizes", len(sizes) - 1)
+                # TF's BatchFunction: with large batch splitting, max_batch_size may exceed the
+                # largest allowed size (bigger batches are split); without it they must be equal.
+                if entry.get("disable_large_batch_splitting", False) and last != largest:
+                    self.error(
+                        last_path,
+                        f"allowed_batch_sizes must end at max_batch_size ({largest}) when "
+                        f"disable_large_batch_splitting is true, got {last}",
+                    )
+                elif last > largest:
+                    self.error(
+                        last_path,
+                        f"allowed_batch_sizes must end at max_batch_size ({largest}) or below, got {last}",
+                    )
+
+    def check_xla_sharding(self, options: dict[str, Any] | None) -> None:
+        if not options:
+            return
+        path = ("converter", "xla_sharding_options")
+        cores = options.get("num_cores_per_replica", 1)
+        topology = options.get("topology")
+        if cores > 1 and topology is None:
+            self.error(
+                path + ("num_cores_per_replica",),
+                f"num_cores_per_replica is {cores}, which needs a topology (xla_sharding_options.topology)",
+            )
+        if topology is not None and len(topology["device_coordinates"]) % 4:
+            self.error(
+                path + ("topology", "device_coordinates"),
+                "device_coordinates must hold [x, y, z, core] per device (a multiple of 4 numbers)",
+            )
+        assignment = options.get("device_assignment")
+        if assignment and len(assignment) != 4 * cores:
+            self.error(
+                path + ("device_assignment",),
+                f"device_assignment must hold [x, y, z, core] for each of the {cores} core(s) "
+                f"of the replica ({4 * cores} numbers), got {len(assignment)}",
+            )
+
+    def check_quantization(self, options: dict[str, Any] | None) -> None:
+        if options is None:
+            return
+        path = ("converter", "quantization_options")
+        keys = options.get("signature_keys", DEFAULT_SIGNATURE_KEYS)
+        datasets = options.get("representative_datasets", {})
+        for key, source in datasets.items():
+            where = path + ("representative_datasets", key)
+            if key not in keys:
+                self.error(
+                    where,
+                    f"representative dataset for {key!r}, which is not in signature_keys ({', '.join(keys)})",
+                    at_key=True,
+                )
+            kinds = [k for k in DATASET_KINDS if k in source]
+            if len(kinds) > 1:
+                self.error(where, _oneof_message(DATASET_KINDS, kinds))
+            elif not kinds:
+                self.error(where, "set one of tfrecord_file_path, npz, generator")
+            elif "num_samples" in source and kinds != ["generator"]:
+                self.error(where + ("num_samples",), "num_samples applies to a generator only", at_key=True)
+        if options.get("method", "STATIC_RANGE").upper() == "STATIC_RANGE":
+            missing = [k for k in keys if k not in datasets]
+            if missing:
+                self.error(
+                    path + ("representative_datasets",) if "representative_datasets" in options else path,
+                    f"STATIC_RANGE quantization needs a representative dataset for {', '.join(map(repr, missing))}",
+                )
+
+
+def _oneof_message(choices: tuple[str, ...], given: list[str]) -> str:
+    return f"set exactly one of {', '.join(choices)} (got {' and '.join(given)})"
+
+
+def generator_module_file(spec: str) -> str:
+    """'pkg.mod:fn' -> 'pkg/mod.py' (importable from the workspace root)."""
+    module = spec.split(":", 1)[0]
+    return module.replace(".", "/") + ".py"
+
+
+def expand_globs(patterns: list[str], root: Path) -> Iterator[str]:
+    """Workspace-relative files matched by workspace-relative globs, sorted, no dirs."""
+    found = set()
+    for pattern in patterns:
+        for match in glob.glob(str(root / pattern), recursive=True):
+            if os.path.isfile(match):
+                found.add(Path(os.path.relpath(match, root)).as_posix())
+    return iter(sorted(found))

@@ -1,0 +1,63 @@
+"""Recipe fields that hold paths, and rebasing them from "relative to the file" to
+"relative to the workspace root" (the form that is hashed and that stages receive)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+ANY = object()  # matches any key or index in a path pattern
+
+# Each pattern is a JSON path into a recipe; ANY matches any mapping key or list index.
+PATH_FIELDS = (
+    ("extends",),
+    ("model", "saved_model"),
+    ("model", "export", "script"),
+    ("model", "export", "deps", ANY),
+    ("converter", "quantization_options", "representative_datasets", ANY, "tfrecord_file_path"),
+    ("converter", "quantization_options", "representative_datasets", ANY, "npz"),
+)
+
+
+def iter_paths(data: Any) -> Iterator[tuple[tuple, str]]:
+    """(json path, value) of every string found at a path field."""
+    for pattern in PATH_FIELDS:
+        yield from _match(data, pattern, ())
+
+
+def _match(node: Any, pattern: tuple, path: tuple) -> Iterator[tuple[tuple, str]]:
+    if not pattern:
+        if isinstance(node, str):
+            yield path, node
+        return
+    head, rest = pattern[0], pattern[1:]
+    if isinstance(node, dict):
+        keys = list(node) if head is ANY else [head] if head in node else []
+        for key in keys:
+            yield from _match(node[key], rest, path + (key,))
+    elif isinstance(node, list) and head is ANY:
+        for index, item in enumerate(node):
+            yield from _match(item, rest, path + (index,))
+
+
+def rebase(data: Any, file_dir: Path, root: Path) -> None:
+    """Rewrite every path field of `data` in place: file-relative -> root-relative POSIX."""
+    for path, value in list(iter_paths(data)):
+        target = _container(data, path)
+        target[path[-1]] = to_root_relative(value, file_dir, root)
+
+
+def to_root_relative(value: str, file_dir: Path, root: Path) -> str:
+    absolute = os.path.normpath(os.path.join(file_dir, os.path.expanduser(value)))
+    return Path(os.path.relpath(absolute, root)).as_posix()
+
+
+def leaves_root(relative: str) -> bool:
+    return relative == ".." or relative.startswith("../") or os.path.isabs(relative)
+
+
+def _container(data: Any, path: tuple) -> Any:
+    for part in path[:-1]:
+        data = data[part]
+    return data

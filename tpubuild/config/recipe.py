@@ -1,0 +1,188 @@
+"""Loading recipes: YAML with marks -> extends and defaults -> schema -> semantic checks
+-> canonical form. Every problem of every file is collected and raised as one ConfigError."""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from tpubuild.config.canonical import canonical_json, canonicalize, digest
+from tpubuild.config.checks import Checker
+from tpubuild.config.merge import deep_merge
+from tpubuild.config.paths import leaves_root, rebase
+from tpubuild.config.schema import schema_diagnostics
+from tpubuild.config.yamlload import Marks, read_yaml_file
+from tpubuild.errors import ConfigError, Diagnostic, Location, UsageError
+from tpubuild.workspace import Workspace, display_path, find_workspace_file, implicit_workspace, load_workspace
+
+LOCK_SUFFIX = ".lock.yaml"
+
+
+@dataclass
+class Recipe:
+    name: str
+    file: Path  # absolute
+    rel_file: str  # as shown in messages: workspace-relative
+    root: Path  # canonical paths are relative to this directory
+    canonical: dict[str, Any] = field(repr=False)
+
+    @cached_property
+    def canonical_json(self) -> str:
+        return canonical_json(self.canonical)
+
+    @cached_property
+    def digest(self) -> str:
+        return digest(self.canonical)
+
+    @property
+    def lock_file(self) -> Path:
+        """`recipes/toy.yaml` -> `recipes/toy.lock.yaml`, one per recipe (no merge conflicts)."""
+        return self.file.with_name(_stem(self.file) + LOCK_SUFFIX)
+
+
+def _stem(path: Path) -> str:
+    name = path.name
+    for suffix in (".yaml", ".yml"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return path.stem
+
+
+def discover(ws: Workspace) -> list[Path]:
+    """Recipe files matched by the workspace globs (lock files excluded), sorted."""
+    found = set()
+    for pattern in ws.recipe_globs:
+        for match in glob.glob(str(ws.root / pattern), recursive=True):
+            if os.path.isfile(match) and not match.endswith(LOCK_SUFFIX):
+                found.add(Path(match).resolve())
+    return sorted(found)
+
+
+def load_recipes(ws: Workspace, targets: list[str] | tuple[str, ...] | None = None) -> list[Recipe]:
+    """All recipes of the workspace (or those matching `targets`: names or globs)."""
+    problems: list[Diagnostic] = []
+    recipes: list[Recipe] = []
+    for path in discover(ws):
+        try:
+            recipes.append(_load(path, ws))
+        except ConfigError as exc:
+            problems.extend(exc.diagnostics)
+    by_name: dict[str, Recipe] = {}
+    for recipe in recipes:
+        other = by_name.get(recipe.name)
+        if other is not None:
+            problems.append(
+                Diagnostic(
+                    Location(recipe.rel_file),
+                    "name",
+                    f"recipe name {recipe.name!r} is also used by {other.rel_file}",
+                )
+            )
+        else:
+            by_name[recipe.name] = recipe
+    if problems:
+        raise ConfigError(problems)
+    if not targets:
+        return recipes
+    return select(recipes, targets)
+
+
+def select(recipes: list[Recipe], targets: list[str] | tuple[str, ...]) -> list[Recipe]:
+    """Recipes named by `targets` (names or shell globs), in workspace order."""
+    wanted: set[str] = set()
+    names = [r.name for r in recipes]
+    for target in targets:
+        matched = fnmatch.filter(names, target)
+        if not matched:
+            import difflib
+
+            close = difflib.get_close_matches(target, names, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f" (recipes: {', '.join(names) or 'none'})"
+            raise UsageError(f"no recipe matches {target!r}{hint}")
+        wanted.update(matched)
+    return [r for r in recipes if r.name in wanted]
+
+
+def load_recipe_file(path: Path, workspace: Workspace | None = None) -> Recipe:
+    """One recipe file; outside any workspace its own directory acts as the root."""
+    path = Path(path).resolve()
+    if workspace is None:
+        ws_file = find_workspace_file(path.parent)
+        workspace = load_workspace(override=ws_file) if ws_file else implicit_workspace(path.parent)
+    return _load(path, workspace)
+
+
+def load_converter_options_file(path: Path, saved_model: Path, workspace: Workspace | None = None) -> Recipe:
+    """A YAML file holding a bare `converter:` section (ConverterOptions-like), for a
+    SavedModel given on the command line (`tpubuild convert --options-file`)."""
+    path = Path(path).resolve()
+    ws = workspace or implicit_workspace(Path(os.path.commonpath([path.parent, Path(saved_model).resolve()])))
+    display = display_path(path, ws.root)
+    data, marks = read_yaml_file(path, display)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError([Diagnostic(marks.value(()), "", "an options file must be a mapping")])
+    if set(data) != {"converter"}:
+        # Accept the section's fields at the top level too: that is what ConverterOptions holds.
+        wrapped_marks = Marks()
+        wrapped_marks.update(marks, ("converter",))
+        wrapped_marks.values[()] = marks.value(())
+        data, marks = {"converter": data}, wrapped_marks
+    saved_model_rel = Path(os.path.relpath(Path(saved_model).resolve(), ws.root)).as_posix()
+    data = {"name": _stem(path), "model": {"saved_model": saved_model_rel}, **data}
+    marks.values.setdefault(("model",), marks.value(()))
+    return _finish(data, marks, path, display, ws)
+
+
+def _load(path: Path, ws: Workspace) -> Recipe:
+    display = display_path(path, ws.root)
+    data, marks = _read_layered(path, ws, display, chain=())
+    defaults = {k: v for k, v in ws.defaults.items()}
+    if defaults:
+        data, marks = deep_merge(defaults, ws.defaults_marks, data, marks)
+    return _finish(data, marks, path, display, ws)
+
+
+def _read_layered(path: Path, ws: Workspace, display: str, chain: tuple[Path, ...]) -> tuple[dict, Marks]:
+    """The recipe at `path` with its `extends` chain applied, paths rebased to the root."""
+    data, marks = read_yaml_file(path, display)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError([Diagnostic(marks.value(()), "", "a recipe must be a mapping of keys to values")])
+    rebase(data, path.parent, ws.root)
+    base_ref = data.get("extends")
+    if not isinstance(base_ref, str):
+        return data, marks  # absent, or a wrong type the schema reports
+    where = marks.value(("extends",))
+    if leaves_root(base_ref):
+        raise ConfigError([Diagnostic(where, "extends", f"{base_ref!r} is outside the workspace ({ws.root})")])
+    base_path = (ws.root / base_ref).resolve()
+    if base_path in chain or base_path == path:
+        cycle = " -> ".join(display_path(p, ws.root) for p in (*chain, path, base_path))
+        raise ConfigError([Diagnostic(where, "extends", f"extends cycle: {cycle}")])
+    if not base_path.is_file():
+        raise ConfigError([Diagnostic(where, "extends", f"{base_ref!r} does not exist")])
+    base, base_marks = _read_layered(base_path, ws, display_path(base_path, ws.root), chain + (path,))
+    base.pop("extends", None)
+    base.pop("name", None)  # a name belongs to the recipe that states it, not to its children
+    base_marks.drop(("name",))
+    merged, merged_marks = deep_merge(base, base_marks, data, marks)
+    merged_marks.values[()] = marks.value(())
+    return merged, merged_marks
+
+
+def _finish(data: dict, marks: Marks, path: Path, display: str, ws: Workspace) -> Recipe:
+    problems = schema_diagnostics("recipe", data, marks) + Checker(data, marks, ws.root).run()
+    if problems:
+        raise ConfigError(problems)
+    data.pop("extends", None)
+    data.pop("$schema", None)
+    name = data.get("name") or _stem(path)
+    return Recipe(name, path, display, ws.root, canonicalize(data, name, ws.root))

@@ -1,0 +1,100 @@
+"""JSON Schema validation whose errors point at the YAML line of the offending value."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from tpubuild.config.yamlload import Marks, format_path
+from tpubuild.errors import Diagnostic
+
+SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
+
+
+@lru_cache(maxsize=None)
+def validator(name: str):
+    """A compiled validator for `schemas/<name>.schema.json` (built once per process)."""
+    import jsonschema  # imported here: ~50 ms that only validation needs
+
+    schema = json.loads((SCHEMA_DIR / f"{name}.schema.json").read_text(encoding="utf-8"))
+    return jsonschema.Draft202012Validator(schema)
+
+
+def schema_diagnostics(name: str, data: Any, marks: Marks) -> list[Diagnostic]:
+    """Every schema violation of `data`, one Diagnostic each, located through `marks`."""
+    out = []
+    for error in validator(name).iter_errors(data):
+        out.extend(_diagnose(error, marks))
+    return out
+
+
+def _diagnose(error, marks: Marks) -> list[Diagnostic]:
+    path = tuple(error.absolute_path)
+    if error.validator == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        extras = [k for k in error.instance if k not in error.schema.get("properties", {})]
+        return [
+            Diagnostic(
+                marks.key(path + (key,)),
+                format_path(path + (key,)),
+                f"unknown key {key!r}" + _suggest(key, allowed),
+            )
+            for key in extras
+        ]
+    return [Diagnostic(marks.value(path), format_path(path), _message(error))]
+
+
+def _suggest(key: Any, allowed: list[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(str(key), allowed, n=1)
+    if close:
+        return f" (did you mean {close[0]!r}?)"
+    return f" (allowed: {', '.join(allowed)})"
+
+
+_TYPE_NAMES = {
+    "string": "a string",
+    "integer": "an integer",
+    "number": "a number",
+    "boolean": "true or false",
+    "array": "a list",
+    "object": "a mapping",
+    "null": "null",
+}
+
+
+def _message(error) -> str:
+    """jsonschema's messages, reworded where they would confuse a YAML author."""
+    kind = error.validator
+    value = error.instance
+    if kind == "type":
+        expected = error.validator_value
+        names = [expected] if isinstance(expected, str) else list(expected)
+        return f"expected {' or '.join(_TYPE_NAMES.get(n, n) for n in names)}, got {_show(value)}"
+    if kind == "enum":
+        choices = [c for c in error.validator_value if not (isinstance(c, str) and c != c.upper())]
+        return f"{_show(value)} is not one of {', '.join(map(str, choices))}"
+    if kind == "const":
+        return f"must be {_show(error.validator_value)}, got {_show(value)}"
+    if kind == "required":
+        return error.message.replace("is a required property", "is required")
+    if kind == "minProperties" and error.validator_value == 1:
+        return "must not be empty"
+    if kind == "minimum":
+        return f"must be >= {error.validator_value}, got {_show(value)}"
+    if kind == "pattern":
+        return f"{_show(value)} does not match the pattern {error.validator_value}"
+    return error.message
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        return "a mapping" if isinstance(value, dict) else "a list"
+    return repr(value) if isinstance(value, str) else str(value)

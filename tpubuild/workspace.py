@@ -1,0 +1,113 @@
+"""Finding and reading the workspace file, `tpubuild.yaml` (like git finds `.git`)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tpubuild.config.yamlload import Marks, read_yaml_file
+from tpubuild.errors import ConfigError, Diagnostic, UsageError
+
+WORKSPACE_FILE = "tpubuild.yaml"
+STATE_DIR = ".tpubuild"  # tpubuild's own files (dep file, stat cache, locks) live here
+DEFAULT_RECIPE_GLOBS = ("recipes/*.yaml",)
+
+
+@dataclass
+class Workspace:
+    root: Path  # absolute; canonical recipe paths are relative to it
+    file: Path
+    recipe_globs: list[str] = field(default_factory=lambda: list(DEFAULT_RECIPE_GLOBS))
+    output_dir: Path | None = None
+    cache_dir: Path | None = None
+    keep_versions: int | None = None
+    defaults: dict[str, Any] = field(default_factory=dict)
+    defaults_marks: Marks = field(default_factory=Marks)
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / STATE_DIR
+
+    def display(self, path: Path) -> str:
+        """`path` as printed in messages: workspace-relative when inside the workspace."""
+        return display_path(path, self.root)
+
+
+def display_path(path: Path, root: Path) -> str:
+    try:
+        return Path(path).resolve().relative_to(root).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def find_workspace_file(start: Path) -> Path | None:
+    """The nearest tpubuild.yaml in `start` or a parent directory."""
+    directory = Path(os.path.abspath(start))
+    for candidate in (directory, *directory.parents):
+        path = candidate / WORKSPACE_FILE
+        if path.is_file():
+            return path
+    return None
+
+
+def load_workspace(start: Path | None = None, override: Path | None = None) -> Workspace:
+    """Read the workspace named by `override` (a directory or a file), else found upward."""
+    if override is not None:
+        override = Path(override)
+        path = override / WORKSPACE_FILE if override.is_dir() else override
+        if not path.is_file():
+            raise UsageError(f"no workspace file at {path}")
+    else:
+        start = Path.cwd() if start is None else Path(start)
+        path = find_workspace_file(start)
+        if path is None:
+            raise UsageError(
+                f"no {WORKSPACE_FILE} in {os.path.abspath(start)} or any parent directory "
+                f"(create one, or pass --workspace PATH)"
+            )
+    path = path.resolve()
+    root = path.parent
+    data, marks = read_yaml_file(path, display_path(path, root))
+    if data is None:
+        data = {}
+    from tpubuild.config.schema import schema_diagnostics
+
+    if not isinstance(data, dict):
+        raise ConfigError([Diagnostic(marks.value(()), "", "the workspace file must be a mapping")])
+    problems = schema_diagnostics("workspace", data, marks)
+    if problems:
+        raise ConfigError(problems)
+    defaults_marks = _sub_marks(marks, ("defaults",))
+    return Workspace(
+        root=root,
+        file=path,
+        recipe_globs=list(data.get("recipes", DEFAULT_RECIPE_GLOBS)),
+        output_dir=root / data.get("output_dir", "out"),
+        cache_dir=root / data.get("cache_dir", f"{STATE_DIR}/cache"),
+        keep_versions=data.get("keep_versions"),
+        defaults=data.get("defaults", {}),
+        defaults_marks=defaults_marks,
+    )
+
+
+def _sub_marks(marks: Marks, prefix: tuple) -> Marks:
+    """The marks below `prefix`, re-rooted so `prefix` becomes ()."""
+    n = len(prefix)
+    out = Marks()
+    out.values = {p[n:]: loc for p, loc in marks.values.items() if p[:n] == prefix}
+    out.keys = {p[n:]: loc for p, loc in marks.keys.items() if p[:n] == prefix and len(p) > n}
+    return out
+
+
+def implicit_workspace(directory: Path) -> Workspace:
+    """A workspace for a recipe used outside any tpubuild.yaml: rooted at its directory."""
+    root = Path(directory).resolve()
+    return Workspace(
+        root=root,
+        file=root / WORKSPACE_FILE,
+        output_dir=root / "out",
+        cache_dir=root / STATE_DIR / "cache",
+    )
+
