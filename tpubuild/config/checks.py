@@ -49,7 +49,7 @@ class Checker:
             # wrong type leaves it to them instead of guessing.
             try:
                 check(*args)
-            except (TypeError, KeyError, AttributeError, ValueError):
+            except (TypeError, KeyError, IndexError, AttributeError, ValueError):
                 pass
         return self.problems
 

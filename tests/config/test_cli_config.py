@@ -1,0 +1,105 @@
+"""The planning verbs as a user runs them: real subprocesses, exit codes, no TensorFlow."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tpubuild import __version__
+
+GOOD = "model: {saved_model: ../models/toy}\nconverter:\n  tpu_functions: [{function_alias: f}]\n"
+
+
+def tpubuild(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tpubuild", *args], cwd=cwd, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_validate_from_a_subdirectory_finds_the_workspace(ws):
+    ws.write("recipes/toy.yaml", GOOD)
+    (ws.root / "deep" / "er").mkdir(parents=True)
+    result = tpubuild("validate", cwd=ws.root / "deep" / "er")
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout == f"1 recipe OK in {ws.root}\n"
+
+
+def test_workspace_option_overrides_discovery(ws, tmp_path_factory):
+    ws.write("recipes/toy.yaml", GOOD)
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    result = tpubuild("--workspace", str(ws.root), "list", cwd=elsewhere)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["toy", "models/toy", "[source", ">", "tpu", ">", "bfloat16", ">", "io_shape",
+                                      ">", "verify", ">", "report", ">", "publish]"]
+
+
+def test_no_workspace_is_a_one_line_error(tmp_path):
+    result = tpubuild("validate", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"error: no tpubuild.yaml in {tmp_path} or any parent directory (create one, or pass --workspace PATH)\n"
+    )
+
+
+def test_broken_recipe_exit_2_one_line_per_error_no_traceback(ws):
+    ws.write("recipes/toy.yaml", GOOD)
+    ws.write("recipes/bad.yaml", "model: {saved_model: ../models/toy}\nconverter:\n  batch_options: [{max_batch_size: -1}]\nverfy: {}\n")
+    result = tpubuild("validate", cwd=ws.root)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "recipes/bad.yaml:3:36: converter.batch_options[0].max_batch_size: must be >= 1, got -1",
+        "recipes/bad.yaml:4:1: verfy: unknown key 'verfy' (did you mean 'verify'?)",
+    ]
+
+
+def test_debug_shows_the_traceback(ws):
+    ws.write("recipes/bad.yaml", "model: {saved_model: ../nope}\n")
+    result = tpubuild("--debug", "validate", cwd=ws.root)
+    assert result.returncode != 0
+    assert "Traceback (most recent call last)" in result.stderr
+    assert "tpubuild.errors.ConfigError" in result.stderr
+
+
+def test_unknown_target(ws):
+    ws.write("recipes/toy.yaml", GOOD)
+    result = tpubuild("validate", "tyo", cwd=ws.root)
+    assert (result.returncode, result.stderr) == (2, "error: no recipe matches 'tyo' (did you mean 'toy'?)\n")
+
+
+def test_list_json_and_glob_targets(ws):
+    ws.write("recipes/nlp-a.yaml", GOOD)
+    ws.write("recipes/nlp-b.yaml", "model: {saved_model: ../models/toy}\n")
+    ws.write("recipes/vision.yaml", GOOD)
+    ws.write("recipes/vision.lock.yaml", "schema: '1'\n")  # lock files are never recipes
+    result = tpubuild("list", "--json", "nlp-*", cwd=ws.root)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [
+        {"name": "nlp-a", "file": "recipes/nlp-a.yaml", "model": "models/toy",
+         "stages": ["source", "tpu", "bfloat16", "io_shape", "verify", "report", "publish"]},
+        {"name": "nlp-b", "file": "recipes/nlp-b.yaml", "model": "models/toy",
+         "stages": ["source", "verify", "report", "publish"]},
+    ]
+
+
+def test_version_and_help():
+    assert tpubuild("--version", cwd=".").stdout == f"tpubuild, version {__version__}\n"
+    help_text = tpubuild("--help", cwd=".").stdout
+    for verb in ("validate", "list"):
+        assert f"  {verb} " in help_text
+    assert "Example:" in tpubuild("validate", "--help", cwd=".").stdout
+
+
+@pytest.mark.parametrize("argv", [["validate"], ["list", "--json"], ["--help"]])
+def test_planning_commands_never_import_tensorflow(ws, argv):
+    ws.write("recipes/toy.yaml", GOOD)
+    probe = (
+        "import sys\nfrom tpubuild.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code\n"
+        "print('TF_LOADED' if any(m == 'tensorflow' or m.startswith('tensorflow.') for m in sys.modules) else 'TF_FREE', code)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe, *argv], cwd=ws.root, capture_output=True, text=True, timeout=60)
+    assert result.stdout.splitlines()[-1] == "TF_FREE 0", result.stderr
