@@ -10,7 +10,7 @@ from tpubuild.commands._common import recipes_from
 @click.command(
     "list",
     short_help="List recipes with their model and the stages they run.",
-    epilog="Example: tpubuild list --json | jq '.[].stages'",
+    epilog="\b\nExamples:\n  tpubuild list\n  tpubuild list --json 'nlp-*' | jq '.[].stages'",
 )
 @click.argument("targets", nargs=-1)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")

@@ -8,8 +8,8 @@ from tpubuild.commands._common import recipes_from
 @click.command(
     "validate",
     short_help="Check recipes against the schema and the converter's rules.",
-    epilog="Example: tpubuild validate            (every recipe)\n\n"
-    "         tpubuild validate 'nlp-*'    (recipes whose name matches)",
+    epilog="\b\nExamples:\n  tpubuild validate            every recipe of the workspace\n"
+    "  tpubuild validate 'nlp-*'    the recipes whose name matches",
 )
 @click.argument("targets", nargs=-1)
 @click.pass_context
