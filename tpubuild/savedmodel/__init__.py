@@ -1,0 +1,1 @@
+"""Reading and rewriting SavedModels as protos: call graph, TPU placement, CPU twin, checks."""
