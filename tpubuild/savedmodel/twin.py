@@ -1,0 +1,81 @@
+"""The CPU twin of a TPU-placed SavedModel: TPU call sites mapped back to ordinary calls.
+
+Only the TPU plumbing is undone; BatchFunction, bfloat16 casts, IO reshapes stay, so
+running the twin on CPU checks every other rewrite numerically.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tensorflow.core.framework.graph_pb2 import GraphDef
+from tensorflow.core.framework.function_pb2 import FunctionDef
+
+from tpubuild.savedmodel.model import SavedModel
+from tpubuild.savedmodel.tpu import METADATA, ORDINAL_SELECTOR, REPLICATE_ATTR, TPU_CALL
+
+DROPPED_OPS = (ORDINAL_SELECTOR, METADATA)
+
+
+def make_cpu_twin(src: Path, dst: Path, tags: list[str] | None = None) -> dict[str, int]:
+    """Write the CPU twin of the SavedModel `src` into the empty directory `dst`; returns counts."""
+    model = SavedModel.load(Path(src), tags)
+    counts = untpu(model)
+    Path(dst).mkdir(parents=True, exist_ok=True)
+    model.save(Path(dst))
+    return counts
+
+
+def untpu(model: SavedModel) -> dict[str, int]:
+    """Undo TPU placement in place: TPUPartitionedCall -> StatefulPartitionedCall, drop metadata."""
+    counts = {"calls": 0, "dropped": 0}
+    for fdef in model.meta_graph.graph_def.library.function:
+        _untpu_function(fdef, counts)
+    _untpu_nodes(model.meta_graph.graph_def, counts)
+    model.invalidate()
+    return counts
+
+
+def _untpu_function(fdef: FunctionDef, counts: dict[str, int]) -> None:
+    dropped = _untpu_nodes(fdef, counts)
+    for key in [k for k, v in fdef.ret.items() if v.split(":")[0] in dropped]:
+        raise ValueError(f"{fdef.signature.name}: output {key} comes from a dropped TPU node")
+    for key in [k for k, v in fdef.control_ret.items() if v in dropped]:
+        del fdef.control_ret[key]
+        fdef.signature.control_output.remove(key)
+
+
+def _untpu_nodes(holder: GraphDef | FunctionDef, counts: dict[str, int]) -> set[str]:
+    nodes = holder.node_def if isinstance(holder, FunctionDef) else holder.node
+    dropped = {n.name for n in nodes if n.op in DROPPED_OPS}
+    keep = [n for n in nodes if n.name not in dropped]
+    counts["dropped"] += len(dropped)
+    for node in keep:
+        if REPLICATE_ATTR in node.attr:
+            del node.attr[REPLICATE_ATTR]
+        if node.op == TPU_CALL:
+            # The device ordinal is the last data input, whatever produces it.
+            data = [i for i in node.input if not i.startswith("^")]
+            control = [i for i in node.input if i.startswith("^")]
+            node.input[:] = [*data[:-1], *control]
+            node.op = "StatefulPartitionedCall"
+            if "autotuner_thresh" in node.attr:
+                del node.attr["autotuner_thresh"]
+            counts["calls"] += 1
+        # Control edges from dropped nodes (metadata) go too.
+        node.input[:] = [i for i in node.input if _source(i) not in dropped]
+    if dropped:
+        kept = [_copy(n) for n in keep]
+        del nodes[:]
+        nodes.extend(kept)
+    return dropped
+
+
+def _source(tensor: str) -> str:
+    return tensor.lstrip("^").split(":")[0]
+
+
+def _copy(node):  # protobuf repeated fields cannot hold elements of another list
+    copy = type(node)()
+    copy.CopyFrom(node)
+    return copy
