@@ -1,0 +1,57 @@
+"""The example workspace at the repository root, with every recipe's model exported once."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from tpubuild.config import Recipe, load_recipes
+from tpubuild.workspace import load_workspace
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def example_recipes() -> dict[str, Recipe]:
+    """Every recipe of the repository's example workspace, by name (TensorFlow-free)."""
+    return {r.name: r for r in load_recipes(load_workspace(override=REPO))}
+
+
+def load_script(path: Path, name: str):
+    """Import a script by file path, as a module of its own."""
+    spec = importlib.util.spec_from_file_location(f"tpubuild_example_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test taking `recipe_name` runs once per example recipe."""
+    if "recipe_name" in metafunc.fixturenames:
+        metafunc.parametrize("recipe_name", sorted(example_recipes()))
+
+
+@pytest.fixture(scope="session")
+def recipes() -> dict[str, Recipe]:
+    return example_recipes()
+
+
+@pytest.fixture(scope="session")
+def script():
+    """`script(path, name)` imports an example script as a module."""
+    return load_script
+
+
+@pytest.fixture(scope="session")
+def exported(recipes: dict[str, Recipe], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each recipe's SavedModel, made by its export script in an empty directory."""
+    out = {}
+    for name, recipe in recipes.items():
+        export = recipe.canonical["model"]["export"]
+        module = load_script(recipe.root / export["script"], name)
+        target = tmp_path_factory.mktemp(name) / "saved_model"
+        target.mkdir()  # the stage contract: the output directory exists and is empty
+        getattr(module, export["function"])(str(target))
+        out[name] = target
+    return out
