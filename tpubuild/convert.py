@@ -1,0 +1,105 @@
+"""`tpubuild convert`: run a recipe's transform stages in sequence and publish OUT_DIR atomically.
+
+No cache and no engine: each stage writes into a fresh directory under a temp dir beside
+OUT_DIR, and the last one is renamed into place, so a failure leaves OUT_DIR untouched.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from tpubuild.errors import ConversionError, UsageError
+from tpubuild.pipeline import STAGES, TRANSFORMS, plan
+from tpubuild.stages.base import StageContext
+
+# Stages convert runs: the model-changing ones after the source, plus the datasets quantize reads.
+RUNNABLE = (TRANSFORMS - {"source", "export"}) | {"dataset"}
+
+
+@dataclass
+class StageRun:
+    name: str
+    summary: dict[str, Any]
+    warnings: list[str]
+
+
+@dataclass
+class ConvertResult:
+    ran: list[StageRun] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # planned stages whose module does not exist yet
+
+
+def convert(
+    src: Path,
+    out: Path,
+    canonical: dict[str, Any],
+    root: Path,
+    recipe_file: Path,
+    log: Callable[[str], None] = lambda message: None,
+) -> ConvertResult:
+    """Convert the SavedModel `src` as the canonical recipe says and publish it at `out`."""
+    src, out = Path(src).resolve(), Path(out).resolve()
+    if not (src / "saved_model.pb").is_file():
+        raise UsageError(f"{src}: not a SavedModel directory (no saved_model.pb)")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(f"{out}: output directory exists and is not empty")
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    result = ConvertResult()
+    context = StageContext(
+        workspace=Path(root), recipe_name=canonical["name"], recipe_file=Path(recipe_file),
+        inputs={"source": src}, log=log,
+    )
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        current = src
+        for index, stage in enumerate(s for s in plan(canonical) if s.name in RUNNABLE):
+            entry = _entry(stage.name)
+            if entry is None:
+                result.skipped.append(stage.name)
+                log(f"{stage.name}: stage not available in this build; skipped")
+                continue
+            stage_out = work / f"{index}-{stage.name}"
+            stage_out.mkdir()
+            log(f"{stage.name}: running")
+            outcome = entry(current, stage_out, stage.options, context)
+            context.inputs[stage.name] = stage_out
+            context.results[stage.name] = outcome.summary
+            result.ran.append(StageRun(stage.name, outcome.summary, list(outcome.warnings)))
+            if stage.name in TRANSFORMS:
+                current = stage_out
+        _publish(current, out, work, canonical["model"]["tags"])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def _entry(name: str) -> Callable[..., Any] | None:
+    """The stage's run function, or None when its module is not part of this build yet."""
+    module_name, _, function = (STAGES[name].entry or "").partition(":")
+    if not module_name or importlib.util.find_spec(module_name) is None:
+        return None
+    return getattr(importlib.import_module(module_name), function)
+
+
+def _publish(model_dir: Path, out: Path, work: Path, tags: list[str]) -> None:
+    """Rename the final model into place; the source itself is re-saved, never moved."""
+    if not model_dir.is_relative_to(work):
+        from tpubuild.savedmodel.model import SavedModel
+
+        copy = work / "unchanged"
+        copy.mkdir()
+        SavedModel.load(model_dir, tags).save(copy)
+        model_dir = copy
+    try:
+        # rename(2) replaces an empty directory atomically; a non-empty one makes it fail.
+        os.replace(model_dir, out)
+    except OSError as exc:
+        raise ConversionError(f"{out}: cannot publish the converted model: {exc.strerror}") from None

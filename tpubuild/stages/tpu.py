@@ -1,0 +1,30 @@
+"""The `tpu` stage: check the TPU functions, then place them on the TPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tpubuild.stages.base import StageContext, StageResult
+
+
+def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
+    """Resolve `tpu_functions`, run the compatibility checks, write the placed SavedModel."""
+    from tpubuild.savedmodel.checks import check_tpu_functions
+    from tpubuild.savedmodel.model import SavedModel
+    from tpubuild.savedmodel.resolve import resolve_tpu_functions
+    from tpubuild.savedmodel.tpu import place_on_tpu
+
+    model = SavedModel.load(Path(input_dir), options.get("tags"))
+    functions = resolve_tpu_functions(model, options["tpu_functions"])
+    # Checks run on the untouched model and before anything is written.
+    warnings = check_tpu_functions(model, functions)
+    placements, place_warnings = place_on_tpu(model, functions, options.get("xla_sharding_options"))
+    model.save(Path(output_dir))
+    for placement in placements:
+        sites = ", ".join(f"{s['caller']}/{s['node']}" for s in placement.call_sites) or "none"
+        context.log(f"tpu: placed {placement.alias or placement.function} (call sites: {sites})")
+    return StageResult(
+        summary={"placed": [p.to_json() for p in placements]},
+        warnings=[*warnings, *place_warnings],
+    )
