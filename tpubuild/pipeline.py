@@ -167,7 +167,14 @@ STAGES: dict[str, StageSpec] = {
             "verify",
             "tpubuild.stages.verify:run",
             1,
-            lambda r: {"tags": _tags(r), "applied": _applied(r), **r["verify"]},
+            # The representative datasets, when there are any, are verify's samples.
+            lambda r: {
+                "tags": _tags(r),
+                "applied": _applied(r),
+                "representative_datasets": _dataset_sources(r),
+                **r["verify"],
+            },
+            _quantize_files,
         ),
         StageSpec("report", "tpubuild.stages.report:run", 1, lambda r: {"tags": _tags(r)}),
         StageSpec("publish", None, 1, lambda r: {"name": r["name"]}),

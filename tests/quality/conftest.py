@@ -1,0 +1,35 @@
+"""Session-scoped tiny SavedModels shared by the quality tests (exported once per run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from quality_helpers import Dense, Runner, TwoTpu, save
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A workspace-like root holding the exported models under models/."""
+    root = tmp_path_factory.mktemp("quality")
+    save(Dense(), root / "models" / "dense")
+    two = TwoTpu()
+    save(two, root / "models" / "two_tpu", {"tpu_func_1": two.tpu_func_1, "tpu_func_2": two.tpu_func_2})
+    return root
+
+
+@pytest.fixture(scope="session")
+def dense(models: Path) -> Path:
+    return models / "models" / "dense"
+
+
+@pytest.fixture(scope="session")
+def two_tpu(models: Path) -> Path:
+    return models / "models" / "two_tpu"
+
+
+@pytest.fixture
+def runner(tmp_path: Path) -> Runner:
+    """A per-test workspace root (for dataset files) and stage output area."""
+    (tmp_path / "ws").mkdir()
+    return Runner(tmp_path / "ws", tmp_path / "out")

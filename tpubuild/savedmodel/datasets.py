@@ -1,0 +1,187 @@
+"""Representative datasets: npz / generator samples checked against a signature, TFRecord I/O.
+
+A sample is a dict `{input_name: np.ndarray}` fed to one signature call. TFRecord files use
+the format of `tf.quantization.experimental.TfRecordRepresentativeDatasetSaver`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+import tensorflow as tf
+
+from tpubuild.errors import StageError
+from tpubuild.savedmodel.model import SavedModel
+
+Sample = dict[str, np.ndarray]
+# The converter's own advice: fewer samples than this calibrate poorly.
+RECOMMENDED_SAMPLES = 200
+
+
+class InputSpec:
+    """One signature input: name, numpy dtype and shape (None for unknown dimensions)."""
+
+    def __init__(self, name: str, dtype: np.dtype, shape: tuple[int | None, ...] | None):
+        self.name, self.dtype, self.shape = name, dtype, shape
+
+    def describe(self) -> str:
+        dims = "?" if self.shape is None else ", ".join("None" if d is None else str(d) for d in self.shape)
+        return f"{self.dtype.name}[{dims}]"
+
+    def accepts_shape(self, shape: tuple[int, ...]) -> bool:
+        if self.shape is None:
+            return True
+        return len(shape) == len(self.shape) and all(
+            want is None or want == got for want, got in zip(self.shape, shape)
+        )
+
+
+def signature_inputs(model: SavedModel, key: str) -> dict[str, InputSpec]:
+    """The inputs of signature `key` by name; StageError naming the key when it is missing."""
+    signature_defs = model.meta_graph.signature_def
+    if key not in signature_defs:
+        known = ", ".join(sorted(k for k in signature_defs if not k.startswith("__"))) or "none"
+        raise StageError(f"{model.path}: no signature {key!r}; signatures: {known}")
+    specs = {}
+    for name, info in signature_defs[key].inputs.items():
+        shape = None
+        if not info.tensor_shape.unknown_rank:
+            shape = tuple(None if d.size < 0 else d.size for d in info.tensor_shape.dim)
+        specs[name] = InputSpec(name, np.dtype(tf.as_dtype(info.dtype).as_numpy_dtype), shape)
+    return specs
+
+
+def check_sample(sample: Any, specs: dict[str, InputSpec], where: str) -> Sample:
+    """Return `sample` as arrays, or raise StageError naming the first input that does not fit."""
+    if not isinstance(sample, dict):
+        raise StageError(f"{where}: a sample must be a dict of input name -> array, got {type(sample).__name__}")
+    missing = sorted(set(specs) - set(sample))
+    unknown = sorted(set(sample) - set(specs))
+    if unknown:
+        raise StageError(
+            f"{where}: input {unknown[0]!r} is not an input of the signature; its inputs: {', '.join(sorted(specs))}"
+        )
+    if missing:
+        raise StageError(f"{where}: input {missing[0]!r} of the signature is missing from the sample")
+    checked = {}
+    for name, spec in sorted(specs.items()):
+        value = np.asarray(sample[name])
+        if value.dtype != spec.dtype:
+            raise StageError(
+                f"{where}: input {name!r} has dtype {value.dtype.name}, the signature wants {spec.describe()}"
+            )
+        if not spec.accepts_shape(value.shape):
+            raise StageError(
+                f"{where}: input {name!r} has shape {list(value.shape)}, the signature wants {spec.describe()}"
+            )
+        checked[name] = value
+    return checked
+
+
+def npz_samples(path: Path, specs: dict[str, InputSpec], where: str) -> list[Sample]:
+    """Samples from an npz archive: one array per input, first axis = samples.
+
+    Sample i is `array[i]` when that has the signature's rank, else `array[i:i+1]`
+    (a batch of one) so both unbatched and batched layouts work.
+    """
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise StageError(f"{where}: cannot read npz archive: {exc}") from None
+    with archive:
+        arrays = {name: archive[name] for name in archive.files}
+    counts = {name: len(a) if a.ndim else 0 for name, a in arrays.items()}
+    if len(set(counts.values())) > 1:
+        listed = ", ".join(f"{name}: {n}" for name, n in sorted(counts.items()))
+        raise StageError(f"{where}: arrays disagree on the number of samples (first axis): {listed}")
+    count = next(iter(counts.values()), 0)
+    samples = []
+    for i in range(count):
+        sample = {}
+        for name, array in arrays.items():
+            spec = specs.get(name)
+            wants_batch = spec is not None and spec.shape is not None and len(spec.shape) == array.ndim
+            sample[name] = array[i : i + 1] if wants_batch else array[i]
+        samples.append(check_sample(sample, specs, f"{where}: sample {i}"))
+    if not samples:
+        check_sample(dict(arrays), specs, where)  # names the missing input
+    return samples
+
+
+def generator_samples(
+    spec: str, module_file: Path, num_samples: int, specs: dict[str, InputSpec], where: str
+) -> list[Sample]:
+    """Call `module.path:function` (loaded from `module_file`) and take `num_samples` samples."""
+    module_name, function_name = spec.split(":", 1)
+    if not module_file.is_file():
+        raise StageError(f"{where}: generator module file {module_file} does not exist")
+    module_spec = importlib.util.spec_from_file_location(module_name, module_file)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_name] = module  # so the module's own pickling / dataclasses work
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:
+        raise StageError(f"{where}: importing {module_file} failed: {type(exc).__name__}: {exc}") from None
+    finally:
+        sys.modules.pop(module_name, None)
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise StageError(f"{where}: {module_file} has no function {function_name!r}")
+    try:
+        produced = list(itertools.islice(iter(function()), num_samples))
+    except Exception as exc:
+        raise StageError(f"{where}: generator {spec} raised {type(exc).__name__}: {exc}") from None
+    return [check_sample(s, specs, f"{where}: sample {i}") for i, s in enumerate(produced)]
+
+
+def write_tfrecord(path: Path, signature_key: str, samples: Iterable[Sample]) -> None:
+    """Write samples in the format TF's quantizer reads (`tfrecord_file_path`)."""
+    saver = tf.quantization.experimental.TfRecordRepresentativeDatasetSaver(
+        path_map={signature_key: str(path)}
+    )
+    saver.save({signature_key: list(samples)})
+
+
+def read_tfrecord(path: Path, where: str) -> Iterator[Sample]:
+    """Samples from a TFRecord file written by TfRecordRepresentativeDatasetSaver."""
+    from tensorflow.compiler.mlir.quantization.tensorflow import quantization_options_pb2
+
+    if not path.is_file():
+        raise StageError(f"{where}: representative dataset {path} does not exist")
+    try:
+        for record in tf.data.TFRecordDataset(str(path)):
+            sample = quantization_options_pb2.RepresentativeDataSample.FromString(record.numpy())
+            yield {name: tf.make_ndarray(t) for name, t in sample.tensor_proto_inputs.items()}
+    except tf.errors.OpError as exc:
+        raise StageError(f"{where}: cannot read TFRecord {path}: {exc.message.splitlines()[0]}") from None
+    except Exception as exc:  # a record that is not a RepresentativeDataSample
+        raise StageError(f"{where}: {path} is not a representative dataset TFRecord: {exc}") from None
+
+
+def random_samples(specs: dict[str, InputSpec], count: int, seed: int) -> list[Sample]:
+    """`count` seeded random samples fitting the signature (unknown dimensions become 1)."""
+    rng = np.random.default_rng(seed)
+    samples = []
+    for _ in range(count):
+        sample = {}
+        for name, spec in sorted(specs.items()):
+            shape = tuple(1 if d is None else d for d in (spec.shape or (1,)))
+            if spec.dtype.kind == "f":
+                value = rng.standard_normal(shape).astype(spec.dtype)
+            elif spec.dtype.kind in "iu":
+                value = rng.integers(0, 8, size=shape).astype(spec.dtype)
+            elif spec.dtype.kind == "b":
+                value = rng.integers(0, 2, size=shape).astype(bool)
+            else:
+                raise StageError(
+                    f"cannot draw random samples for input {name!r} of dtype {spec.dtype.name}; "
+                    "give a representative dataset"
+                )
+            sample[name] = value
+        samples.append(sample)
+    return samples

@@ -1,0 +1,47 @@
+"""Stage `dataset`: turn npz / generator representative datasets into TFRecord files.
+
+Writes `<signature_key>.tfrecord` per generated source; the quantize stage reads them from
+`context.inputs["dataset"]`. `tfrecord_file_path` sources are used as they are.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tpubuild.errors import StageError
+from tpubuild.stages.base import StageContext, StageResult
+
+
+def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
+    from tpubuild.savedmodel import datasets
+    from tpubuild.savedmodel.model import SavedModel
+
+    model = SavedModel.load(input_dir, options["tags"])
+    summary: dict[str, Any] = {"datasets": {}}
+    warnings = []
+    for key, source in sorted(options["datasets"].items()):
+        specs = datasets.signature_inputs(model, key)
+        if "npz" in source:
+            where = f"{context.recipe_name}: representative_datasets.{key}: {source['npz']}"
+            samples = datasets.npz_samples(context.workspace / source["npz"], specs, where)
+            origin = source["npz"]
+        else:
+            where = f"{context.recipe_name}: representative_datasets.{key}: {source['generator']}"
+            samples = datasets.generator_samples(
+                source["generator"], context.workspace / source["module_file"],
+                source["num_samples"], specs, where,
+            )
+            origin = source["generator"]
+        if not samples:
+            raise StageError(f"{where}: no samples")
+        if len(samples) < datasets.RECOMMENDED_SAMPLES:
+            warnings.append(
+                f"{where}: only {len(samples)} samples; the converter recommends at least "
+                f"{datasets.RECOMMENDED_SAMPLES} for calibration"
+            )
+        datasets.write_tfrecord(output_dir / f"{key}.tfrecord", key, samples)
+        summary["datasets"][key] = {"source": origin, "samples": len(samples)}
+    for message in warnings:
+        context.log(f"warning: {message}")
+    return StageResult(summary=summary, warnings=warnings)

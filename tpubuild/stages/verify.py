@@ -1,0 +1,121 @@
+"""Stage `verify`: the artifact must compute what the source computes, within tolerances.
+
+Samples come from the representative dataset when the recipe has one, else `samples` seeded
+random inputs drawn from each signature. A TPU-placed artifact runs through its CPU twin.
+Writes `verify.json`; exceeding the tolerances fails the build with the measured errors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tpubuild.errors import StageError
+from tpubuild.stages.base import StageContext, StageResult
+
+VERIFY_JSON = "verify.json"
+
+
+def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
+    from tpubuild.savedmodel import compare, datasets
+    from tpubuild.savedmodel.model import INIT_OP_KEY, SavedModel
+
+    tags = options["tags"]
+    applied = list(options.get("applied", []))
+    kind, default_rtol, default_atol = compare.default_tolerances(applied)
+    rtol = default_rtol if options.get("rtol") is None else float(options["rtol"])
+    atol = default_atol if options.get("atol") is None else float(options["atol"])
+    where = f"{context.recipe_name}: verify"
+    source_dir = context.inputs["source"]
+    source = SavedModel.load(source_dir, tags)
+    artifact = SavedModel.load(input_dir, tags)
+    keys = sorted(k for k in source.meta_graph.signature_def if k != INIT_OP_KEY)
+    dropped = [k for k in keys if k not in artifact.meta_graph.signature_def]
+    samples_by_key, origin = {}, {}
+    dataset_files = _dataset_files(options, context)
+    for key in keys:
+        if key in dropped:
+            continue
+        specs = datasets.signature_inputs(source, key)
+        if key in dataset_files:
+            label = f"{where}: representative_datasets.{key}: {dataset_files[key].name}"
+            samples = []
+            for sample in datasets.read_tfrecord(dataset_files[key], label):
+                samples.append(datasets.check_sample(sample, specs, f"{label}: sample {len(samples)}"))
+                if len(samples) == options["samples"]:
+                    break
+            origin[key] = "representative_dataset"
+        else:
+            try:
+                samples = datasets.random_samples(specs, options["samples"], options["seed"])
+            except StageError as exc:
+                raise StageError(f"{where}: signature {key!r}: {exc}") from None
+            origin[key] = "random"
+        samples_by_key[key] = samples
+    with tempfile.TemporaryDirectory(prefix=".twin-", dir=output_dir) as scratch:
+        runnable = _runnable(input_dir, Path(scratch), tags, "tpu" in applied)
+        try:
+            errors = compare.compare_models(source_dir, runnable, tags, samples_by_key, rtol, atol)
+        except ValueError as exc:
+            raise StageError(f"{where}: {exc}") from None
+    summary = {
+        "applied": applied,
+        "tolerance": {"kind": kind, "rtol": rtol, "atol": atol,
+                      "given": {"rtol": options.get("rtol"), "atol": options.get("atol")}},
+        "samples": {key: {"count": len(s), "from": origin[key]} for key, s in samples_by_key.items()},
+        "outputs": [e.as_dict() for e in errors],
+        "max_abs_error": max((e.max_abs_error for e in errors), default=0.0),
+        "max_rel_error": max((e.max_rel_error for e in errors), default=0.0),
+        "passed": all(e.mismatched == 0 for e in errors),
+        "signatures_not_in_artifact": dropped,
+    }
+    _write_json(output_dir / VERIFY_JSON, summary)
+    failed = [e for e in errors if e.mismatched]
+    if failed:
+        worst = max(failed, key=lambda e: e.max_abs_error - (atol + rtol * e.max_reference))
+        raise StageError(f"{where}: {describe_failure(worst, rtol, atol)}")
+    warnings = [f"{where}: signature {k!r} is not in the artifact; not verified" for k in dropped]
+    return StageResult(summary=summary, warnings=warnings)
+
+
+def describe_failure(error: Any, rtol: float, atol: float) -> str:
+    """One line with the measured error and the bound it broke."""
+    bound = atol + rtol * error.max_reference
+    text = (
+        f"signature {error.signature!r} output {error.output!r} differs from the source: "
+        f"max abs error {error.max_abs_error:.4g} > {bound:.4g} (atol {atol:g} + rtol {rtol:g} "
+        f"x max|output| {error.max_reference:.4g}); max rel error {error.max_rel_error:.4g}, "
+        f"{error.mismatched}/{error.elements} elements outside"
+    )
+    if error.argmax_agreement is not None:
+        text += f", argmax agreement {error.argmax_agreement:.1%}"
+    return text
+
+
+def _dataset_files(options: dict[str, Any], context: StageContext) -> dict[str, Path]:
+    from tpubuild.stages.quantize import dataset_paths
+
+    return dataset_paths(options, context) if options.get("representative_datasets") else {}
+
+
+def _runnable(artifact: Path, scratch: Path, tags: list[str], tpu_placed: bool) -> Path:
+    """The artifact itself, or its CPU twin when functions were placed on the TPU."""
+    if not tpu_placed:
+        return artifact
+    from tpubuild.savedmodel.twin import make_cpu_twin
+
+    twin = scratch / "twin"
+    twin.mkdir()
+    make_cpu_twin(artifact, twin, tags)
+    return twin
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as handle:
+        json.dump(data, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+    os.replace(tmp, path)
