@@ -1,0 +1,105 @@
+"""The verify stage: source vs artifact on samples, thresholds from the recipe or the defaults."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from quality_helpers import Runner
+
+from tpubuild.errors import StageError
+from tpubuild.savedmodel.datasets import random_samples, signature_inputs, write_tfrecord
+from tpubuild.savedmodel.model import SavedModel
+
+TAGS = ["serve"]
+
+
+def verify_options(applied: list[str], rtol: float | None = None, atol: float | None = None, datasets=None) -> dict:
+    return {
+        "tags": TAGS, "applied": applied, "representative_datasets": datasets or {},
+        "samples": 8, "seed": 0, "rtol": rtol, "atol": atol,
+    }
+
+
+@pytest.fixture
+def quantized(runner: Runner, dense: Path) -> Path:
+    runner.inputs["source"] = dense
+    out, _ = runner.run(
+        "quantize", dense,
+        {"tags": TAGS, "method": "DYNAMIC_RANGE", "signature_keys": ["serving_default"], "op_set": "XLA",
+         "representative_datasets": {}},
+    )
+    return out
+
+
+def test_unchanged_model_passes_exactly(runner: Runner, dense: Path) -> None:
+    runner.inputs["source"] = dense
+    out, result = runner.run("verify", dense, verify_options([]))
+    summary = result.summary
+    assert summary["passed"] is True
+    assert summary["max_abs_error"] == 0.0
+    assert summary["tolerance"] == {
+        "kind": "exact", "rtol": 1e-5, "atol": 1e-6, "given": {"rtol": None, "atol": None}
+    }
+    assert summary["samples"] == {"serving_default": {"count": 8, "from": "random"}}
+    [output] = summary["outputs"]
+    assert (output["signature"], output["output"], output["elements"]) == ("serving_default", "logits", 80)
+    assert output["argmax_agreement"] == 1.0
+    assert json.loads((out / "verify.json").read_text()) == summary
+
+
+def test_int8_artifact_passes_with_the_int8_defaults(runner: Runner, dense: Path, quantized: Path) -> None:
+    _, result = runner.run("verify", quantized, verify_options(["quantize"]))
+    summary = result.summary
+    assert summary["passed"] is True
+    assert summary["tolerance"]["kind"] == "int8"
+    assert 0 < summary["max_rel_error"] < summary["tolerance"]["rtol"]
+
+
+def test_too_tight_tolerance_fails_with_the_measured_error(runner: Runner, dense: Path, quantized: Path) -> None:
+    with pytest.raises(StageError) as err:
+        runner.run("verify", quantized, verify_options(["quantize"], rtol=1e-4, atol=1e-5))
+    message = str(err.value)
+    match = re.fullmatch(
+        r"toy: verify: signature 'serving_default' output 'logits' differs from the source: "
+        r"max abs error (\S+) > (\S+) \(atol 1e-05 \+ rtol 0\.0001 x max\|output\| (\S+)\); "
+        r"max rel error (\S+), (\d+)/80 elements outside, argmax agreement (\S+)%",
+        message,
+    )
+    assert match, message
+    # The numbers in the message are the real ones: recompute them here.
+    samples = random_samples(signature_inputs(SavedModel.load(dense, TAGS), "serving_default"), 8, 0)
+    # One call per sample: dynamic range quantizes each call's activations on their own range.
+    source_fn = tf.saved_model.load(str(dense)).signatures["serving_default"]
+    artifact_fn = tf.saved_model.load(str(quantized)).signatures["serving_default"]
+    want = np.stack([source_fn(x=tf.constant(s["x"]))["logits"].numpy() for s in samples])
+    got = np.stack([artifact_fn(x=tf.constant(s["x"]))["logits"].numpy() for s in samples])
+    assert float(match[1]) == pytest.approx(np.max(np.abs(want - got)), rel=1e-3)
+    assert float(match[3]) == pytest.approx(np.max(np.abs(want)), rel=1e-3)
+    assert float(match[2]) == pytest.approx(1e-5 + 1e-4 * np.max(np.abs(want)), rel=1e-3)
+
+
+def test_verify_uses_the_representative_dataset(runner: Runner, dense: Path) -> None:
+    rng = np.random.default_rng(4)
+    write_tfrecord(
+        runner.workspace / "calib.tfrecord", "serving_default",
+        [{"x": rng.standard_normal((3, 64)).astype(np.float32)} for _ in range(5)],
+    )
+    runner.inputs["source"] = dense
+    _, result = runner.run(
+        "verify", dense, verify_options([], datasets={"serving_default": {"tfrecord_file_path": "calib.tfrecord"}})
+    )
+    assert result.summary["samples"] == {"serving_default": {"count": 5, "from": "representative_dataset"}}
+    assert result.summary["outputs"][0]["elements"] == 5 * 3 * 10
+
+
+def test_given_tolerance_overrides_only_what_is_given(runner: Runner, dense: Path) -> None:
+    runner.inputs["source"] = dense
+    _, result = runner.run("verify", dense, verify_options(["bfloat16"], atol=0.5))
+    assert result.summary["tolerance"] == {
+        "kind": "bfloat16", "rtol": 2e-2, "atol": 0.5, "given": {"rtol": None, "atol": 0.5}
+    }
