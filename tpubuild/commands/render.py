@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from tpubuild.commands._common import recipes_from
+from tpubuild.errors import UsageError
+
+
+@click.command(
+    "render",
+    short_help="Print a recipe's ConverterOptions for the official converter.",
+    epilog="\b\nExamples:\n"
+    "  tpubuild render toy                    the text proto\n"
+    "  tpubuild render recipes/toy.yaml --format json\n"
+    "  docker run --mount type=bind,source=$PWD,target=/ws ... \\\n"
+    "      --input_model_dir=/ws/models/toy --output_model_dir=/ws/out/toy \\\n"
+    "      --converter_options_string=\"$(tpubuild render toy --path-prefix /ws)\"",
+)
+@click.argument("target")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["textproto", "json", "yaml"]),
+    default="textproto",
+    show_default=True,
+    help="textproto: a ConverterOptions text proto (schemas/converter_options.proto); "
+    "json, yaml: the recipe's canonical converter section.",
+)
+@click.option(
+    "--path-prefix",
+    default="",
+    help="Put before workspace-relative dataset paths in the text proto: where the "
+    "converter sees the workspace (e.g. its mount point in the container).",
+)
+@click.pass_context
+def command(ctx: click.Context, target: str, fmt: str, path_prefix: str) -> int:
+    """Print TARGET's converter options, a recipe name (or a glob matching one) or a
+    recipe file. TensorFlow is not imported.
+
+    The text proto is what the Cloud TPU Inference Converter takes as
+    --converter_options_string: quantization goes under
+    external_feature_configs { quantization_options { ... } } and dataset paths are
+    relative to the workspace root unless --path-prefix is given.
+    """
+    from tpubuild.render import render
+
+    recipe = _one_recipe(ctx, target)
+    click.echo(render(recipe.canonical, fmt, source=recipe.rel_file, path_prefix=path_prefix), nl=False)
+    return 0
+
+
+def _one_recipe(ctx: click.Context, target: str):
+    path = Path(target)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        from tpubuild.config import load_recipe_file
+        from tpubuild.workspace import load_workspace
+
+        workspace = load_workspace(override=ctx.obj.workspace) if ctx.obj and ctx.obj.workspace else None
+        return load_recipe_file(path, workspace)
+    _, recipes = recipes_from(ctx, [target])
+    if len(recipes) > 1:
+        names = ", ".join(r.name for r in recipes)
+        raise UsageError(f"render takes one recipe; {target!r} matches {len(recipes)}: {names}")
+    return recipes[0]

@@ -1,0 +1,223 @@
+"""A canonical recipe's converter section as the Cloud TPU Inference Converter reads it.
+
+`textproto` is a `ConverterOptions` text proto (schemas/converter_options.proto) for the
+converter's `--converter_options_string`; `json` and `yaml` print the canonical
+converter section. TensorFlow-free: the text proto and the TopologyProto bytes inside
+it are written here, field by field in field-number order, the layout of protobuf's
+own `text_format.MessageToString(..., as_utf8=True)`, so the output is deterministic.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator
+
+from tpubuild.errors import ConfigError, Diagnostic, Location
+
+FORMATS = ("textproto", "json", "yaml")
+
+# tpubuild's method names -> TensorFlow's QuantizationMethod.PresetMethod values.
+PRESET_METHODS = {
+    "STATIC_RANGE": "METHOD_STATIC_RANGE_INT8",
+    "DYNAMIC_RANGE": "METHOD_DYNAMIC_RANGE_INT8",
+    "WEIGHT_ONLY": "METHOD_STATIC_RANGE_WEIGHT_ONLY_INT8",
+}
+TPU_FUNCTION_FIELDS = ("function_alias", "concrete_function_name", "jit_compile_functions", "signature_name")
+EXPERIMENTAL_FIELDS = ("function_alias", "concrete_function_name", "signature_name")
+BATCH_SCALARS = (  # BatchOptions fields 1 to 6, in field-number order
+    "num_batch_threads",
+    "max_batch_size",
+    "batch_timeout_micros",
+    "allowed_batch_sizes",
+    "max_enqueued_batches",
+    "disable_large_batch_splitting",
+)
+
+# A text proto as nested fields: (name, scalar) or (name, [fields]) for a submessage.
+Field = tuple[str, Any]
+
+
+def render(canonical: dict[str, Any], fmt: str = "textproto", *, source: str = "", path_prefix: str = "") -> str:
+    """The recipe's converter options in `fmt`; `source` names the recipe file in errors,
+    `path_prefix` is prepended to dataset paths (where the converter sees the workspace)."""
+    converter = canonical["converter"]
+    if fmt == "json":
+        return json.dumps(converter, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    if fmt == "yaml":
+        import yaml
+
+        return yaml.safe_dump(converter, sort_keys=True, default_flow_style=False, allow_unicode=True)
+    if fmt == "textproto":
+        where = source or f"recipe {canonical['name']}"
+        return format_fields(converter_fields(converter, where=where, path_prefix=path_prefix))
+    raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+
+
+def converter_fields(converter: dict[str, Any], *, where: str = "", path_prefix: str = "") -> list[Field]:
+    """ConverterOptions as fields, proto3 defaults (0, false, "", empty) left out."""
+    fields: list[Field] = [("tpu_functions", _tpu_function(entry)) for entry in converter["tpu_functions"]]
+    fields += [("batch_options", _batch_options(entry)) for entry in converter["batch_options"]]
+    fields += _enum("io_shape_optimization", converter["io_shape_optimization"])
+    fields += _enum("bfloat16_optimization", converter["bfloat16_optimization"])
+    fields += _true("disable_default_optimizations", converter["disable_default_optimizations"])
+    bf16 = _bfloat16_options(converter["bfloat16_optimization_options"])
+    if bf16:
+        fields.append(("bfloat16_optimization_options", bf16))
+    if "xla_sharding_options" in converter:
+        fields.append(("xla_sharding_options", _xla_sharding(converter["xla_sharding_options"])))
+    if "quantization_options" in converter:
+        quant = _quantization(converter["quantization_options"], where, path_prefix)
+        fields.append(("external_feature_configs", [("quantization_options", quant)]))
+    return fields
+
+
+def _tpu_function(entry: dict[str, Any]) -> list[Field]:
+    # Canonical entries hold exactly one of the oneof's fields.
+    return [(key, entry[key]) for key in TPU_FUNCTION_FIELDS if key in entry]
+
+
+def _batch_options(entry: dict[str, Any]) -> list[Field]:
+    fields: list[Field] = []
+    for key in BATCH_SCALARS:
+        value = entry.get(key)
+        if isinstance(value, list):
+            fields += [(key, item) for item in value]
+        elif value:  # 0 and false are the proto3 defaults
+            fields.append((key, value))
+    experimental = entry.get("experimental")
+    if experimental:
+        fields.append(("experimental", [(k, experimental[k]) for k in EXPERIMENTAL_FIELDS if k in experimental]))
+    return fields
+
+
+def _bfloat16_options(options: dict[str, Any]) -> list[Field]:
+    # The converter's scope DEFAULT (0) means TPU, so TPU is written as the default: omitted.
+    scope = options["scope"]
+    fields: list[Field] = [] if scope in ("TPU", "DEFAULT") else [("scope", Enum(scope))]
+    fields += _true("skip_safety_checks", options["skip_safety_checks"])
+    fields += [("filterlist", op) for op in options["filterlist"]]
+    return fields
+
+
+def _xla_sharding(options: dict[str, Any]) -> list[Field]:
+    # Always written: proto3's default is 0, the converter's is 1 (converter_options.proto).
+    fields: list[Field] = [("num_cores_per_replica", options["num_cores_per_replica"])]
+    fields += [("device_assignment", value) for value in options["device_assignment"]]
+    if "topology" in options:
+        fields.append(("topology", topology_bytes(**options["topology"])))
+    return fields
+
+
+def _quantization(options: dict[str, Any], where: str, path_prefix: str) -> list[Field]:
+    fields: list[Field] = [
+        ("quantization_method", [("preset_method", Enum(PRESET_METHODS[options["method"]]))]),
+        ("op_set", Enum(options["op_set"])),
+    ]
+    fields += [("tags", tag) for tag in options["tags"]]
+    fields += [("signature_keys", key) for key in options["signature_keys"]]
+    for key, source in sorted(options["representative_datasets"].items()):
+        if "tfrecord_file_path" not in source:
+            kind = "npz" if "npz" in source else "generator"
+            json_path = f"converter.quantization_options.representative_datasets.{key}"
+            raise ConfigError(
+                [
+                    Diagnostic(
+                        Location(where),
+                        json_path,
+                        f"the converter reads only TFRecord datasets (tfrecord_file_path), not {kind}; "
+                        "write one with tf.quantization.experimental.TfRecordRepresentativeDatasetSaver",
+                    )
+                ]
+            )
+        path = _join(path_prefix, source["tfrecord_file_path"])
+        fields.append(("representative_datasets", [("key", key), ("value", [("tfrecord_file_path", path)])]))
+    return fields
+
+
+def _join(prefix: str, path: str) -> str:
+    if not prefix:
+        return path
+    return prefix.rstrip("/") + "/" + path
+
+
+def _enum(name: str, value: str) -> list[Field]:
+    return [] if value == "DEFAULT" else [(name, Enum(value))]
+
+
+def _true(name: str, value: bool) -> list[Field]:
+    return [(name, True)] if value else []
+
+
+class Enum(str):
+    """An enum value: written by name, without quotes."""
+
+
+def format_fields(fields: list[Field], indent: int = 0) -> str:
+    return "".join(_lines(fields, indent))
+
+
+def _lines(fields: list[Field], indent: int) -> Iterator[str]:
+    pad = " " * indent
+    for name, value in fields:
+        if isinstance(value, list):
+            yield f"{pad}{name} {{\n"
+            yield from _lines(value, indent + 2)
+            yield f"{pad}}}\n"
+        else:
+            yield f"{pad}{name}: {_scalar(value)}\n"
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, Enum):
+        return str(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    # protobuf's own escaping (pure Python, no TensorFlow): bytes fully escaped, text
+    # kept as UTF-8, exactly as MessageToString(..., as_utf8=True) writes them.
+    from google.protobuf.text_encoding import CEscape
+
+    return f'"{CEscape(value, as_utf8=not isinstance(value, bytes))}"'
+
+
+def topology_bytes(mesh_shape: list[int], device_coordinates: list[int]) -> bytes:
+    """A serialized tensorflow.tpu.TopologyProto for one task holding every device.
+
+    Protobuf wire format, as `TopologyProto.SerializeToString()` writes it: fields in
+    number order, repeated int32 packed, zeros omitted.
+    """
+    devices, remainder = divmod(len(device_coordinates), len(mesh_shape))
+    if remainder:
+        raise ValueError(f"{len(device_coordinates)} device coordinates do not split into {len(mesh_shape)}-tuples")
+    out = bytearray()
+    out += _packed(1, mesh_shape)
+    out += _varint_field(2, 1)  # num_tasks
+    out += _varint_field(3, devices)  # num_tpu_devices_per_task
+    out += _packed(4, device_coordinates)
+    return bytes(out)
+
+
+def _varint(value: int) -> bytes:
+    if value < 0:
+        value += 1 << 64  # int32 negatives are sign-extended to 10 bytes
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _varint_field(number: int, value: int) -> bytes:
+    return _varint(number << 3) + _varint(value) if value else b""
+
+
+def _packed(number: int, values: list[int]) -> bytes:
+    if not values:
+        return b""
+    payload = b"".join(_varint(v) for v in values)
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
