@@ -24,6 +24,14 @@ UNSUPPORTED_DTYPES = {
 }
 XLA_DEVICE = "XLA_CPU_JIT"
 SPARSE_SPEC = 1  # TypeSpecProto.SPARSE_TENSOR_SPEC
+TENSOR_SPEC = -1  # our marker for a plain tensor_spec_value in a StructuredValue
+
+
+class _Tensor:
+    type_spec_class = TENSOR_SPEC
+
+
+_TENSOR = _Tensor()
 
 
 def check_tpu_functions(model: SavedModel, functions: list[TpuFunction], xla: bool = True) -> list[str]:
@@ -59,26 +67,33 @@ def check_sparse_inputs(model: SavedModel, name: str, who: str) -> None:
     saved = model.meta_graph.object_graph_def.concrete_functions.get(name)
     if saved is None:
         return
-    for path, spec in _type_specs(saved.canonicalized_input_signature, ""):
+    fdef = model.functions[name]
+    offset = 0  # position of the spec's first tensor among the function's flat inputs
+    for spec in _type_specs(saved.canonicalized_input_signature):
         if spec.type_spec_class == SPARSE_SPEC:
-            raise ConversionError(f"{who}: input '{path or spec.type_spec_class_name}' is a SparseTensor, which TPUs do not support")
+            user_name = fdef.arg_attr[offset].attr["_user_specified_name"].s.decode()
+            arg = user_name or fdef.signature.input_arg[offset].name
+            raise ConversionError(f"{who}: input '{arg}' is a SparseTensor, which TPUs do not support")
+        if spec.type_spec_class != TENSOR_SPEC:
+            return  # other composites flatten in ways we do not track; XLA will judge them
+        offset += 1
 
 
-def _type_specs(value: Any, path: str) -> list[tuple[str, Any]]:
+def _type_specs(value: Any) -> list[Any]:
+    """TypeSpecProtos of a StructuredValue in flattening order (dict keys sorted, as nest does)."""
     kind = value.WhichOneof("kind")
-    found = []
     if kind == "type_spec_value":
-        found.append((path, value.type_spec_value))
-    elif kind in ("list_value", "tuple_value"):
-        for i, item in enumerate(getattr(value, kind).values):
-            found += _type_specs(item, path)
+        return [value.type_spec_value]
+    if kind == "tensor_spec_value":
+        return [_TENSOR]
+    items: list[Any] = []
+    if kind in ("list_value", "tuple_value"):
+        items = list(getattr(value, kind).values)
     elif kind == "dict_value":
-        for key, item in value.dict_value.fields.items():
-            found += _type_specs(item, key if not path else f"{path}.{key}")
+        items = [value.dict_value.fields[k] for k in sorted(value.dict_value.fields)]
     elif kind == "named_tuple_value":
-        for pair in value.named_tuple_value.values:
-            found += _type_specs(pair.value, pair.key if not path else f"{path}.{pair.key}")
-    return found
+        items = [pair.value for pair in value.named_tuple_value.values]
+    return [spec for item in items for spec in _type_specs(item)]
 
 
 def check_xla_kernels(model: SavedModel, name: str, who: str) -> None:
@@ -132,8 +147,9 @@ def check_xla_compiles(model: SavedModel, name: str, who: str) -> str | None:
         elif tensor.shape.rank is None:
             return f"{who}: input '{_arg_name(model, name, index)}' has unknown rank; XLA check skipped"
         else:
-            # Concrete inputs (size 1 for unknown dimensions): the TPU compiles per shape anyway.
-            args.append(tf.zeros([d if d is not None else 1 for d in tensor.shape], tensor.dtype))
+            # Specs, not values: values would be folded in as constants and hide errors.
+            # Unknown dimensions become 1: the TPU compiles one program per shape anyway.
+            args.append(tf.TensorSpec([d if d is not None else 1 for d in tensor.shape], tensor.dtype))
     tout = [t.dtype for t in concrete.outputs]
 
     def call(*inputs: tf.Tensor) -> Any:
@@ -145,7 +161,10 @@ def check_xla_compiles(model: SavedModel, name: str, who: str) -> str | None:
     try:
         compiled.experimental_get_compiler_ir(*args)(stage="hlo")
     except (tf.errors.OpError, ValueError, TypeError) as exc:
-        message = getattr(exc, "message", str(exc)).strip().splitlines()[0]
+        message = getattr(exc, "message", str(exc)).strip()
+        message = message.removeprefix("Failed getting HLO text: '").splitlines()[0]
+        # Node names are those inside the function, not the wrapper's call path.
+        message = message.replace("StatefulPartitionedCall/", "")
         raise ConversionError(f"{who}: XLA cannot compile it: {message}") from None
     return None
 
