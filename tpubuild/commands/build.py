@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+import json
+import sys
+import threading
+
+import click
+
+from tpubuild.commands._common import recipes_from
+
+
+@click.command(
+    "build",
+    short_help="Build recipes: run the stages whose inputs changed, publish new versions.",
+    epilog="\b\nExamples:\n  tpubuild build                 every recipe of the workspace\n"
+    "  tpubuild build -j 2 'nlp-*'    the recipes whose name matches, two at a time\n"
+    "  tpubuild build --dry-run       what would run, without running it\n"
+    "  tpubuild build --check         in CI: exit 1 if a lock file is out of date",
+)
+@click.argument("targets", nargs=-1)
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Recipes built in parallel (one worker process each).")
+@click.option("--dry-run", is_flag=True, help="Show which stages are cached and which would run; run nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document with a row per stage.")
+@click.option("--check", is_flag=True, help="Exit 1, listing the recipes, if building would change a lock file.")
+@click.pass_context
+def command(ctx: click.Context, targets: tuple[str, ...], jobs: int, dry_run: bool, as_json: bool, check: bool) -> int:
+    """Build the workspace's recipes (names or globs; none = all).
+
+    A stage reruns only when its options or the content of its inputs changed; its
+    output is then taken from the cache. A new numbered version appears under
+    `<output_dir>/<recipe>/` only when the result differs. Exit code 1 when a stage
+    failed (the other recipes are still built), 2 for a bad recipe.
+    """
+    ws, recipes = recipes_from(ctx, targets)
+    if check:
+        return _check(ws, recipes)
+    if dry_run:
+        return _dry_run(ws, recipes, as_json)
+    from tpubuild.engine.build import build
+
+    out = click.get_text_stream("stdout")
+    progress = _Progress(out, tty=out.isatty() and not as_json, quiet=as_json)
+    runs, engine = build(ws, recipes, jobs, printer=progress.row, errors=progress.error)
+    rows = [row for run in runs for row in run.rows]
+    failed = [run for run in runs if run.failed]
+    if as_json:
+        document = {
+            "rows": [row.to_json() for row in rows],
+            "versions": {run.name: run.version for run in runs},
+            "hashed": {"files": engine.stat.files_hashed, "bytes": engine.stat.bytes_hashed},
+            "exit_code": 1 if failed else 0,
+        }
+        click.echo(json.dumps(document, indent=2))
+    else:
+        progress.summary(runs)
+    return 1 if failed else 0
+
+
+class _Progress:
+    """Per-stage lines: all of them on a terminal, only work done when piped."""
+
+    def __init__(self, out, tty: bool, quiet: bool):
+        self.out, self.tty, self.quiet = out, tty, quiet
+        self.lock = threading.Lock()
+
+    def row(self, run, row) -> None:
+        if self.quiet or (not self.tty and row.status == "cached"):
+            return
+        with self.lock:
+            self.out.write(f"{row.recipe}: {row.stage}: {row.status} ({row.seconds:.2f} s)\n")
+            self.out.flush()
+
+    def error(self, message: str) -> None:
+        with self.lock:
+            sys.stderr.write(message + "\n")
+            sys.stderr.flush()
+
+    def summary(self, runs) -> None:
+        counts: dict[str, int] = {}
+        for run in runs:
+            for row in run.rows:
+                counts[row.status] = counts.get(row.status, 0) + 1
+        parts = ", ".join(f"{counts[s]} {s}" for s in ("built", "cached", "failed", "skipped") if counts.get(s))
+        published = [f"{run.name} {run.version}" for run in runs if run.version is not None]
+        self.out.write(f"{len(runs)} recipe{'s' if len(runs) != 1 else ''}: {parts or 'nothing to do'}\n")
+        if self.tty and published:
+            self.out.write(f"published: {', '.join(published)}\n")
+
+
+def _check(ws, recipes) -> int:
+    from tpubuild.engine.build import Engine, lock_changes, new_runs
+    from tpubuild.engine.lockfile import read_lock
+
+    engine = Engine(ws)
+    stale = []
+    for run in new_runs(recipes):
+        reasons = lock_changes(read_lock(run.recipe.lock_file), run, engine)
+        if reasons:
+            lock_rel = ws.display(run.recipe.lock_file)
+            stale.append(f"{run.recipe.rel_file}: building would change {lock_rel}: {'; '.join(reasons)}")
+    engine.stat.save()
+    for line in stale:
+        click.echo(line)
+    if not stale:
+        click.echo(f"{len(recipes)} lock file{'s' if len(recipes) != 1 else ''} up to date")
+    return 1 if stale else 0
+
+
+def _dry_run(ws, recipes, as_json: bool) -> int:
+    from tpubuild.engine.explain import resolve
+
+    rows = []
+    for recipe in recipes:
+        for stage in resolve(ws, recipe):
+            rows.append({"recipe": recipe.name, "stage": stage.name, "status": stage.status, "key": stage.key})
+    if as_json:
+        click.echo(json.dumps({"rows": rows}, indent=2))
+    else:
+        for row in rows:
+            click.echo(f"{row['recipe']}: {row['stage']}: {row['status']}")
+    return 0

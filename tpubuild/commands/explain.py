@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+import click
+
+from tpubuild.commands._common import recipes_from
+
+
+@click.command(
+    "explain",
+    short_help="Say for each stage whether it is cached, and what changed if not.",
+    epilog="\b\nExample:\n  tpubuild explain toy\n    source: cached\n    tpu: would run\n"
+    "      - option tpu_functions: ... -> ...",
+)
+@click.argument("target")
+@click.pass_context
+def command(ctx: click.Context, target: str) -> int:
+    """Explain why stages of TARGET (a recipe name or glob) would rerun.
+
+    For each stage: cached, or would run and exactly which option, input file or
+    earlier stage output changed since the run recorded in the lock file. Builds
+    nothing and never imports TensorFlow.
+    """
+    from tpubuild.engine.explain import explain_lines
+
+    ws, recipes = recipes_from(ctx, [target])
+    for recipe in recipes:
+        for line in explain_lines(ws, recipe):
+            click.echo(line)
+    return 0
