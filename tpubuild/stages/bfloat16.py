@@ -1,0 +1,60 @@
+"""bfloat16 stage: TPU functions (scope TPU) or every function (scope ALL) compute in bfloat16."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tpubuild.errors import ConversionError
+from tpubuild.stages.base import StageContext, StageResult
+
+
+def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
+    """Convert the scope's float32 ops and the variables they read to bfloat16."""
+    from tpubuild.savedmodel import bfloat16, checkpoint
+    from tpubuild.savedmodel.model import SavedModel
+
+    settings = options["bfloat16_optimization_options"]
+    model = SavedModel.load(Path(input_dir), options["tags"])
+    if settings["scope"] == "ALL":
+        scope = set(model.functions) - bfloat16.saver_functions(model)
+    else:
+        scope = tpu_scope(model, options["tpu_functions"])
+    if not settings.get("skip_safety_checks", False):
+        bfloat16.check_no_bfloat16(model, scope)
+    plan = bfloat16.convert(model, scope, settings.get("filterlist", []))
+    keys = checkpoint.checkpoint_keys(model, set(plan.variables))
+    model.save(Path(output_dir))
+    if keys:
+        checkpoint.write_bfloat16(Path(input_dir), Path(output_dir), keys)
+    summary = {"scope": settings["scope"], **plan.summary()}
+    context.log(
+        f"bfloat16: {sum(plan.converted_ops.values())} ops and {len(plan.variables)} variables "
+        f"in {len(scope)} functions"
+    )
+    return StageResult(summary=summary)
+
+
+def tpu_scope(model: Any, tpu_functions: list[dict[str, Any]]) -> set[str]:
+    """Functions that run on the TPU: bodies of TPUPartitionedCall and all they call.
+
+    The graph decides (the tpu stage ran before this one and TPU computations that were
+    already in the model count too); a model that skipped placement falls back to the
+    functions the recipe names.
+    """
+    from tpubuild.savedmodel.resolve import resolve_tpu_functions
+
+    roots = {
+        node.attr["f"].func.name
+        for fdef in model.functions.values()
+        for node in fdef.node_def
+        if node.op == "TPUPartitionedCall"
+    }
+    if not roots and tpu_functions:
+        roots = {f.name for f in resolve_tpu_functions(model, tpu_functions)}
+    if not roots:
+        raise ConversionError(
+            "bfloat16: scope TPU but the model has no TPU function; set "
+            "bfloat16_optimization_options.scope to ALL or name tpu_functions"
+        )
+    return roots.union(*(model.reachable(r) for r in roots))
