@@ -175,9 +175,10 @@ def _library(model: SavedModel) -> dict[str, Any]:
     if cached is None:
         from tensorflow.python.saved_model import function_deserialization
 
-        cached = function_deserialization.load_function_def_library(
-            model.meta_graph.graph_def.library, model.meta_graph.object_graph_def
-        )
+        # A copy: the loader renames functions in the library it is given.
+        library = type(model.meta_graph.graph_def.library)()
+        library.CopyFrom(model.meta_graph.graph_def.library)
+        cached = function_deserialization.load_function_def_library(library, model.meta_graph.object_graph_def)
         model._concrete_library = cached  # type: ignore[attr-defined]
     return cached
 

@@ -1,0 +1,177 @@
+"""TPU placement: graph shape, loading with tf.saved_model.load, and the CPU twin's outputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.protobuf.tpu.topology_pb2 import TopologyProto
+
+from sm_models import ALIASES, SIGNATURES, run_signature
+from tpubuild.savedmodel.model import SavedModel
+from tpubuild.savedmodel.twin import make_cpu_twin
+from tpubuild.stages.base import StageContext
+from tpubuild.stages.tpu import run
+
+SHARDING = {
+    "num_cores_per_replica": 1,
+    "device_assignment": [],
+    "topology": {"mesh_shape": [1, 1, 1, 2], "device_coordinates": [0, 0, 0, 0, 0, 0, 0, 1]},
+}
+
+
+def place(src: Path, out: Path, entries: list[dict], sharding: dict | None = None):
+    out.mkdir()
+    options = {"tags": ["serve"], "tpu_functions": entries, "xla_sharding_options": sharding}
+    context = StageContext(workspace=src.parent, recipe_name="t", recipe_file=src.parent / "t.yaml")
+    return run(src, out, options, context)
+
+
+def ops(model: SavedModel, fn: str) -> list[str]:
+    return [node.op for node in model.functions[fn].node_def]
+
+
+def assert_twin_matches(src: Path, placed: Path, tmp_path: Path, inputs: tf.Tensor) -> None:
+    twin = tmp_path / "twin"
+    make_cpu_twin(placed, twin)
+    for key in SIGNATURES:
+        expected, got = run_signature(src, key, inputs), run_signature(twin, key, inputs)
+        assert expected.keys() == got.keys()
+        for name in expected:
+            np.testing.assert_array_equal(got[name], expected[name], err_msg=f"{key}.{name}")
+
+
+def assert_tpu_function(model: SavedModel, fn: str, cluster: str) -> None:
+    body = model.functions[fn]
+    (meta,) = [n for n in body.node_def if n.op == "TPUReplicateMetadata"]
+    assert meta.attr["num_replicas"].i == 1
+    assert {n.attr["_tpu_replicate"].s.decode() for n in body.node_def} == {cluster}
+
+
+@pytest.fixture(scope="module")
+def placed_one(zoo, tmp_path_factory):
+    out = tmp_path_factory.mktemp("placed") / "one"
+    result = place(zoo, out, [{"function_alias": "tpu_func"}], SHARDING)
+    return out, result
+
+
+def test_call_sites_go_through_tpu_partitioned_call(zoo, placed_one):
+    out, result = placed_one
+    model = SavedModel.load(out)
+    tpu_func = {a: n for n, a in model.aliases.items()}["tpu_func"]
+    callers = sorted(model.callers(tpu_func))
+    # serving_default, serve_again and serve_two call it: one TPU function, several signatures.
+    assert len(callers) == 3
+    for caller, node in model.call_sites(tpu_func):
+        assert node.op == "TPUPartitionedCall"
+        ordinal = node.input[-1]
+        selector = next(n for n in model.functions[caller].node_def if n.name == ordinal.split(":")[0])
+        assert selector.op == "TPUOrdinalSelector"
+        assert ordinal == f"{selector.name}:device_ordinals:0"
+    assert_tpu_function(model, tpu_func, "cluster_tpu_func")
+    summary = result.summary["placed"]
+    assert [(p["function"], p["alias"]) for p in summary] == [(tpu_func, "tpu_func")]
+    assert sorted(s["caller"] for s in summary[0]["call_sites"]) == callers
+    assert result.warnings == []
+
+
+def test_metadata_carries_sharding_and_topology(placed_one):
+    model = SavedModel.load(placed_one[0])
+    tpu_func = {a: n for n, a in model.aliases.items()}["tpu_func"]
+    (meta,) = [n for n in model.functions[tpu_func].node_def if n.op == "TPUReplicateMetadata"]
+    assert meta.attr["num_cores_per_replica"].i == 1
+    topology = TopologyProto.FromString(meta.attr["topology"].s)
+    assert list(topology.mesh_shape) == [1, 1, 1, 2]
+    assert list(topology.device_coordinates) == [0, 0, 0, 0, 0, 0, 0, 1]
+    assert (topology.num_tasks, topology.num_tpu_devices_per_task) == (1, 2)
+
+
+def test_placed_model_loads_and_keeps_signatures_variables_aliases(zoo, placed_one):
+    out = placed_one[0]
+    loaded = tf.saved_model.load(str(out))
+    assert set(loaded.signatures) == set(SIGNATURES)
+    source = tf.saved_model.load(str(zoo))
+    for variable in ("w", "v"):
+        np.testing.assert_array_equal(getattr(loaded, variable).numpy(), getattr(source, variable).numpy())
+    assert sorted(SavedModel.load(out).aliases.values()) == sorted(ALIASES)
+    # No TPU here: the TPU ops have no CPU kernel. That is what the CPU twin is for.
+    with pytest.raises(tf.errors.InvalidArgumentError, match="TPUOrdinalSelector"):
+        loaded.signatures["serving_default"](x=tf.zeros([1, 4]))
+
+
+def test_twin_of_single_placement_matches_source(zoo, placed_one, tmp_path, inputs):
+    assert_twin_matches(zoo, placed_one[0], tmp_path, inputs)
+    twin = SavedModel.load(tmp_path / "twin")
+    for fn in twin.functions.values():
+        assert not {"TPUPartitionedCall", "TPUOrdinalSelector", "TPUReplicateMetadata"} & set(ops(twin, fn.signature.name))
+        assert not any("_tpu_replicate" in n.attr for n in fn.node_def)
+
+
+def test_two_tpu_functions(zoo, tmp_path, inputs):
+    out = tmp_path / "two"
+    result = place(zoo, out, [{"function_alias": "tpu_func"}, {"function_alias": "tpu_b"}])
+    model = SavedModel.load(out)
+    names = {a: n for n, a in model.aliases.items()}
+    serve_two = model.callees(model.signatures["serve_two"]).pop()
+    assert ops(model, serve_two).count("TPUPartitionedCall") == 2
+    assert_tpu_function(model, names["tpu_func"], "cluster_tpu_func")
+    assert_tpu_function(model, names["tpu_b"], "cluster_tpu_b")
+    assert [p["alias"] for p in result.summary["placed"]] == ["tpu_func", "tpu_b"]
+    assert_twin_matches(zoo, out, tmp_path, inputs)
+
+
+def test_tpu_function_calling_another_directly(zoo, tmp_path, inputs):
+    out = tmp_path / "direct"
+    place(zoo, out, [{"function_alias": "outer_direct"}, {"function_alias": "inner"}])
+    model = SavedModel.load(out)
+    names = {a: n for n, a in model.aliases.items()}
+    # Inside the TPU function outer_direct, the call to inner is a TPU call too (tagged).
+    (call,) = [n for n in model.functions[names["outer_direct"]].node_def if n.op == "TPUPartitionedCall"]
+    assert call.attr["f"].func.name == names["inner"]
+    assert call.attr["_tpu_replicate"].s == b"cluster_outer_direct"
+    # middle (CPU) also calls inner: that call site goes through the TPU as well.
+    assert "TPUPartitionedCall" in ops(model, names["middle"])
+    assert_twin_matches(zoo, out, tmp_path, inputs)
+
+
+def test_control_flow_inside_tpu_function(zoo, tmp_path, inputs):
+    out = tmp_path / "cf"
+    place(zoo, out, [{"function_alias": "control_flow"}])
+    model = SavedModel.load(out)
+    control_flow = {a: n for n, a in model.aliases.items()}["control_flow"]
+    assert_tpu_function(model, control_flow, "cluster_control_flow")
+    body_ops = set(ops(model, control_flow))
+    assert body_ops & {"If", "StatelessIf"} and body_ops & {"While", "StatelessWhile"}
+    tf.saved_model.load(str(out))
+    assert_twin_matches(zoo, out, tmp_path, inputs)
+
+
+def test_signature_placed_on_tpu_becomes_a_thin_wrapper(zoo, tmp_path, inputs):
+    out = tmp_path / "sig"
+    result = place(zoo, out, [{"signature_name": "serve_chains"}])
+    model = SavedModel.load(out)
+    wrapper = model.signatures["serve_chains"]
+    assert sorted(ops(model, wrapper)) == ["TPUOrdinalSelector", "TPUPartitionedCall"]
+    (placement,) = result.summary["placed"]
+    assert placement["wrapper"] == wrapper
+    assert placement["function"] == f"{wrapper}_tpu"
+    assert_tpu_function(model, placement["function"], f"cluster_{wrapper}")
+    # The graph-level node TF Serving runs still calls the signature's function by name.
+    assert len(model.graph_call_sites(wrapper)) == 1
+    assert set(tf.saved_model.load(str(out)).signatures) == set(SIGNATURES)
+    assert_twin_matches(zoo, out, tmp_path, inputs)
+
+
+def test_jit_compile_functions_placement(jit, tmp_path, inputs):
+    out = tmp_path / "jit"
+    result = place(jit, out, [{"jit_compile_functions": True}])
+    (placement,) = result.summary["placed"]
+    assert placement["function"].startswith("__inference_jit_outer_")
+    assert placement["named_by"] == "jit_compile_functions"
+    twin = tmp_path / "twin"
+    make_cpu_twin(out, twin)
+    np.testing.assert_array_equal(
+        run_signature(twin, "serving_default", inputs)["y"], run_signature(jit, "serving_default", inputs)["y"]
+    )
