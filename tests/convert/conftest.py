@@ -70,6 +70,36 @@ class AlreadyBf16(tf.Module):
         return {"y": self.tpu_func(x)}
 
 
+class Image(tf.Module):
+    """A TPU function with a rank-4 input, a variable-length input and a rank-4 output."""
+
+    def __init__(self) -> None:
+        self.w = tf.Variable(tf.constant([0.5, -1.0, 2.0]), name="w")
+
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec([None, 4, 4, 3], tf.float32),
+            tf.TensorSpec([None, None, 2], tf.float32),
+        ]
+    )
+    def tpu_func(self, image, seq):
+        scaled = image * self.w
+        return {
+            "scaled": scaled,
+            "pooled": tf.reduce_mean(scaled, axis=[1, 2]) + tf.reduce_sum(seq, axis=[1, 2])[:, None],
+        }
+
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec([None, 4, 4, 3], tf.float32),
+            tf.TensorSpec([None, None, 2], tf.float32),
+        ]
+    )
+    def serve(self, image, seq):
+        out = self.tpu_func(image, seq)
+        return {"scaled": out["scaled"] + 1.0, "pooled": out["pooled"]}
+
+
 class BadBatch(tf.Module):
     """One aliased function per batching requirement, each called from a signature."""
 
@@ -128,6 +158,10 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out["already_bf16"] = _save(
         bf, root / "already_bf16", {"serving_default": bf.serve}, {"tpu_func": bf.tpu_func}
     )
+    image = Image()
+    out["image"] = _save(
+        image, root / "image", {"serving_default": image.serve}, {"tpu_func": image.tpu_func}
+    )
     bad = BadBatch()
     out["bad_batch"] = _save(
         bad,
@@ -145,10 +179,10 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def placed(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The toy and mlp models with `tpu_func` placed on the TPU (A's placement code)."""
+    """The toy, mlp and image models with `tpu_func` placed on the TPU (A's placement code)."""
     root = tmp_path_factory.mktemp("placed")
     out = {}
-    for name in ("toy", "mlp"):
+    for name in ("toy", "mlp", "image"):
         model = SavedModel.load(models[name])
         place_on_tpu(model, resolve_tpu_functions(model, [{"function_alias": "tpu_func"}]))
         (root / name).mkdir()

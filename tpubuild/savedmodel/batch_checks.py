@@ -93,7 +93,7 @@ def function_specs(model: SavedModel, fn: str, batched: list[int]) -> tuple[list
         if not any(spec.sparse and seen.name == name for seen in inputs):
             inputs.append(spec)  # one report per SparseTensor, not per component
     outputs = [
-        Spec(arg.name, dims) for arg, dims in zip(fdef.signature.output_arg, _output_dims(model, fn))
+        Spec(arg.name, dims) for arg, dims in zip(fdef.signature.output_arg, output_dims(model, fn))
     ]
     return inputs, outputs
 
@@ -149,7 +149,7 @@ def _sparse_positions(model: SavedModel, fn: str) -> set[int]:
     return positions
 
 
-def _output_dims(model: SavedModel, fn: str) -> list[list[int] | None]:
+def output_dims(model: SavedModel, fn: str) -> list[list[int] | None]:
     """Static output shapes of `fn`: from the object graph, else by importing the function."""
     functions = model.meta_graph.object_graph_def.concrete_functions
     count = len(model.functions[fn].signature.output_arg)

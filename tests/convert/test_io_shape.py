@@ -1,0 +1,62 @@
+"""The io_shape stage on a real TPU-placed SavedModel: layouts, exact outputs on the twin."""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from tpubuild.savedmodel.model import SavedModel
+from tpubuild.stages import io_shape
+
+OPTIONS = {"tags": ["serve"], "tpu_functions": [{"function_alias": "tpu_func"}]}
+
+
+def _inputs(batch: int, length: int) -> dict[str, tf.Tensor]:
+    rng = np.random.default_rng(batch)
+    return {
+        "image": tf.constant(rng.normal(size=(batch, 4, 4, 3)).astype(np.float32)),
+        "seq": tf.constant(rng.normal(size=(batch, length, 2)).astype(np.float32)),
+    }
+
+
+def test_rank4_tensors_cross_as_rank2_and_outputs_are_identical(models, placed, run_stage, cpu_twin):
+    out, result = run_stage(io_shape.run, placed["image"], OPTIONS)
+    (fn,) = result.summary["functions"]
+    assert [i["tensor"] for i in fn["inputs"]] == ["input image"]
+    assert fn["inputs"][0]["transfer_shape"] == [-1, 48]
+    assert [(o["shape"], o["transfer_shape"]) for o in fn["outputs"]] == [([-1, 4, 4, 3], [-1, 48])]
+    assert fn["left_alone"] == [
+        "input seq: non-batch dimensions unknown when the model is built",
+        "output identity: rank 2 already transfers as is",
+    ]
+    assert result.warnings == [
+        f'io_shape: "tpu_func" (alias of {fn["function"]}) input seq: non-batch dimensions '
+        "unknown when the model is built"
+    ]
+    model = SavedModel.load(out)
+    wrapper = model.functions[fn["wrapper"]]
+    # The TPU side reshapes back first thing, inside the same TPU cluster.
+    reshapes = [n for n in wrapper.node_def if n.op == "Reshape"]
+    assert len(reshapes) == 2 and all("_tpu_replicate" in n.attr for n in reshapes)
+    assert any(n.op == "TPUReplicateMetadata" for n in wrapper.node_def)
+    (site,) = fn["call_sites"]
+    call = next(n for n in model.functions[site["caller"]].node_def if n.name == site["node"])
+    assert (call.op, call.attr["f"].func.name) == ("TPUPartitionedCall", fn["wrapper"])
+    src = tf.saved_model.load(str(models["image"]))
+    twin = cpu_twin(out)
+    for batch, length in ((1, 1), (3, 5), (8, 2)):
+        want = src.signatures["serving_default"](**_inputs(batch, length))
+        got = twin.signatures["serving_default"](**_inputs(batch, length))
+        for key in want:
+            np.testing.assert_array_equal(got[key].numpy(), want[key].numpy())
+
+
+def test_rank2_tensors_are_left_alone(placed, run_stage):
+    out, result = run_stage(io_shape.run, placed["toy"], OPTIONS)
+    (fn,) = result.summary["functions"]
+    assert fn["wrapper"] is None
+    assert fn["left_alone"] == [
+        "input x: rank 2 already transfers as is",
+        "output identity: rank 2 already transfers as is",
+    ]
+    assert result.warnings == []

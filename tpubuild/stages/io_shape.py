@@ -1,0 +1,47 @@
+"""IO-shape stage: rank-2 transfer layouts for tensors entering and leaving TPU functions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tpubuild.stages.base import StageContext, StageResult
+
+
+def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
+    """Reshape around every TPUPartitionedCall made from CPU code; outputs stay identical."""
+    from tpubuild.savedmodel import io_shape
+    from tpubuild.savedmodel.model import SavedModel
+
+    model = SavedModel.load(Path(input_dir), options["tags"])
+    # The graph is the source of truth: the tpu stage made every call of a TPU function a
+    # TPUPartitionedCall. Calls made inside TPU code transfer nothing, so they are skipped.
+    sites: dict[str, list[tuple[str, str]]] = {}
+    bodies = {
+        n.attr["f"].func.name
+        for f in model.functions.values()
+        for n in f.node_def
+        if n.op == io_shape.TPU_CALL
+    }
+    tpu_code = set(bodies).union(*(model.reachable(b) for b in bodies))
+    for caller, fdef in sorted(model.functions.items()):
+        if caller in tpu_code:
+            continue
+        for node in fdef.node_def:
+            if node.op == io_shape.TPU_CALL:
+                sites.setdefault(node.attr["f"].func.name, []).append((caller, node.name))
+    functions, warnings = [], []
+    for fn, calls in sorted(sites.items()):
+        plan = io_shape.plan_function(model, fn)
+        wrapper = None
+        if plan.inputs or plan.outputs:
+            wrapper = io_shape.make_wrapper(model, plan)
+            for caller, node in calls:
+                io_shape.rewrite_site(model, caller, node, plan, wrapper)
+        warnings += [
+            f"io_shape: {model.describe(fn)} {why}" for why in plan.left if "unknown" in why
+        ]
+        functions.append(plan.summary(wrapper, [{"caller": c, "node": n} for c, n in calls]))
+    model.save(Path(output_dir))
+    context.log(f"io_shape: {sum(bool(f['wrapper']) for f in functions)} TPU functions reshaped")
+    return StageResult(summary={"functions": functions}, warnings=warnings)
