@@ -33,3 +33,19 @@ def runner(tmp_path: Path) -> Runner:
     """A per-test workspace root (for dataset files) and stage output area."""
     (tmp_path / "ws").mkdir()
     return Runner(tmp_path / "ws", tmp_path / "out")
+
+
+@pytest.fixture(scope="session")
+def two_tpu_placed(models: Path) -> Path:
+    """two_tpu with both aliases placed on the TPU by the real placement code."""
+    from tpubuild.savedmodel.model import SavedModel
+    from tpubuild.savedmodel.resolve import resolve_tpu_functions
+    from tpubuild.savedmodel.tpu import place_on_tpu
+
+    model = SavedModel.load(models / "models" / "two_tpu", ["serve"])
+    functions = resolve_tpu_functions(model, [{"function_alias": "tpu_func_1"}, {"function_alias": "tpu_func_2"}])
+    place_on_tpu(model, functions)
+    out = models / "placed" / "two_tpu"
+    out.mkdir(parents=True)
+    model.save(out)
+    return out

@@ -8,7 +8,6 @@ Writes `verify.json`; exceeding the tolerances fails the build with the measured
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -114,8 +113,6 @@ def _runnable(artifact: Path, scratch: Path, tags: list[str], tpu_placed: bool) 
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as handle:
-        json.dump(data, handle, indent=2, sort_keys=True)
-        handle.write("\n")
-    os.replace(tmp, path)
+    from tpubuild.savedmodel.model import write_atomic
+
+    write_atomic(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())

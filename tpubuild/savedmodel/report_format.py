@@ -1,0 +1,211 @@
+"""The conversion report as text, Markdown and JSON, and the difference of two reports.
+
+TensorFlow-free: `tpubuild report` renders published reports without loading a model.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+REPORT_SCHEMA = 1
+
+
+def to_json(report: dict[str, Any]) -> str:
+    return json.dumps(report, indent=2, sort_keys=True) + "\n"
+
+
+def percent(part: float, total: float) -> str:
+    return f"{100 * part / total:.2f}%" if total else "0.00%"
+
+
+def cost_lines(cost: dict[str, Any]) -> list[str]:
+    """The converter's lines: TPU and CPU shares of the model, then each TPU function's cost."""
+    total = cost["total"]
+    lines = [
+        f"TPU cost of the model: {percent(cost['tpu'], total)} ({cost['tpu']}/{total})",
+        f"CPU cost of the model: {percent(cost['cpu'], total)} ({cost['cpu']}/{total})",
+    ]
+    for row in cost["tpu_functions"]:
+        label = row["alias"] or row["function"]
+        lines.append(f"  TPU function {label}: {row['cost']} ({percent(row['cost'], total)})")
+    return lines
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def parameter_bytes(table: dict[str, dict[str, int]]) -> int:
+    return sum(row["bytes"] for row in table.values())
+
+
+def ratio(new: float, old: float) -> str:
+    return f"{new / old:.3f}" if old else "n/a"
+
+
+def _size_lines(report: dict[str, Any]) -> list[str]:
+    src, art = report["size"]["source"], report["size"]["artifact"]
+    p_src, p_art = parameter_bytes(report["parameters"]["source"]), parameter_bytes(report["parameters"]["artifact"])
+    lines = [
+        f"Size: artifact {human_bytes(art['total'])} (graph {human_bytes(art['graph'])}, variables "
+        f"{human_bytes(art['variables'])}); source {human_bytes(src['total'])} (graph "
+        f"{human_bytes(src['graph'])}, variables {human_bytes(src['variables'])}); ratio {ratio(art['total'], src['total'])}",
+        f"Parameters: artifact {human_bytes(p_art)}, source {human_bytes(p_src)}; ratio {ratio(p_art, p_src)}",
+    ]
+    for dtype in sorted(set(report["parameters"]["source"]) | set(report["parameters"]["artifact"])):
+        s = report["parameters"]["source"].get(dtype, {"elements": 0, "bytes": 0})
+        a = report["parameters"]["artifact"].get(dtype, {"elements": 0, "bytes": 0})
+        lines.append(
+            f"  {dtype}: {a['elements']} elements ({human_bytes(a['bytes'])}) in the artifact, "
+            f"{s['elements']} ({human_bytes(s['bytes'])}) in the source"
+        )
+    return lines
+
+
+def _verify_lines(verify: dict[str, Any] | None) -> list[str]:
+    if not verify:
+        return ["Verification: not run"]
+    tol = verify["tolerance"]
+    lines = [
+        f"Verification: {'passed' if verify['passed'] else 'FAILED'} ({tol['kind']} tolerances: "
+        f"rtol {tol['rtol']:g}, atol {tol['atol']:g}); max abs error {verify['max_abs_error']:.4g}, "
+        f"max rel error {verify['max_rel_error']:.4g}"
+    ]
+    for out in verify["outputs"]:
+        line = (
+            f"  {out['signature']}/{out['output']}: max abs {out['max_abs_error']:.4g}, "
+            f"max rel {out['max_rel_error']:.4g}, {out['mismatched']}/{out['elements']} outside"
+        )
+        if out["argmax_agreement"] is not None:
+            line += f", argmax agreement {out['argmax_agreement']:.1%}"
+        lines.append(line)
+    return lines
+
+
+def _quantization_lines(quant: dict[str, Any] | None) -> list[str]:
+    if not quant:
+        return []
+    layers = ", ".join(f"{op} {v['quantized']}/{v['total']}" for op, v in sorted(quant["layers"].items()))
+    int8 = quant.get("parameters", {}).get("int8", {}).get("elements", 0)
+    return [
+        f"Quantization: {quant['method']} (op set {quant['op_set']}); quantized layers: {layers or 'not reported by TF'}; "
+        f"{int8} int8 weight elements"
+    ]
+
+
+def _stage_lines(report: dict[str, Any]) -> list[str]:
+    lines = []
+    for row in report["stages"].get("tpu", {}).get("placed", []):
+        sites = len(row.get("call_sites", []))
+        lines.append(f"Checks: TPU function {row.get('alias') or row['function']} placed at {sites} call site(s)")
+    for name, summary in sorted(report["stages"].items()):
+        if name != "tpu":
+            lines.append(f"Stage {name}: {json.dumps(summary, sort_keys=True)}")
+    return lines
+
+
+def _hlo_lines(report: dict[str, Any]) -> list[str]:
+    lines = []
+    for label, entry in sorted(report["hlo"].items()):
+        lines.append(f"HLO of {label}: {entry.get('file') or 'unavailable: ' + entry['error']}")
+    return lines
+
+
+def to_text(report: dict[str, Any]) -> str:
+    lines = [f"Conversion report for {report['recipe']}", *cost_lines(report["cost"])]
+    lines += _size_lines(report) + _verify_lines(report["verify"]) + _quantization_lines(report["quantization"])
+    lines += _stage_lines(report) + _hlo_lines(report)
+    return "\n".join(lines) + "\n"
+
+
+def to_markdown(report: dict[str, Any]) -> str:
+    cost = report["cost"]
+    out = [f"# Conversion report: {report['recipe']}", "", "## Compute cost", "", "```", *cost_lines(cost), "```", ""]
+    out += [f"Unit: {cost['unit']} (static model from op types and shapes).", ""]
+    out += ["## Size", "", "| | source | artifact | ratio |", "|---|---:|---:|---:|"]
+    for key in ("graph", "variables", "total"):
+        s, a = report["size"]["source"][key], report["size"]["artifact"][key]
+        out.append(f"| {key} | {human_bytes(s)} | {human_bytes(a)} | {ratio(a, s)} |")
+    out += ["", "## Parameters by dtype", "", "| dtype | source elements | source bytes | artifact elements | artifact bytes |",
+            "|---|---:|---:|---:|---:|"]
+    src, art = report["parameters"]["source"], report["parameters"]["artifact"]
+    for dtype in sorted(set(src) | set(art)):
+        s, a = src.get(dtype, {"elements": 0, "bytes": 0}), art.get(dtype, {"elements": 0, "bytes": 0})
+        out.append(f"| {dtype} | {s['elements']} | {human_bytes(s['bytes'])} | {a['elements']} | {human_bytes(a['bytes'])} |")
+    p_src, p_art = parameter_bytes(src), parameter_bytes(art)
+    out.append(f"| **all** | | {human_bytes(p_src)} | | {human_bytes(p_art)} (ratio {ratio(p_art, p_src)}) |")
+    out += ["", "## Verification", ""]
+    verify = report["verify"]
+    if verify:
+        tol = verify["tolerance"]
+        out += [f"{'Passed' if verify['passed'] else '**Failed**'} with {tol['kind']} tolerances "
+                f"(rtol {tol['rtol']:g}, atol {tol['atol']:g}).", "",
+                "| signature | output | max abs error | max rel error | outside | argmax agreement |",
+                "|---|---|---:|---:|---:|---:|"]
+        for o in verify["outputs"]:
+            agree = "" if o["argmax_agreement"] is None else f"{o['argmax_agreement']:.1%}"
+            out.append(f"| {o['signature']} | {o['output']} | {o['max_abs_error']:.4g} | {o['max_rel_error']:.4g} "
+                       f"| {o['mismatched']}/{o['elements']} | {agree} |")
+    else:
+        out.append("Not run.")
+    if report["quantization"]:
+        out += ["", "## Quantization", "", *_quantization_lines(report["quantization"])]
+        if report["quantization"].get("text"):
+            out += ["", "```", *report["quantization"]["text"], "```"]
+    checks = _stage_lines(report)
+    if checks:
+        out += ["", "## Checks and stages", "", *[f"- {line}" for line in checks]]
+    if report["hlo"]:
+        out += ["", "## HLO of the TPU functions", ""]
+        for label, entry in sorted(report["hlo"].items()):
+            out.append(f"- {label}: " + (f"[{entry['file']}]({entry['file']})" if "file" in entry else f"unavailable ({entry['error']})"))
+    return "\n".join(out) + "\n"
+
+
+def difference(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """What changed between two reports: size, cost split, parameter bytes, verification error."""
+
+    def pair(a: Any, b: Any) -> dict[str, Any]:
+        return {"old": a, "new": b}
+
+    def tpu_share(report: dict[str, Any]) -> float:
+        return report["cost"]["tpu"] / report["cost"]["total"] if report["cost"]["total"] else 0.0
+
+    def error(report: dict[str, Any]) -> float | None:
+        return (report.get("verify") or {}).get("max_abs_error")
+
+    return {
+        "size": pair(old["size"]["artifact"]["total"], new["size"]["artifact"]["total"]),
+        "parameter_bytes": pair(parameter_bytes(old["parameters"]["artifact"]), parameter_bytes(new["parameters"]["artifact"])),
+        "cost_total": pair(old["cost"]["total"], new["cost"]["total"]),
+        "tpu_share": pair(tpu_share(old), tpu_share(new)),
+        "max_abs_error": pair(error(old), error(new)),
+    }
+
+
+def difference_text(diff: dict[str, Any], old_label: str, new_label: str) -> str:
+    def fmt(key: str, value: Any) -> str:
+        if value is None:
+            return "n/a"
+        if key in ("size", "parameter_bytes"):
+            return human_bytes(value)
+        if key == "tpu_share":
+            return f"{100 * value:.2f}%"
+        if key == "max_abs_error":
+            return f"{value:.4g}"
+        return str(value)
+
+    lines = [f"{'':16} {old_label:>14} {new_label:>14}  change"]
+    for key, values in diff.items():
+        old, new = values["old"], values["new"]
+        change = ""
+        if isinstance(old, (int, float)) and isinstance(new, (int, float)):
+            change = f"{new - old:+.2%}".replace("%", " pts") if key == "tpu_share" else (
+                f"x{new / old:.3f}" if old else "")
+        lines.append(f"{key:16} {fmt(key, old):>14} {fmt(key, new):>14}  {change}".rstrip())
+    return "\n".join(lines) + "\n"

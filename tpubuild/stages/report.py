@@ -1,0 +1,98 @@
+"""Stage `report`: the conversion report (cost split, sizes, parameters, verification, HLO).
+
+Writes `tpubuild-report.json`, `tpubuild-report.md` and `hlo/<function>.txt` into its
+output directory; the engine copies them into each published version.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tpubuild.stages.base import StageContext, StageResult
+
+REPORT_JSON = "tpubuild-report.json"
+REPORT_MD = "tpubuild-report.md"
+HLO_DIR = "hlo"
+# Summaries of earlier stages that belong in the report as they are.
+STAGE_SECTIONS = ("dataset", "tpu", "bfloat16", "io_shape", "batch")
+
+
+def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
+    from tpubuild.savedmodel import cost, hlo, params
+    from tpubuild.savedmodel.model import SavedModel
+    from tpubuild.savedmodel.report_format import REPORT_SCHEMA, to_json, to_markdown
+
+    tags = options["tags"]
+    artifact = SavedModel.load(input_dir, tags)
+    source_dir = context.inputs.get("source", input_dir)
+    source = SavedModel.load(source_dir, tags)
+    estimate = cost.estimate(artifact)
+    report: dict[str, Any] = {
+        "schema": REPORT_SCHEMA,
+        "recipe": context.recipe_name,
+        "cost": estimate.as_dict(),
+        "size": {"source": params.sizes(source_dir), "artifact": params.sizes(input_dir)},
+        "parameters": {
+            "source": params.parameters(source)["total"],
+            "artifact": params.parameters(artifact)["total"],
+        },
+        "verify": context.results.get("verify"),
+        "quantization": context.results.get("quantize"),
+        "stages": {name: context.results[name] for name in STAGE_SECTIONS if name in context.results},
+        "hlo": {},
+    }
+    tpu_names = [row["function"] for row in report["cost"]["tpu_functions"]]
+    if tpu_names:
+        report["hlo"] = _write_hlo(input_dir, output_dir, tags, tpu_names, artifact.aliases)
+    _write(output_dir / REPORT_JSON, to_json(report))
+    _write(output_dir / REPORT_MD, to_markdown(report))
+    warnings = [f"{context.recipe_name}: cost model: {w}" for w in estimate.warnings]
+    warnings += [
+        f"{context.recipe_name}: no HLO for TPU function {name}: {entry['error']}"
+        for name, entry in report["hlo"].items() if "error" in entry
+    ]
+    return StageResult(summary=_summary(report), warnings=warnings)
+
+
+def _write_hlo(
+    artifact: Path, output_dir: Path, tags: list[str], names: list[str], aliases: dict[str, str]
+) -> dict[str, dict[str, str]]:
+    """HLO of each TPU function, from the artifact's CPU twin (TPU calls cannot run here)."""
+    from tpubuild.savedmodel.hlo import function_hlo
+    from tpubuild.savedmodel.twin import make_cpu_twin
+
+    (output_dir / HLO_DIR).mkdir()
+    with tempfile.TemporaryDirectory(prefix=".twin-", dir=output_dir) as scratch:
+        twin = Path(scratch) / "twin"
+        make_cpu_twin(artifact, twin, tags)
+        found = function_hlo(twin, tags, names)
+    entries = {}
+    for name in names:
+        label = aliases.get(name) or name
+        if "hlo" in found[name]:
+            relative = f"{HLO_DIR}/{re.sub(r'[^A-Za-z0-9_.-]', '_', label)}.txt"
+            _write(output_dir / relative, found[name]["hlo"])
+            entries[label] = {"function": name, "file": relative}
+        else:
+            entries[label] = {"function": name, "error": found[name]["error"]}
+    return entries
+
+
+def _summary(report: dict[str, Any]) -> dict[str, Any]:
+    """The headline numbers (the engine puts them in the manifest)."""
+    verify = report["verify"] or {}
+    return {
+        "cost": {k: report["cost"][k] for k in ("total", "tpu", "cpu")},
+        "size": {"source": report["size"]["source"]["total"], "artifact": report["size"]["artifact"]["total"]},
+        "max_abs_error": verify.get("max_abs_error"),
+        "files": [REPORT_JSON, REPORT_MD] + [e["file"] for e in report["hlo"].values() if "file" in e],
+    }
+
+
+def _write(path: Path, text: str) -> None:
+    from tpubuild.savedmodel.model import write_atomic
+
+    write_atomic(path, text.encode())
