@@ -41,6 +41,14 @@ class Toy(tf.Module):
         return {"y": self.tpu_func(x) * 2.0}
 
 
+class TwoCalls(Toy):
+    """serve calls tpu_func at two call sites."""
+
+    @tf.function(input_signature=[SPEC4])
+    def serve(self, x):
+        return {"y": self.tpu_func(x) - self.tpu_func(2.0 * x)}
+
+
 class Mlp(tf.Module):
     """A softmax classifier with a 256x256 kernel; the CPU side also reads `b2`."""
 
@@ -152,6 +160,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = {}
     toy = Toy()
     out["toy"] = _save(toy, root / "toy", {"serving_default": toy.serve}, {"tpu_func": toy.tpu_func})
+    two = TwoCalls()
+    out["two_calls"] = _save(two, root / "two_calls", {"serving_default": two.serve}, {"tpu_func": two.tpu_func})
     mlp = Mlp()
     out["mlp"] = _save(mlp, root / "mlp", {"serving_default": mlp.serve}, {"tpu_func": mlp.tpu_func})
     bf = AlreadyBf16()
@@ -179,10 +189,10 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def placed(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The toy, mlp and image models with `tpu_func` placed on the TPU (A's placement code)."""
+    """The toy, two_calls, mlp and image models with `tpu_func` placed on the TPU (A's placement code)."""
     root = tmp_path_factory.mktemp("placed")
     out = {}
-    for name in ("toy", "mlp", "image"):
+    for name in ("toy", "mlp", "image", "two_calls"):
         model = SavedModel.load(models[name])
         place_on_tpu(model, resolve_tpu_functions(model, [{"function_alias": "tpu_func"}]))
         (root / name).mkdir()

@@ -40,6 +40,23 @@ def _batch_nodes(path: Path) -> list:
     ]
 
 
+def _call_concurrently(model, inputs: list[np.ndarray]) -> dict[int, np.ndarray]:
+    """Call the serving signature from one thread per input, all released at once."""
+    results: dict[int, np.ndarray] = {}
+    barrier = threading.Barrier(len(inputs))
+
+    def call(i: int) -> None:
+        barrier.wait()
+        results[i] = model.signatures["serving_default"](x=tf.constant(inputs[i]))["y"].numpy()
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(inputs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
 def _assert_same(src, dst, sizes=(1, 3, 8, 12)) -> None:
     rng = np.random.default_rng(7)
     for size in sizes:
@@ -69,6 +86,41 @@ def test_default_batches_every_tpu_call_and_twin_matches(models, placed, run_sta
     _assert_same(tf.saved_model.load(str(models["toy"])), cpu_twin(out))
 
 
+def test_each_tpu_call_site_gets_its_own_queue_and_concurrent_callers_match(
+    models, placed, run_stage, cpu_twin
+):
+    out, result = run_stage(batch.run, placed["two_calls"], _options())
+    nodes = _batch_nodes(out)
+    assert len(nodes) == 2
+    assert len({node.attr["shared_name"].s for _, node in nodes}) == 2
+    src = tf.saved_model.load(str(models["two_calls"]))
+    twin = cpu_twin(out)
+    _assert_same(src, twin)
+    inputs = [np.full((i % 5 + 1, 4), i / 3, np.float32) for i in range(16)]
+    results = _call_concurrently(twin, inputs)
+    for i, x in enumerate(inputs):
+        want = src.signatures["serving_default"](x=tf.constant(x))["y"].numpy()
+        np.testing.assert_array_equal(results[i], want)
+
+
+def test_unplaced_model_batches_the_recipes_tpu_functions(models, run_stage):
+    out, result = run_stage(batch.run, models["toy"], _options())
+    (site,) = result.summary["sites"]
+    fn = {a: n for n, a in SavedModel.load(models["toy"]).aliases.items()}["tpu_func"]
+    assert (site["tpu"], site["callee"], site["caller"].startswith("__inference_serve_")) == (False, fn, True)
+    assert set(SavedModel.load(out).aliases.values()) == {"tpu_func"}
+    _assert_same(tf.saved_model.load(str(models["toy"])), tf.saved_model.load(str(out)))
+
+
+def test_variable_length_inputs_are_a_warning(placed, run_stage):
+    _, result = run_stage(batch.run, placed["image"], _options())
+    (warning,) = result.warnings
+    assert warning.endswith(
+        'input "seq" has shape [None, None, 2]; requests whose other dimensions differ fail at '
+        'serving time with "Dimensions of inputs should match"'
+    )
+
+
 def test_function_alias_batches_its_call_sites(models, run_stage):
     out, result = run_stage(batch.run, models["toy"], _options(function_alias="tpu_func"))
     (caller, node), = _batch_nodes(out)
@@ -92,18 +144,7 @@ def test_sixteen_concurrent_callers_get_their_own_rows(models, run_stage):
     src = tf.saved_model.load(str(models["toy"]))
     dst = tf.saved_model.load(str(out))
     inputs = [np.full((i % 4 + 1, 4), i, np.float32) for i in range(16)]
-    results: dict[int, np.ndarray] = {}
-    barrier = threading.Barrier(16)
-
-    def call(i: int) -> None:
-        barrier.wait()
-        results[i] = dst.signatures["serving_default"](x=tf.constant(inputs[i]))["y"].numpy()
-
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = _call_concurrently(dst, inputs)
     for i, x in enumerate(inputs):
         want = src.signatures["serving_default"](x=tf.constant(x))["y"].numpy()
         np.testing.assert_array_equal(results[i], want)
