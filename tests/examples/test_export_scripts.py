@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+import yaml
 from tensorflow.compiler.mlir.quantization.tensorflow import quantization_options_pb2
 from tensorflow.core.protobuf import saved_model_pb2
 
@@ -175,3 +176,25 @@ def test_representative_dataset_matches_the_signature(recipes, exported) -> None
             for input_name, proto in sample.tensor_proto_inputs.items():
                 value = tf.make_ndarray(proto)
                 assert tf.TensorSpec(value.shape, tf.as_dtype(value.dtype)).is_compatible_with(specs[input_name])
+
+
+def test_recipes_start_with_their_schema_line(recipes) -> None:
+    files = [r.file for r in recipes.values()] + [REPO / "recipes" / "common" / "base.yaml"]
+    for path in files:
+        first = path.read_text().splitlines()[0]
+        prefix = "# yaml-language-server: $schema="
+        assert first.startswith(prefix), path
+        assert (path.parent / first[len(prefix) :]).resolve() == REPO / "schemas" / "recipe.schema.json"
+
+
+def test_the_shared_base_is_used_through_extends_and_is_not_a_recipe(recipes) -> None:
+    base = REPO / "recipes" / "common" / "base.yaml"
+    assert base not in {r.file for r in recipes.values()}
+    extending = [r for r in recipes.values() if "extends: common/base.yaml" in r.file.read_text()]
+    assert len(extending) >= 2
+    stated = yaml.safe_load(base.read_text())
+    for recipe in extending:
+        # What the base states reaches the recipe; the canonical form adds the defaults.
+        (batch,) = recipe.canonical["converter"]["batch_options"]
+        assert batch == {**batch, **stated["converter"]["batch_options"][0]}
+        assert recipe.canonical["verify"] == {**recipe.canonical["verify"], **stated["verify"]}

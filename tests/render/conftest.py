@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -16,11 +18,15 @@ PROTO = REPO / "schemas" / "converter_options.proto"
 def pb2(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
     """The generated `converter_options_pb2` module (imported once: it registers the
     file in protobuf's default descriptor pool)."""
-    from grpc_tools import protoc
-
     out = tmp_path_factory.mktemp("protoc")
-    code = protoc.main(["protoc", f"-I{PROTO.parent}", f"--python_out={out}", str(PROTO)])
-    assert code == 0, f"protoc failed on {PROTO}"
+    # In a subprocess: grpc_tools' compiler segfaults in a process that has loaded
+    # TensorFlow (two copies of the C++ protobuf library).
+    done = subprocess.run(
+        [sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO.parent}", f"--python_out={out}", str(PROTO)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
     spec = importlib.util.spec_from_file_location("converter_options_pb2", out / "converter_options_pb2.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
