@@ -9,6 +9,8 @@ import json
 from typing import Any
 
 REPORT_SCHEMA = 1
+REPORT_JSON = "tpubuild-report.json"
+REPORT_MD = "tpubuild-report.md"
 
 
 def to_json(report: dict[str, Any]) -> str:

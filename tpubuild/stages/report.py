@@ -11,10 +11,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from tpubuild.savedmodel.report_format import REPORT_JSON, REPORT_MD
 from tpubuild.stages.base import StageContext, StageResult
 
-REPORT_JSON = "tpubuild-report.json"
-REPORT_MD = "tpubuild-report.md"
 HLO_DIR = "hlo"
 # Summaries of earlier stages that belong in the report as they are.
 STAGE_SECTIONS = ("dataset", "tpu", "bfloat16", "io_shape", "batch")

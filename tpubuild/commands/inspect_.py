@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+
+@click.command(
+    "inspect",
+    short_help="Show a SavedModel's signatures, aliases and functions (to write a recipe).",
+    epilog="\b\nExamples:\n  tpubuild inspect models/toy\n  tpubuild inspect exported/bert --tags serve,tpu --json",
+)
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--tags", default=None, help="Comma-separated tag set of the MetaGraphDef (default: the only one, or serve).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def command(path: Path, tags: str | None, as_json: bool) -> int:
+    """Tags, signatures with input/output specs, function aliases, concrete functions with
+    their callers, which functions XLA can compile, and TPU / batch ops already present."""
+    from tpubuild.savedmodel.inspect import inspect, to_text
+
+    info = inspect(path, tags.split(",") if tags else None)
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+    else:
+        click.echo(to_text(info), nl=False)
+    return 0

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from tpubuild.commands._common import recipes_from
+from tpubuild.errors import UsageError
+
+
+@click.command(
+    "report",
+    short_help="Print the conversion report of a recipe's newest published version.",
+    epilog="\b\nExamples:\n  tpubuild report toy\n  tpubuild report toy --format markdown > report.md\n"
+    "  tpubuild report toy --against 3      what changed since version 3",
+)
+@click.argument("target")
+@click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text", show_default=True)
+@click.option("--version", "version", type=int, help="A published version number instead of the newest.")
+@click.option("--against", type=int, metavar="VERSION", help="Show the difference from this older version.")
+@click.pass_context
+def command(ctx: click.Context, target: str, fmt: str, version: int | None, against: int | None) -> int:
+    """Print the conversion report saved in `<output_dir>/<recipe>/<N>/tpubuild-report.json`.
+
+    TPU vs CPU cost (per TPU function), sizes, parameters by dtype, verification errors,
+    the quantization summary and the HLO files. TensorFlow is not imported.
+    """
+    from tpubuild.engine.versions import version_numbers
+    from tpubuild.savedmodel import report_format
+
+    ws, recipes = recipes_from(ctx, [target])
+    for recipe in recipes:
+        recipe_dir = Path(ws.output_dir) / recipe.name
+        numbers = version_numbers(recipe_dir)
+        if not numbers:
+            raise UsageError(f"{recipe.name}: no published version in {recipe_dir}; run `tpubuild build {recipe.name}`")
+        chosen = numbers[-1] if version is None else version
+        report = _load(recipe_dir, recipe.name, chosen, numbers)
+        if against is not None:
+            old = _load(recipe_dir, recipe.name, against, numbers)
+            diff = report_format.difference(old, report)
+            if fmt == "json":
+                click.echo(json.dumps({"recipe": recipe.name, "old": against, "new": chosen, "difference": diff}, indent=2))
+            else:
+                click.echo(f"{recipe.name}: version {against} -> version {chosen}")
+                click.echo(report_format.difference_text(diff, f"version {against}", f"version {chosen}"), nl=False)
+            continue
+        if fmt == "json":
+            click.echo(report_format.to_json(report), nl=False)
+        elif fmt == "markdown":
+            click.echo(report_format.to_markdown(report), nl=False)
+        else:
+            click.echo(f"version {chosen} ({recipe_dir / str(chosen)})")
+            click.echo(report_format.to_text(report), nl=False)
+    return 0
+
+
+def _load(recipe_dir: Path, name: str, number: int, numbers: list[int]) -> dict:
+    from tpubuild.savedmodel.report_format import REPORT_JSON
+
+    if number not in numbers:
+        listed = ", ".join(map(str, numbers))
+        raise UsageError(f"{name}: no version {number} in {recipe_dir}; published versions: {listed}")
+    path = recipe_dir / str(number) / REPORT_JSON
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"{name}: version {number} has no {REPORT_JSON}") from None
+    except ValueError as exc:
+        raise UsageError(f"{path}: not valid JSON: {exc}") from None

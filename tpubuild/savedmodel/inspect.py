@@ -1,0 +1,109 @@
+"""What a recipe author needs to know about a SavedModel they did not export."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
+
+from tpubuild.errors import ConversionError
+from tpubuild.savedmodel.model import INIT_OP_KEY, SAVED_MODEL_PB, SavedModel
+
+# Ops that show the model was already converted (placed on a TPU or batched).
+TPU_OPS = frozenset({"TPUPartitionedCall", "TPUReplicateMetadata", "TPUOrdinalSelector", "TPUCompile",
+                     "TPUExecute", "TPUReplicatedInput", "TPUReplicatedOutput", "TPUCompilationResult"})
+BATCH_OPS = frozenset({"BatchFunction", "Batch", "Unbatch"})
+# Functions TF writes for checkpointing; never candidates for the TPU.
+SAVER_PREFIXES = ("__inference__traced_save", "__inference__traced_restore", "_traced_save", "_traced_restore")
+
+
+def _shape(info: Any) -> str:
+    if info.tensor_shape.unknown_rank:
+        return "?"
+    return "[" + ", ".join("None" if d.size < 0 else str(d.size) for d in info.tensor_shape.dim) + "]"
+
+
+def _tensor(info: Any) -> dict[str, str]:
+    return {"dtype": tf.as_dtype(info.dtype).name, "shape": _shape(info)}
+
+
+def tag_sets(path: Path) -> list[list[str]]:
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString((Path(path) / SAVED_MODEL_PB).read_bytes())
+    return [sorted(mg.meta_info_def.tags) for mg in proto.meta_graphs]
+
+
+def inspect(path: Path, tags: list[str] | None = None) -> dict[str, Any]:
+    """Tags, signatures with specs, aliases, functions with callers / XLA-compilability, TPU and batch ops."""
+    from tpubuild.savedmodel.checks import check_xla_kernels
+
+    model = SavedModel.load(Path(path), tags)
+    signature_functions = model.signatures
+    signatures = {}
+    for key, sig in sorted(model.meta_graph.signature_def.items()):
+        if key == INIT_OP_KEY:
+            continue
+        signatures[key] = {
+            "function": signature_functions.get(key),
+            "inputs": {name: _tensor(info) for name, info in sorted(sig.inputs.items())},
+            "outputs": {name: _tensor(info) for name, info in sorted(sig.outputs.items())},
+        }
+    functions = []
+    ops: dict[str, int] = {}
+    for name, fdef in sorted(model.functions.items()):
+        for node in fdef.node_def:
+            if node.op in TPU_OPS or node.op in BATCH_OPS:
+                ops[node.op] = ops.get(node.op, 0) + 1
+        if name.startswith(SAVER_PREFIXES):
+            continue
+        try:
+            check_xla_kernels(model, name, name)
+            xla = {"compilable": True}
+        except ConversionError as exc:
+            xla = {"compilable": False, "reason": str(exc).split(": ", 1)[-1]}
+        functions.append({
+            "name": name,
+            "alias": model.alias_of(name),
+            "jit_compile": fdef.attr["_XlaMustCompile"].b if "_XlaMustCompile" in fdef.attr else False,
+            "callers": sorted(model.callers(name)),
+            "signatures": sorted(k for k, fn in signature_functions.items() if fn == name),
+            "xla": xla,
+        })
+    for node in model.meta_graph.graph_def.node:
+        if node.op in TPU_OPS or node.op in BATCH_OPS:
+            ops[node.op] = ops.get(node.op, 0) + 1
+    return {
+        "path": str(path),
+        "tag_sets": tag_sets(path),
+        "tags": sorted(model.meta_graph.meta_info_def.tags),
+        "signatures": signatures,
+        "aliases": dict(sorted((alias, fn) for fn, alias in model.aliases.items())),
+        "functions": functions,
+        "tpu_and_batch_ops": dict(sorted(ops.items())),
+    }
+
+
+def to_text(info: dict[str, Any]) -> str:
+    """A readable listing of `inspect()`'s result."""
+    lines = [f"SavedModel {info['path']}", "tag sets: " + "; ".join(", ".join(t) for t in info["tag_sets"])]
+    lines.append(f"signatures (tags {', '.join(info['tags'])}):")
+    for key, sig in info["signatures"].items():
+        lines.append(f"  {key} -> {sig['function']}")
+        for kind in ("inputs", "outputs"):
+            for name, spec in sig[kind].items():
+                lines.append(f"    {kind[:-1]:6} {name}: {spec['dtype']}{spec['shape']}")
+    lines.append("function aliases:" + ("" if info["aliases"] else " none"))
+    lines += [f"  {alias} -> {fn}" for alias, fn in info["aliases"].items()]
+    lines.append("functions:")
+    for fn in info["functions"]:
+        tags = [f"alias {fn['alias']}"] if fn["alias"] else []
+        tags += ["jit_compile"] if fn["jit_compile"] else []
+        tags += [f"signature {s}" for s in fn["signatures"]]
+        xla = "XLA-compilable" if fn["xla"]["compilable"] else f"not XLA-compilable: {fn['xla']['reason']}"
+        lines.append(f"  {fn['name']}" + (f" ({', '.join(tags)})" if tags else ""))
+        lines.append(f"    called by: {', '.join(fn['callers']) or 'the graph / no function'}; {xla}")
+    ops = info["tpu_and_batch_ops"]
+    lines.append("TPU / batch ops: " + (", ".join(f"{op} x{n}" for op, n in ops.items()) or "none (not converted)"))
+    return "\n".join(lines) + "\n"
