@@ -275,7 +275,7 @@ class Engine:
             "git_commit": git_commit(self.ws.root),
             "report": run.outputs["report"].summary if "report" in run.outputs else {},
         }
-        run.version = versions.publish(recipe_dir, files, manifest, self.ws.keep_versions)
+        run.version = versions.publish(recipe_dir, files, manifest, self.ws.keep_versions, self.stat)
         return "built"
 
     def lock_for(self, run: RecipeRun) -> dict[str, Any]:

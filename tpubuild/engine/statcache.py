@@ -27,6 +27,7 @@ class StatCache:
         self.dirty = False
         self.files_hashed = 0
         self.bytes_hashed = 0
+        self.racy: dict[str, tuple[list, str]] = {}  # hashed too soon after a write
         if path is not None:
             try:
                 data = json.loads(path.read_text())
@@ -56,9 +57,11 @@ class StatCache:
         if time.time_ns() - st.st_mtime_ns > RACY_NS:
             self.entries[path] = [*stat_key, digest]
             self.dirty = True
-        elif cached is not None:
-            self.entries.pop(path, None)
-            self.dirty = True
+        else:
+            self.racy[path] = (stat_key, digest)
+            if cached is not None:
+                self.entries.pop(path, None)
+                self.dirty = True
 
     def tree(self, root: Path) -> tuple[str, list[FileEntry]]:
         """(Merkle hash, entries) of the directory `root`."""
@@ -69,7 +72,25 @@ class StatCache:
             entries.append(FileEntry(rel, self.file_hash(full, st), st.st_size))
         return tree_digest(entries), entries
 
+    def settle(self) -> None:
+        """Once the racy window has passed, rehash the files that were too fresh to cache
+        (git's answer to "racy clean" entries), so the next command finds them cached."""
+        if not self.racy:
+            return
+        newest = max(stat_key[1] for stat_key, _ in self.racy.values())
+        time.sleep(max(0.0, (newest + RACY_NS - time.time_ns()) / 1e9))
+        for path, (stat_key, digest) in self.racy.items():
+            try:
+                st = os.stat(path)
+                if [st.st_size, st.st_mtime_ns, st.st_ino] == stat_key and hash_file(path, st.st_size) == digest:
+                    self.entries[path] = [*stat_key, digest]
+                    self.dirty = True
+            except OSError:
+                continue
+        self.racy.clear()
+
     def save(self) -> None:
+        self.settle()
         if self.dirty and self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             write_text_atomic(self.path, json.dumps({"scheme": SCHEME, "entries": self.entries}))

@@ -66,6 +66,7 @@ def publish(
     files: list[tuple[FileEntry, Path]],
     manifest: dict[str, Any],
     keep: int | None,
+    stat_cache: StatCache | None = None,
 ) -> int:
     """Write a new version from (entry, object path) pairs and the manifest; returns N."""
     try:
@@ -87,6 +88,10 @@ def publish(
             os.fsync(f.fileno())
         os.chmod(tmp, 0o755)
         os.rename(tmp, recipe_dir / str(number))
+        if stat_cache is not None:  # hardlinks of objects whose hashes are known
+            for entry, _ in files:
+                path = os.path.join(recipe_dir, str(number), entry.path)
+                stat_cache.record(path, os.stat(path), entry.hash)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if exc.errno == errno.ENOSPC:

@@ -1,0 +1,176 @@
+"""Engine tests: real workspaces in tmp dirs, real SavedModels, the real CLI in real
+processes. One tiny SavedModel is made per session and copied into each workspace."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+LAUNCHER = Path(__file__).with_name("launcher.py")
+# The real report stage is used when this is "0" (see launcher.py).
+REPORT_STAND_IN = "1"
+
+EXPORT_SCRIPT = textwrap.dedent(
+    '''\
+    """Export a tiny model: y = x @ w, batched over dimension 0."""
+    import tensorflow as tf
+
+    from helper import SCALE
+
+
+    class Tiny(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = tf.Variable([[1.0], [SCALE]])
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32, name="x")])
+        def serve(self, x):
+            return {"y": tf.matmul(x, self.w)}
+
+
+    def export(output_dir):
+        model = Tiny()
+        tf.saved_model.save(model, output_dir, signatures={"serving_default": model.serve})
+    '''
+)
+
+# An export whose output is a copy of a prebuilt SavedModel: byte-identical every run,
+# which is what early cutoff needs (TensorFlow's function names depend on process state).
+COPY_SCRIPT = textwrap.dedent(
+    '''\
+    import shutil
+    from pathlib import Path
+
+    import notes  # a dependency whose comments can change without changing the output
+
+
+    def export(output_dir):
+        shutil.copytree(Path(__file__).parent / "prebuilt", output_dir, dirs_exist_ok=True)
+    '''
+)
+
+BATCH = """\
+converter:
+  batch_options:
+    - num_batch_threads: 1
+      max_batch_size: 4
+      batch_timeout_micros: {timeout}
+      allowed_batch_sizes: [2, 4]
+      max_enqueued_batches: 10
+      experimental: {{signature_name: serving_default}}
+"""
+
+
+@pytest.fixture(scope="session")
+def tiny_saved_model(tmp_path_factory) -> Path:
+    """A SavedModel `y = x @ [[1], [2]]` with a batchable serving_default signature."""
+    import tensorflow as tf
+
+    class Tiny(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = tf.Variable([[1.0], [2.0]])
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32, name="x")])
+        def serve(self, x):
+            return {"y": tf.matmul(x, self.w)}
+
+    path = tmp_path_factory.mktemp("models") / "tiny"
+    model = Tiny()
+    tf.saved_model.save(model, str(path), signatures={"serving_default": model.serve})
+    return path
+
+
+def source_recipe(name: str, timeout: int = 100, samples: int = 4, comment: str = "") -> str:
+    return f"# {comment}\nname: {name}\nmodel: {{saved_model: models/tiny}}\n" + BATCH.format(
+        timeout=timeout
+    ) + f"verify: {{samples: {samples}}}\n"
+
+
+def export_recipe(name: str, script: str = "models/tiny_export.py", deps: str = "models/helper.py") -> str:
+    return (
+        f"name: {name}\nmodel:\n  export: {{script: {script}, function: export, deps: [{deps}]}}\n"
+        "converter: {}\nverify: {samples: 4}\n"
+    )
+
+
+def write_workspace(ws: Path, model: Path, recipes: dict[str, str], keep_versions: int | None = None) -> Path:
+    """A workspace with `tpubuild.yaml`, the tiny SavedModel, export scripts and `recipes`."""
+    (ws / "recipes" / "models").mkdir(parents=True)
+    text = 'recipes: ["recipes/*.yaml"]\n'
+    if keep_versions:
+        text += f"keep_versions: {keep_versions}\n"
+    (ws / "tpubuild.yaml").write_text(text)
+    models = ws / "recipes" / "models"
+    shutil.copytree(model, models / "tiny")
+    shutil.copytree(model, models / "prebuilt")
+    (models / "tiny_export.py").write_text(EXPORT_SCRIPT)
+    (models / "helper.py").write_text("SCALE = 2.0\n")
+    (models / "copy_export.py").write_text(COPY_SCRIPT)
+    (models / "notes.py").write_text("# notes\n")
+    for name, text in recipes.items():
+        (ws / "recipes" / f"{name}.yaml").write_text(text)
+    return ws
+
+
+@pytest.fixture
+def make_workspace(tmp_path, tiny_saved_model):
+    """A new, unbuilt workspace in this test's tmp dir."""
+
+    def make(recipes: dict[str, str], keep_versions: int | None = None) -> Path:
+        return write_workspace(tmp_path / "ws", tiny_saved_model, recipes, keep_versions)
+
+    return make
+
+
+BUILT_RECIPES = {
+    "toy": source_recipe("toy"),
+    "other": source_recipe("other", timeout=300),
+    "cut": export_recipe("cut", "models/copy_export.py", "models/notes.py"),
+}
+
+
+@pytest.fixture(scope="session")
+def built_once(tmp_path_factory, tiny_saved_model) -> tuple[Path, dict]:
+    """BUILT_RECIPES built once per session, and the --json document of that build."""
+    ws = write_workspace(tmp_path_factory.mktemp("built") / "ws", tiny_saved_model, BUILT_RECIPES, keep_versions=2)
+    return ws, build_json(ws)
+
+
+@pytest.fixture
+def built_workspace(built_once, tmp_path) -> Path:
+    """A private copy of the session's built workspace (cache, outputs, lock files)."""
+    ws = tmp_path / "ws"
+    shutil.copytree(built_once[0], ws, symlinks=True)
+    return ws
+
+
+def tpubuild(ws: Path, *args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The CLI in a fresh process, run from the workspace."""
+    return subprocess.run(
+        [sys.executable, str(LAUNCHER), *args],
+        cwd=ws,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(REPO), "TPUBUILD_TEST_REPORT_STAND_IN": REPORT_STAND_IN, **(env or {})},
+    )
+
+
+def build_json(ws: Path, *args: str, expect: int = 0) -> dict:
+    """`tpubuild build --json ARGS`, checked for its exit code, parsed."""
+    result = tpubuild(ws, "build", "--json", *args)
+    assert result.returncode == expect, result.stderr
+    return json.loads(result.stdout)
+
+
+def statuses(document: dict, recipe: str) -> dict[str, str]:
+    return {row["stage"]: row["status"] for row in document["rows"] if row["recipe"] == recipe}

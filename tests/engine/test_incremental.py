@@ -1,0 +1,89 @@
+"""Rebuilds by content: option edits, comment edits, touches, early cutoff."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import tensorflow as tf
+
+from tests.engine.conftest import build_json, export_recipe, source_recipe, statuses
+
+
+def serve(version_dir: Path, x):
+    loaded = tf.saved_model.load(str(version_dir))
+    return loaded.signatures["serving_default"](x=tf.constant(x))["y"].numpy().tolist()
+
+
+def test_first_build_publishes_then_everything_is_cached(built_once, built_workspace):
+    ws0, first = built_once
+    assert statuses(first, "toy") == {
+        "source": "cached", "batch": "built", "verify": "built", "report": "built", "publish": "built",
+    }
+    assert statuses(first, "cut") == {"export": "built", "verify": "built", "report": "built", "publish": "built"}
+    assert first["versions"] == {"cut": 1, "other": 1, "toy": 1}
+    assert serve(ws0 / "out" / "toy" / "1", [[1.0, 1.0], [2.0, 0.5]]) == [[3.0], [3.0]]
+    second = build_json(built_workspace)
+    assert {row["status"] for row in second["rows"]} == {"cached"}
+    assert second["versions"] == {"cut": 1, "other": 1, "toy": 1}
+    assert sorted(os.listdir(built_workspace / "out" / "toy")) == ["1"]
+    assert [(r["recipe"], r["stage"], r["key"]) for r in second["rows"]] == [
+        (r["recipe"], r["stage"], r["key"]) for r in first["rows"]
+    ]
+
+
+def test_option_edit_reruns_that_stage_and_later_ones(built_workspace):
+    ws = built_workspace
+    (ws / "recipes" / "toy.yaml").write_text(source_recipe("toy", samples=5))
+    doc = build_json(ws, "toy", "other")
+    assert statuses(doc, "toy") == {
+        "source": "cached", "batch": "cached", "verify": "built", "report": "built", "publish": "built",
+    }
+    assert set(statuses(doc, "other").values()) == {"cached"}
+    (ws / "recipes" / "toy.yaml").write_text(source_recipe("toy", timeout=200, samples=5))
+    doc = build_json(ws, "toy")
+    assert statuses(doc, "toy") == {
+        "source": "cached", "batch": "built", "verify": "built", "report": "built", "publish": "built",
+    }
+    assert doc["versions"] == {"toy": 3}
+    assert serve(ws / "out" / "toy" / "3", [[1.0, 1.0]]) == [[3.0]]
+
+
+def test_comment_edit_and_key_order_rerun_nothing(built_workspace):
+    ws = built_workspace
+    lines = source_recipe("toy", comment="a new comment").splitlines()
+    # `verify:` moved above `name:`: the same mapping in another order.
+    (ws / "recipes" / "toy.yaml").write_text("\n".join([lines[0], lines[-1], *lines[1:-1]]) + "\n")
+    doc = build_json(ws, "toy")
+    assert set(statuses(doc, "toy").values()) == {"cached"}
+    assert doc["versions"] == {"toy": 1}
+
+
+def test_touch_without_change_rehashes_once_then_nothing(built_workspace):
+    ws = built_workspace
+    build_json(ws, "toy")  # this copy's inodes are new: fill its stat cache
+    variables = ws / "recipes" / "models" / "tiny" / "variables" / "variables.data-00000-of-00001"
+    os.utime(variables)
+    first = build_json(ws, "toy")
+    assert set(statuses(first, "toy").values()) == {"cached"}
+    assert first["hashed"] == {"files": 1, "bytes": variables.stat().st_size}
+    assert build_json(ws, "toy")["hashed"] == {"files": 0, "bytes": 0}
+
+
+def test_early_cutoff_when_a_stage_output_is_unchanged(built_workspace):
+    ws = built_workspace
+    (ws / "recipes" / "models" / "notes.py").write_text("# notes, edited: the output stays the same\n")
+    doc = build_json(ws, "cut")
+    assert statuses(doc, "cut") == {"export": "built", "verify": "cached", "report": "cached", "publish": "cached"}
+    assert doc["versions"] == {"cut": 1}
+
+
+def test_export_script_and_its_deps_are_inputs(make_workspace):
+    ws = make_workspace({"exp": export_recipe("exp")})
+    build_json(ws)
+    assert serve(ws / "out" / "exp" / "1", [[1.0, 1.0]]) == [[3.0]]
+    (ws / "recipes" / "models" / "helper.py").write_text("SCALE = 3.0\n")
+    doc = build_json(ws)
+    assert statuses(doc, "exp") == {"export": "built", "verify": "built", "report": "built", "publish": "built"}
+    assert doc["versions"] == {"exp": 2}
+    assert serve(ws / "out" / "exp" / "2", [[1.0, 1.0]]) == [[4.0]]

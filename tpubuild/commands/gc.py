@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import click
+
+from tpubuild.commands._common import workspace_from
+
+
+@click.command(
+    "gc",
+    short_help="Remove cache entries no lock file references.",
+    epilog="\b\nExamples:\n  tpubuild gc                   keep what lock files use, and 30 days of others\n"
+    "  tpubuild gc --keep-days 0     keep only what lock files use\n"
+    "  tpubuild gc --max-size 2G     drop least recently used entries until 2 GiB",
+)
+@click.option("--keep-days", type=click.FloatRange(min=0), help="Keep unreferenced entries used within N days (default 30).")
+@click.option("--max-size", help="Drop unreferenced entries, least recently used first, until the cache fits (e.g. 500M, 2G).")
+@click.pass_context
+def command(ctx: click.Context, keep_days: float | None, max_size: str | None) -> int:
+    """Garbage-collect the workspace cache.
+
+    Stage outputs referenced by any recipe's lock file are always kept; published
+    versions are hardlinks and stay intact.
+    """
+    from tpubuild.config.recipe import LOCK_SUFFIX, discover
+    from tpubuild.engine.gc import collect, parse_size, referenced_keys
+    from tpubuild.engine.store import Store
+    from tpubuild.engine.wslock import WorkspaceLock
+    from tpubuild.errors import UsageError
+
+    if keep_days is not None and max_size is not None:
+        raise UsageError("give --keep-days or --max-size, not both")
+    try:
+        limit = parse_size(max_size) if max_size is not None else None
+    except (ValueError, KeyError):
+        raise UsageError(f"--max-size: {max_size!r} is not a size like 500M or 2G") from None
+    ws = workspace_from(ctx)
+    locks = [p.with_name(p.name.rsplit(".", 1)[0] + LOCK_SUFFIX) for p in discover(ws)]
+    with WorkspaceLock(ws.state_dir) as lock:
+        lock.acquire(3600, notify=lambda m: click.echo(m, err=True))
+        result = collect(Store(ws.cache_dir), referenced_keys(locks), keep_days, limit)
+    click.echo(
+        f"removed {result.entries_removed} stage entries and {result.objects_removed} objects "
+        f"({result.bytes_freed} bytes); {result.bytes_kept} bytes kept"
+    )
+    return 0

@@ -1,0 +1,101 @@
+"""Cache garbage collection: keep what lock files reference and what was used recently."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tpubuild.engine.store import Store
+
+
+@dataclass
+class GcResult:
+    entries_removed: int
+    objects_removed: int
+    bytes_freed: int
+    bytes_kept: int
+
+
+def collect(store: Store, referenced: set[str], keep_days: float | None, max_size: int | None) -> GcResult:
+    """Drop stage entries that no lock file references and that were not used within
+    `keep_days` (or, with `max_size`, the least recently used until the cache fits)."""
+    entries = []  # (last used, key, path, object hashes)
+    if store.stages.exists():
+        for sub in os.listdir(store.stages):
+            for name in os.listdir(store.stages / sub):
+                path = store.stages / sub / name
+                try:
+                    data = json.loads(path.read_text())
+                except (OSError, ValueError):
+                    data = {"files": []}
+                hashes = {f[1] for f in data.get("files", [])}
+                entries.append((path.stat().st_mtime, name[: -len(".json")], path, hashes, data.get("tree")))
+    sizes = _object_sizes(store)
+    now = time.time()
+    removed_keys = set()
+    if max_size is not None:
+        live = {h for e in entries for h in e[3]}
+        total = sum(sizes.get(h, 0) for h in live)
+        for used, key, path, hashes, _ in sorted(entries):
+            if total <= max_size:
+                break
+            if key in referenced:
+                continue
+            removed_keys.add(key)
+            still = {h for e in entries if e[1] not in removed_keys for h in e[3]}
+            total = sum(sizes.get(h, 0) for h in still)
+    else:
+        horizon = now - (keep_days if keep_days is not None else 30) * 86400
+        removed_keys = {key for used, key, _, _, _ in entries if key not in referenced and used < horizon}
+    kept = [e for e in entries if e[1] not in removed_keys]
+    for e in entries:
+        if e[1] in removed_keys:
+            os.unlink(e[2])
+    live = {h for e in kept for h in e[3]}
+    live_trees = {e[4] for e in kept}
+    objects_removed = freed = 0
+    for digest, size in sizes.items():
+        if digest not in live:
+            try:
+                os.unlink(store.object_path(digest))
+                objects_removed += 1
+                freed += size
+            except FileNotFoundError:
+                pass
+    if store.trees.exists():
+        for tree in os.listdir(store.trees):
+            if tree not in live_trees:
+                shutil.rmtree(store.trees / tree, ignore_errors=True)
+    return GcResult(len(removed_keys), objects_removed, freed, sum(sizes.get(h, 0) for h in live))
+
+
+def _object_sizes(store: Store) -> dict[str, int]:
+    sizes = {}
+    if store.objects.exists():
+        for sub in os.listdir(store.objects):
+            for name in os.listdir(store.objects / sub):
+                if not name.startswith("."):
+                    sizes[sub + name] = os.stat(store.objects / sub / name).st_size
+    return sizes
+
+
+def referenced_keys(lock_files: list[Path]) -> set[str]:
+    from tpubuild.engine.lockfile import read_lock
+
+    keys = set()
+    for path in lock_files:
+        lock = read_lock(path) or {}
+        keys.update(s["key"] for s in lock.get("stages", []))
+    return keys
+
+
+def parse_size(text: str) -> int:
+    """`500M`, `2G`, `1024` -> bytes."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    number, unit = (t[:-1], t[-1]) if t and t[-1] in units else (t, "")
+    return int(float(number) * units[unit])
