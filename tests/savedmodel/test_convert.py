@@ -1,0 +1,141 @@
+"""`tpubuild convert`: options file, recipe, refusals, and every example recipe end to end."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from sm_models import SIGNATURES, run_signature
+from tpubuild.cli import main
+from tpubuild.config import load_recipe_file
+from tpubuild.convert import RUNNABLE
+from tpubuild.pipeline import stage_names
+from tpubuild.savedmodel.compare import compare_models, default_tolerances
+from tpubuild.savedmodel.datasets import random_samples, signature_inputs
+from tpubuild.savedmodel.model import SavedModel
+from tpubuild.savedmodel.twin import make_cpu_twin
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((REPO / "recipes").glob("*.yaml"))
+
+
+def tpubuild(capsys, *argv: str) -> tuple[int, str, str]:
+    """Run the CLI in-process (TensorFlow is already imported); (exit code, stdout, stderr)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(argv))
+    out, err = capsys.readouterr()
+    return exit_info.value.code, out, err
+
+
+def write_options(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "options.yaml"
+    path.write_text(text)
+    return path
+
+
+TPU_ONLY = """\
+converter:
+  tpu_functions:
+    - function_alias: tpu_func
+  bfloat16_optimization: DISABLED
+  io_shape_optimization: DISABLED
+"""
+
+
+def test_options_file_places_and_twin_is_exact(zoo, tmp_path, capsys, inputs):
+    out = tmp_path / "out"
+    code, stdout, stderr = tpubuild(capsys, "convert", str(zoo), str(out), "--options-file", str(write_options(tmp_path, TPU_ONLY)))
+    assert code == 0, stderr
+    assert stdout == f"converted {zoo} -> {out} (tpu)\n"
+    model = SavedModel.load(out)
+    assert "TPUPartitionedCall" in {n.op for f in model.functions.values() for n in f.node_def}
+    make_cpu_twin(out, tmp_path / "twin")
+    for key in SIGNATURES:
+        expected, got = run_signature(zoo, key, inputs), run_signature(tmp_path / "twin", key, inputs)
+        for name in expected:
+            np.testing.assert_array_equal(got[name], expected[name])
+    # Only OUT_DIR appears next to it: the stages' temp directory is gone.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["options.yaml", "out", "twin"]
+
+
+def test_refuses_a_non_empty_output_directory(zoo, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    code, _, stderr = tpubuild(capsys, "convert", str(zoo), str(out), "--options-file", str(write_options(tmp_path, TPU_ONLY)))
+    assert (code, stderr) == (2, f"error: {out}: output directory exists and is not empty\n")
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+def test_needs_exactly_one_of_recipe_and_options_file(zoo, tmp_path, capsys):
+    code, _, stderr = tpubuild(capsys, "convert", str(zoo), str(tmp_path / "out"))
+    assert code == 2
+    assert stderr == (
+        "Usage: tpubuild convert [OPTIONS] SRC_DIR OUT_DIR\n"
+        "Try 'tpubuild convert --help' for help.\n\n"
+        "Error: give exactly one of --recipe FILE or --options-file FILE\n"
+    )
+
+
+def test_conversion_error_leaves_nothing_behind(zoo, tmp_path, capsys):
+    options = write_options(tmp_path, TPU_ONLY.replace("alias: tpu_func", "alias: tpu_fnc"))
+    out = tmp_path / "out"
+    code, stdout, stderr = tpubuild(capsys, "convert", str(zoo), str(out), "--options-file", str(options))
+    assert code == 1, stderr
+    assert stderr.splitlines()[-1].startswith(
+        'error: tpu_functions[0]: unknown function alias "tpu_fnc" (did you mean "tpu_func"?); aliases: '
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["options.yaml"]
+
+
+def export(recipe_file: Path, out: Path) -> None:
+    """Run the recipe's export script, as the export stage would."""
+    recipe = load_recipe_file(recipe_file)
+    spec_export = recipe.canonical["model"]["export"]
+    spec = importlib.util.spec_from_file_location(f"export_{recipe.name}", recipe.root / spec_export["script"])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    getattr(module, spec_export["function"])(str(out))
+
+
+def samples_for(model: SavedModel, key: str) -> list[dict[str, np.ndarray]]:
+    specs = signature_inputs(model, key)
+    strings = {name for name, spec in specs.items() if spec.dtype.kind in "OSU"}
+    samples = random_samples({k: v for k, v in specs.items() if k not in strings}, 4, seed=0)
+    for i, sample in enumerate(samples):  # text inputs: rows of numbers, as string models parse
+        for name in strings:
+            sample[name] = np.array([f"{i} 0.5 -1 2", "1 2 3 4"], dtype=object)
+    return samples
+
+
+@pytest.mark.parametrize("recipe_file", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_every_example_recipe_converts(recipe_file, tmp_path, capsys):
+    recipe = load_recipe_file(recipe_file)
+    stages = [s for s in stage_names(recipe.canonical) if s in RUNNABLE]
+    src, out, twin = tmp_path / "src", tmp_path / "out", tmp_path / "twin"
+    export(recipe_file, src)
+    code, stdout, stderr = tpubuild(capsys, "convert", str(src), str(out), "--recipe", str(recipe_file))
+    assert code == 0, stderr
+    assert stdout == f"converted {src} -> {out} ({', '.join(stages)})\n"
+
+    tf.saved_model.load(str(out))
+    model = SavedModel.load(out)
+    found = {n.op for f in model.functions.values() for n in f.node_def}
+    expected_ops = {"tpu": {"TPUPartitionedCall", "TPUOrdinalSelector", "TPUReplicateMetadata"}, "batch": {"BatchFunction"}}
+    for stage, ops in expected_ops.items():
+        if stage in stages:
+            assert ops <= found, stage
+    if "bfloat16" in stages:
+        variables = [n.variable for n in model.meta_graph.object_graph_def.nodes if n.WhichOneof("kind") == "variable"]
+        assert any(v.dtype == tf.bfloat16.as_datatype_enum for v in variables)
+
+    make_cpu_twin(out, twin)
+    _, rtol, atol = default_tolerances(stages)
+    source = SavedModel.load(src)
+    samples = {key: samples_for(source, key) for key in source.signatures}
+    errors = compare_models(src, twin, ["serve"], samples, rtol, atol)
+    assert errors and [e.as_dict() for e in errors if e.mismatched] == []
