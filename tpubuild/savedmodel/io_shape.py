@@ -75,7 +75,8 @@ def plan_function(model: SavedModel, fn: str) -> FunctionPlan:
     plan = FunctionPlan(fn)
     for index, arg in enumerate(fdef.signature.input_arg):
         if arg.type not in SKIPPED:
-            _consider(plan, plan.inputs, index, f"input {arg.name}", fnedit.dims(fnedit.arg_shape(fdef, index)))
+            dims = fnedit.dims(fnedit.arg_shape(fdef, index))
+            _consider(plan, plan.inputs, index, f"input {arg.name}", dims)
     outs = output_dims(model, fn)
     for index, (arg, dims) in enumerate(zip(fdef.signature.output_arg, outs)):
         if arg.type not in SKIPPED:
@@ -91,13 +92,16 @@ def _consider(plan: FunctionPlan, chosen: dict[int, Layout], index: int, name: s
         chosen[index] = Layout(name, dims, wire)
 
 
-def _reshape(fdef: FunctionDef, ref: str, dims: list[int], dtype: int, base: str, cluster) -> tuple[list[NodeDef], str]:
+def _reshape(
+    fdef: FunctionDef, ref: str, dims: list[int], dtype: int, base: str, cluster: bytes | None
+) -> tuple[list[NodeDef], str]:
     """Const + Reshape nodes turning `ref` into shape `dims` (-1 for the batch dimension)."""
     taken = fnedit.node_names(fdef)
     shape_name = fnedit.fresh_node_name(fdef, f"{base}/io_shape", taken)
     const = NodeDef(name=shape_name, op="Const")
     const.attr["dtype"].type = types_pb2.DT_INT32
-    const.attr["value"].tensor.CopyFrom(tensor_util.make_tensor_proto(dims, dtype=types_pb2.DT_INT32))
+    value = tensor_util.make_tensor_proto(dims, dtype=types_pb2.DT_INT32)
+    const.attr["value"].tensor.CopyFrom(value)
     reshape = NodeDef(name=fnedit.fresh_node_name(fdef, f"{base}/io_reshape", taken), op="Reshape")
     reshape.input.extend([ref, f"{shape_name}:output:0"])
     reshape.attr["T"].type = dtype
@@ -131,7 +135,8 @@ def make_wrapper(model: SavedModel, plan: FunctionPlan) -> str:
             fdef.attr["_input_shapes"].list.shape[index].CopyFrom(_shape_proto(layout.wire))
     for index, layout in plan.outputs.items():
         arg = fdef.signature.output_arg[index]
-        nodes, ref = _reshape(fdef, fdef.ret[arg.name], _batch_free(layout.wire), arg.type, arg.name, cluster)
+        wire = _batch_free(layout.wire)
+        nodes, ref = _reshape(fdef, fdef.ret[arg.name], wire, arg.type, arg.name, cluster)
         fdef.node_def.extend(nodes)
         fdef.ret[arg.name] = ref
     model.add_function(fdef)
@@ -143,7 +148,9 @@ def _batch_free(dims: list[int]) -> list[int]:
     return [-1, *dims[1:]]
 
 
-def rewrite_site(model: SavedModel, caller: str, node_name: str, plan: FunctionPlan, wrapper: str) -> None:
+def rewrite_site(
+    model: SavedModel, caller: str, node_name: str, plan: FunctionPlan, wrapper: str
+) -> None:
     """Point one TPUPartitionedCall at the wrapper and reshape around it in the caller."""
     fdef = model.functions[caller]
     node = next(n for n in fdef.node_def if n.name == node_name)
@@ -153,16 +160,20 @@ def rewrite_site(model: SavedModel, caller: str, node_name: str, plan: FunctionP
     for index, layout in plan.inputs.items():
         position = data[index]
         dtype = callee.signature.input_arg[index].type
-        nodes, ref = _reshape(fdef, node.input[position], _batch_free(layout.wire), dtype, f"{node_name}/in{index}", None)
+        wire = _batch_free(layout.wire)
+        base = f"{node_name}/in{index}"
+        nodes, ref = _reshape(fdef, node.input[position], wire, dtype, base, None)
         fdef.node_def.extend(nodes)
         node = next(n for n in fdef.node_def if n.name == node_name)
         node.input[position] = ref
     mapping = {}
     for index, layout in plan.outputs.items():
         dtype = callee.signature.output_arg[index].type
-        nodes, ref = _reshape(fdef, f"{node_name}:output:{index}", _batch_free(layout.dims), dtype, f"{node_name}/out{index}", None)
+        output = f"{node_name}:output:{index}"
+        dims = _batch_free(layout.dims)
+        nodes, ref = _reshape(fdef, output, dims, dtype, f"{node_name}/out{index}", None)
         added.extend(nodes)
-        mapping[f"{node_name}:output:{index}"] = ref
+        mapping[output] = ref
     fnedit.replace_refs(fdef, mapping)
     fdef.node_def.extend(added)  # after the rewrite, so they keep reading the call's outputs
     node = next(n for n in fdef.node_def if n.name == node_name)
