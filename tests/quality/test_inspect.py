@@ -1,0 +1,112 @@
+"""`tpubuild inspect` on every example model of the repository's workspace."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+from click.testing import CliRunner
+
+from tpubuild.cli import cli
+from tpubuild.config import load_recipes
+from tpubuild.savedmodel.inspect import inspect
+from tpubuild.workspace import load_workspace
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def example_exports() -> dict[str, tuple[Path, str]]:
+    """(script, function) -> the recipes using it; each distinct export once."""
+    found = {}
+    for recipe in load_recipes(load_workspace(override=REPO)):
+        export = recipe.canonical["model"].get("export")
+        if export:
+            found.setdefault(f"{Path(export['script']).stem}:{export['function']}",
+                             (recipe.root / export["script"], export["function"]))
+    return dict(sorted(found.items()))
+
+
+EXPORTS = example_exports()
+
+
+@pytest.fixture(scope="session")
+def example_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = {}
+    for key, (script, function) in EXPORTS.items():
+        spec = importlib.util.spec_from_file_location(f"quality_example_{script.stem}", script)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        target = tmp_path_factory.mktemp(script.stem) / "saved_model"
+        getattr(module, function)(str(target))
+        out[key] = target
+    return out
+
+
+@pytest.mark.parametrize("key", sorted(EXPORTS))
+def test_inspect_lists_what_the_model_has(example_models: dict[str, Path], key: str) -> None:
+    path = example_models[key]
+    info = inspect(path)
+    loaded = tf.saved_model.load(str(path))
+    assert info["tag_sets"] == [["serve"]] and info["tags"] == ["serve"]
+    assert sorted(info["signatures"]) == sorted(loaded.signatures)
+    for name, sig in info["signatures"].items():
+        args, kwargs = loaded.signatures[name].structured_input_signature
+        want = {
+            spec.name or key: {"dtype": spec.dtype.name, "shape": "[" + ", ".join(
+                "None" if d is None else str(d) for d in spec.shape.as_list()) + "]"}
+            for key, spec in kwargs.items()
+        }
+        assert sig["inputs"] == want
+        outputs = loaded.signatures[name].structured_outputs
+        assert sorted(sig["outputs"]) == sorted(outputs)
+        assert sig["function"] in {f["name"] for f in info["functions"]}
+    # Every alias names a listed function, and that function carries it.
+    by_name = {f["name"]: f for f in info["functions"]}
+    for alias, fn in info["aliases"].items():
+        assert by_name[fn]["alias"] == alias
+    assert info["tpu_and_batch_ops"] == {}  # exported models are not converted yet
+    text = CliRunner().invoke(cli, ["inspect", str(path)])
+    assert text.exit_code == 0, text.output
+    assert text.output.splitlines()[:2] == [f"SavedModel {path}", "tag sets: serve"]
+    assert json.loads(CliRunner().invoke(cli, ["inspect", str(path), "--json"]).output) == json.loads(json.dumps(info))
+
+
+def test_inspect_two_tpu_functions_shows_aliases_callers_and_xla(example_models: dict[str, Path]) -> None:
+    info = inspect(example_models["two_tpu_functions:export"])
+    by_alias = {f["alias"]: f for f in info["functions"] if f["alias"]}
+    assert sorted(by_alias) == ["tpu_func_1", "tpu_func_2"]
+    # Both towers are called directly by the same function (serve), which the signature calls.
+    [caller] = by_alias["tpu_func_1"]["callers"]
+    assert by_alias["tpu_func_2"]["callers"] == [caller]
+    signature_fn = info["signatures"]["serving_default"]["function"]
+    assert {f["name"]: f["callers"] for f in info["functions"]}[caller] == [signature_fn]
+    assert all(f["xla"] == {"compilable": True} for f in by_alias.values())
+
+
+def test_inspect_names_the_op_that_xla_cannot_compile(example_models: dict[str, Path]) -> None:
+    info = inspect(example_models["string_preprocess:export"])
+    signature_fn = info["signatures"]["serving_default"]["function"]
+    by_name = {f["name"]: f for f in info["functions"]}
+    reason = by_name[signature_fn]["xla"]
+    assert reason["compilable"] is False
+    assert "has no XLA kernel and cannot run on the TPU" in reason["reason"]
+    assert [f["xla"] for f in info["functions"] if f["alias"] == "tpu_func"] == [{"compilable": True}]
+
+
+def test_inspect_shows_tpu_and_batch_ops_of_a_converted_model(two_tpu_placed: Path) -> None:
+    info = inspect(two_tpu_placed)
+    assert info["tpu_and_batch_ops"] == {"TPUOrdinalSelector": 2, "TPUPartitionedCall": 2, "TPUReplicateMetadata": 2}
+    text = CliRunner().invoke(cli, ["inspect", str(two_tpu_placed)]).output
+    assert text.splitlines()[-1] == "TPU / batch ops: TPUOrdinalSelector x2, TPUPartitionedCall x2, TPUReplicateMetadata x2"
+
+
+def test_inspect_of_a_directory_without_a_model_is_one_line(tmp_path: Path, capsys) -> None:
+    from tpubuild.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["inspect", str(tmp_path)])
+    assert exit_info.value.code == 1
+    assert capsys.readouterr().err == f"error: {tmp_path}: not a SavedModel (no saved_model.pb)\n"
