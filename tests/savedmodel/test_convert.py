@@ -139,3 +139,21 @@ def test_every_example_recipe_converts(recipe_file, tmp_path, capsys):
     samples = {key: samples_for(source, key) for key in source.signatures}
     errors = compare_models(src, twin, ["serve"], samples, rtol, atol)
     assert errors and [e.as_dict() for e in errors if e.mismatched] == []
+
+
+def test_publishes_into_an_existing_empty_directory(zoo, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    code, _, stderr = tpubuild(capsys, "convert", str(zoo), str(out), "--options-file", str(write_options(tmp_path, TPU_ONLY)))
+    assert code == 0, stderr
+    assert sorted(p.name for p in out.iterdir()) == ["assets", "fingerprint.pb", "saved_model.pb", "variables"]
+
+
+def test_nothing_to_do_publishes_an_unchanged_copy(zoo, tmp_path, capsys, inputs):
+    out = tmp_path / "out"
+    options = write_options(tmp_path, "converter: {}\n")
+    code, stdout, stderr = tpubuild(capsys, "convert", str(zoo), str(out), "--options-file", str(options))
+    assert code == 0, stderr
+    assert stdout == f"converted {zoo} -> {out} (no stage)\n"
+    assert (out / "saved_model.pb").read_bytes() == SavedModel.load(zoo).proto.SerializeToString(deterministic=True)
+    np.testing.assert_array_equal(run_signature(out, "serving_default", inputs)["y"], run_signature(zoo, "serving_default", inputs)["y"])

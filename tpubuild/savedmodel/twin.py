@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tensorflow.core.framework.graph_pb2 import GraphDef
 from tensorflow.core.framework.function_pb2 import FunctionDef
+from tensorflow.core.framework.node_def_pb2 import NodeDef
 
 from tpubuild.savedmodel.model import SavedModel
 from tpubuild.savedmodel.tpu import METADATA, ORDINAL_SELECTOR, REPLICATE_ATTR, TPU_CALL
@@ -75,7 +76,8 @@ def _source(tensor: str) -> str:
     return tensor.lstrip("^").split(":")[0]
 
 
-def _copy(node):  # protobuf repeated fields cannot hold elements of another list
-    copy = type(node)()
+def _copy(node: NodeDef) -> NodeDef:
+    """A detached copy: a repeated field cannot take elements that still belong to it."""
+    copy = NodeDef()
     copy.CopyFrom(node)
     return copy
