@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Iterable
 
+from tensorflow.core.framework import types_pb2
 from tensorflow.core.framework.node_def_pb2 import NodeDef
 from tensorflow.python.framework import kernels, op_def_registry
 
@@ -109,17 +110,12 @@ def _float_type_attrs(node: NodeDef) -> list[str] | None:
     return floats or None
 
 
-def convert(
-    model: SavedModel,
-    scope: set[str],
-    filterlist: Iterable[str],
-    variable_scope: set[str] | None = None,
-) -> Bf16Plan:
+def convert(model: SavedModel, scope: set[str], filterlist: Iterable[str]) -> Bf16Plan:
     """Rewrite `model` in place; `scope` are the functions whose ops go to bfloat16."""
     plan = Bf16Plan(functions=sorted(scope))
     filtered = set(filterlist)
     sources = VariableSources(model)
-    plan.variables = _variables_to_convert(model, sources, variable_scope or scope)
+    plan.variables = _variables_to_convert(model, sources, scope)
     for fn in sorted(scope):
         for node in model.functions[fn].node_def:
             _convert_node(node, filtered, plan)
@@ -167,7 +163,7 @@ def _resource_input(node: NodeDef) -> str | None:
         return None
     data = [ref for ref in node.input if not ref.startswith("^")]
     for position, arg in enumerate(op_def.input_arg):
-        if arg.type == 20 and position < len(data):  # DT_RESOURCE, a single tensor
+        if arg.type == types_pb2.DT_RESOURCE and position < len(data):
             return data[position]
     return None
 
