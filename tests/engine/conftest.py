@@ -47,13 +47,19 @@ EXPORT_SCRIPT = textwrap.dedent(
 COPY_SCRIPT = textwrap.dedent(
     '''\
     import shutil
+    import time
     from pathlib import Path
 
     import notes  # a dependency whose comments can change without changing the output
 
 
     def export(output_dir):
-        shutil.copytree(Path(__file__).parent / "prebuilt", output_dir, dirs_exist_ok=True)
+        here = Path(__file__).parent
+        while (here / "SLOW").exists():  # the SIGKILL test holds the stage here
+            time.sleep(0.05)
+        shutil.copytree(here / "prebuilt", output_dir, dirs_exist_ok=True)
+        (Path(output_dir) / "assets").mkdir(exist_ok=True)
+        (Path(output_dir) / "assets" / "note.txt").write_text(notes.NOTE)
     '''
 )
 
@@ -115,7 +121,8 @@ def write_workspace(ws: Path, model: Path, recipes: dict[str, str], keep_version
     (models / "tiny_export.py").write_text(EXPORT_SCRIPT)
     (models / "helper.py").write_text("SCALE = 2.0\n")
     (models / "copy_export.py").write_text(COPY_SCRIPT)
-    (models / "notes.py").write_text("# notes\n")
+    (models / "notes.py").write_text('# notes\nNOTE = "first"\n')
+    (models / "bad_export.py").write_text("def export(output_dir):\n    raise ValueError('no model today')\n")
     for name, text in recipes.items():
         (ws / "recipes" / f"{name}.yaml").write_text(text)
     return ws

@@ -46,6 +46,7 @@ def test_option_edit_reruns_that_stage_and_later_ones(built_workspace):
         "source": "cached", "batch": "built", "verify": "built", "report": "built", "publish": "built",
     }
     assert doc["versions"] == {"toy": 3}
+    assert sorted(os.listdir(ws / "out" / "toy")) == ["2", "3"]  # keep_versions: 2
     assert serve(ws / "out" / "toy" / "3", [[1.0, 1.0]]) == [[3.0]]
 
 
@@ -72,7 +73,7 @@ def test_touch_without_change_rehashes_once_then_nothing(built_workspace):
 
 def test_early_cutoff_when_a_stage_output_is_unchanged(built_workspace):
     ws = built_workspace
-    (ws / "recipes" / "models" / "notes.py").write_text("# notes, edited: the output stays the same\n")
+    (ws / "recipes" / "models" / "notes.py").write_text('# notes, edited: the output stays the same\nNOTE = "first"\n')
     doc = build_json(ws, "cut")
     assert statuses(doc, "cut") == {"export": "built", "verify": "cached", "report": "cached", "publish": "cached"}
     assert doc["versions"] == {"cut": 1}

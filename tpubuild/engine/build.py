@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import threading
 import time
 import traceback
@@ -208,13 +209,16 @@ class Engine:
             "inputs": inputs,
             "results": {name: out.summary for name, out in run.outputs.items()},
         }
-        reply = self.workers().run(request)
-        if not reply["ok"]:
-            message = reply["error"]
-            if reply.get("bug"):
-                message = f"internal error: {message} (traceback in {self.ws.state_dir / 'logs'})"
-            raise StageError(message)
-        return self.store.put(key, planned.name, out_dir, reply["summary"], reply["warnings"], record, self.stat)
+        try:
+            reply = self.workers().run(request)
+            if not reply["ok"]:
+                message = reply["error"]
+                if reply.get("bug"):
+                    message = f"internal error: {message} (traceback in {self.ws.state_dir / 'logs'})"
+                raise StageError(message)
+            return self.store.put(key, planned.name, out_dir, reply["summary"], reply["warnings"], record, self.stat)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
     def model_output(self, run: RecipeRun) -> Output | None:
         """The newest SavedModel of the chain: the last transform stage's output."""

@@ -26,7 +26,7 @@ MANIFEST = "tpubuild-manifest.json"
 def version_numbers(recipe_dir: Path) -> list[int]:
     try:
         names = os.listdir(recipe_dir)
-    except FileNotFoundError:
+    except OSError:  # missing, or not a directory: publish reports it when it writes
         return []
     return sorted(int(n) for n in names if n.isdigit() and (recipe_dir / n).is_dir())
 
@@ -117,7 +117,7 @@ def clean_temp(recipe_dir: Path) -> None:
     """Drop the hidden temp directories a killed build left in `recipe_dir`."""
     try:
         names = os.listdir(recipe_dir)
-    except FileNotFoundError:
+    except OSError:
         return
     for name in names:
         if name.startswith((".tmp-", ".trash-")):

@@ -150,7 +150,7 @@ def main() -> None:
     sys.stdout = sys.stderr
     for line in sys.stdin:
         request = json.loads(line)
-        print(f"--- {request['recipe']}: stage {request['stage']}", file=sys.stderr, flush=True)
+        print(f"--- {request['recipe']}: stage {request['stage']} (pid {os.getpid()})", file=sys.stderr, flush=True)
         try:
             reply = handle(request)
         except Exception as exc:  # a bug in a stage: report it with its traceback

@@ -22,6 +22,7 @@ def run(input_dir: Path | None, output_dir: Path, options: dict[str, Any], conte
     module = importlib.util.module_from_spec(spec)
     # The script may import its neighbours (its `deps`), as it would when run directly.
     sys.path.insert(0, str(script.parent))
+    before = set(sys.modules)
     try:
         spec.loader.exec_module(module)
         function = getattr(module, function_name, None)
@@ -35,6 +36,10 @@ def run(input_dir: Path | None, output_dir: Path, options: dict[str, Any], conte
             raise StageError(f"{where}: raised {type(exc).__name__}: {exc}") from None
     finally:
         sys.path.remove(str(script.parent))
+        # The worker runs more stages: its next export must re-read edited neighbours.
+        for name in set(sys.modules) - before:
+            if str(getattr(sys.modules[name], "__file__", "") or "").startswith(str(script.parent)):
+                del sys.modules[name]
     if not (output_dir / "saved_model.pb").is_file():
         raise StageError(f"{where}: wrote no SavedModel (no saved_model.pb in its output directory)")
     return StageResult(summary={"script": options["script"], "function": function_name})
