@@ -10,6 +10,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf.tpu.topology_pb2 import TopologyProto
 
 from sm_models import ALIASES, SIGNATURES, run_signature
+from tpubuild.errors import ConversionError
 from tpubuild.savedmodel.model import SavedModel
 from tpubuild.savedmodel.twin import make_cpu_twin
 from tpubuild.stages.base import StageContext
@@ -175,3 +176,25 @@ def test_jit_compile_functions_placement(jit, tmp_path, inputs):
     np.testing.assert_array_equal(
         run_signature(twin, "serving_default", inputs)["y"], run_signature(jit, "serving_default", inputs)["y"]
     )
+
+
+def test_sharding_options_reach_the_metadata(zoo, tmp_path):
+    out = tmp_path / "sharded"
+    sharding = {**SHARDING, "num_cores_per_replica": 2, "device_assignment": [0, 0, 0, 0, 0, 0, 0, 1]}
+    place(zoo, out, [{"function_alias": "tpu_b"}], sharding)
+    model = SavedModel.load(out)
+    tpu_b = {a: n for n, a in model.aliases.items()}["tpu_b"]
+    (meta,) = [n for n in model.functions[tpu_b].node_def if n.op == "TPUReplicateMetadata"]
+    assert meta.attr["num_cores_per_replica"].i == 2
+    assert list(meta.attr["device_assignment"].list.i) == [0, 0, 0, 0, 0, 0, 0, 1]
+
+
+def test_topology_that_does_not_divide_is_refused(zoo, tmp_path):
+    sharding = {**SHARDING, "topology": {"mesh_shape": [1, 1, 1, 2], "device_coordinates": [0, 0, 0, 0, 0, 0, 1]}}
+    with pytest.raises(ConversionError) as err:
+        place(zoo, tmp_path / "bad", [{"function_alias": "tpu_b"}], sharding)
+    assert str(err.value) == (
+        "xla_sharding_options.topology: 7 device_coordinates do not divide into coordinates of "
+        "4 dimensions (mesh_shape [1, 1, 1, 2])"
+    )
+    assert list((tmp_path / "bad").iterdir()) == []
