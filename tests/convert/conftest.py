@@ -68,6 +68,25 @@ class Mlp(tf.Module):
         return {"probs": self.tpu_func(x), "bias_sum": tf.reduce_sum(self.b2) + 0.0 * x[:, 0]}
 
 
+class ControlFlow(tf.Module):
+    """tf.cond and tf.while_loop inside the TPU function, both reading a variable."""
+
+    def __init__(self) -> None:
+        self.w = tf.Variable(np.linspace(-1, 1, 16).reshape(4, 4).astype(np.float32), name="w")
+
+    @tf.function(input_signature=[SPEC4])
+    def tpu_func(self, x):
+        x = tf.cond(tf.reduce_sum(x) > 0, lambda: tf.matmul(x, self.w), lambda: x - 1.0)
+        _, x = tf.while_loop(
+            lambda i, h: i < 3, lambda i, h: (i + 1, tf.tanh(tf.matmul(h, self.w))), (0, x)
+        )
+        return x
+
+    @tf.function(input_signature=[SPEC4])
+    def serve(self, x):
+        return {"y": self.tpu_func(x)}
+
+
 class AlreadyBf16(tf.Module):
     @tf.function(input_signature=[SPEC4])
     def tpu_func(self, x):
@@ -164,6 +183,10 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out["two_calls"] = _save(two, root / "two_calls", {"serving_default": two.serve}, {"tpu_func": two.tpu_func})
     mlp = Mlp()
     out["mlp"] = _save(mlp, root / "mlp", {"serving_default": mlp.serve}, {"tpu_func": mlp.tpu_func})
+    flow = ControlFlow()
+    out["control_flow"] = _save(
+        flow, root / "control_flow", {"serving_default": flow.serve}, {"tpu_func": flow.tpu_func}
+    )
     bf = AlreadyBf16()
     out["already_bf16"] = _save(
         bf, root / "already_bf16", {"serving_default": bf.serve}, {"tpu_func": bf.tpu_func}
@@ -189,10 +212,10 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def placed(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The toy, two_calls, mlp and image models with `tpu_func` placed on the TPU (A's placement code)."""
+    """The toy, two_calls, mlp, image and control_flow models with `tpu_func` placed on the TPU (A's placement code)."""
     root = tmp_path_factory.mktemp("placed")
     out = {}
-    for name in ("toy", "mlp", "image", "two_calls"):
+    for name in ("toy", "mlp", "image", "two_calls", "control_flow"):
         model = SavedModel.load(models[name])
         place_on_tpu(model, resolve_tpu_functions(model, [{"function_alias": "tpu_func"}]))
         (root / name).mkdir()

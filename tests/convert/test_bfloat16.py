@@ -162,3 +162,23 @@ def test_ops_without_a_bfloat16_cpu_kernel_stay_float32():
     assert has_cpu_kernel("MatMul", (("T", bf16),))
     # Cholesky has no bfloat16 CPU kernel in TF 2.21: the CPU twin could not run it.
     assert not has_cpu_kernel("Cholesky", (("T", bf16),))
+
+
+def test_control_flow_bodies_inside_the_tpu_function_are_converted(models, placed, run_stage, cpu_twin):
+    out, result = run_stage(bfloat16.run, placed["control_flow"], _options())
+    model = SavedModel.load(out)
+    bodies = [
+        name for name in result.summary["functions"]
+        if any(n.op == "MatMul" for n in model.functions[name].node_def)
+    ]
+    assert len(bodies) == 2  # the cond branch and the while body
+    for name in bodies:
+        (matmul,) = [n for n in model.functions[name].node_def if n.op == "MatMul"]
+        assert matmul.attr["T"].type == tf.bfloat16.as_datatype_enum
+    assert result.summary["variables"] == ["w"]
+    src = tf.saved_model.load(str(models["control_flow"]))
+    twin = cpu_twin(out)
+    for x in ([[0.5, 0.25, -0.125, 1.0]], [[-1.0, -2.0, 0.5, 0.0], [0.1, 0.2, 0.3, 0.4]]):
+        want = src.signatures["serving_default"](x=tf.constant(x))["y"].numpy()
+        got = twin.signatures["serving_default"](x=tf.constant(x))["y"].numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
