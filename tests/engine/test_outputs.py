@@ -1,0 +1,120 @@
+"""Lock files, --check, explain, --dry-run, clean, gc, and TensorFlow-free planning."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import yaml
+
+from tests.engine.conftest import REPO, build_json, source_recipe, statuses, tpubuild
+
+
+def test_lock_file_contents_and_determinism(built_once, built_workspace):
+    ws0, first = built_once
+    text = (ws0 / "recipes" / "toy.lock.yaml").read_text()
+    lock = yaml.safe_load(text)
+    assert text.startswith("# Written by `tpubuild build`; commit it, do not edit it.\nschema: 1\nrecipe: toy\n")
+    assert list(lock) == [
+        "schema", "recipe", "recipe_digest", "tensorflow", "tpubuild", "inputs", "stages", "output", "published_version",
+    ]
+    assert list(lock["inputs"]) == ["dir:recipes/models/tiny"]
+    assert [(s["stage"], s["key"]) for s in lock["stages"]] == [
+        (row["stage"], row["key"]) for row in first["rows"] if row["recipe"] == "toy"
+    ]
+    assert all(len(s["key"]) == 64 and len(s["output"]) == 64 for s in lock["stages"])
+    assert lock["published_version"] == 1
+    manifest = json.loads((ws0 / "out" / "toy" / "1" / "tpubuild-manifest.json").read_text())
+    assert manifest["content"] == lock["output"]
+    assert manifest["recipe_digest"] == lock["recipe_digest"]
+    assert [s["key"] for s in manifest["stages"]] == [s["key"] for s in lock["stages"][:-1]]
+    cut = yaml.safe_load((ws0 / "recipes" / "cut.lock.yaml").read_text())
+    assert list(cut["inputs"]) == ["file:recipes/models/copy_export.py", "file:recipes/models/notes.py"]
+    # Rebuilding changes no lock file, byte for byte.
+    build_json(built_workspace)
+    assert (built_workspace / "recipes" / "toy.lock.yaml").read_text() == text
+
+
+def test_check_lists_the_recipes_whose_lock_would_change(built_workspace):
+    ws = built_workspace
+    ok = tpubuild(ws, "build", "--check")
+    assert (ok.returncode, ok.stdout) == (0, "3 lock files up to date\n")
+    (ws / "recipes" / "toy.yaml").write_text(source_recipe("toy", samples=9))
+    (ws / "recipes" / "models" / "notes.py").write_text('NOTE = "second"\n')
+    stale = tpubuild(ws, "build", "--check")
+    assert stale.returncode == 1
+    assert stale.stdout.splitlines() == [
+        "recipes/cut.yaml: building would change recipes/cut.lock.yaml: input recipes/models/notes.py changed",
+        "recipes/toy.yaml: building would change recipes/toy.lock.yaml: the recipe changed",
+    ]
+    assert sorted(os.listdir(ws / "out" / "toy")) == ["1"]  # nothing was built
+
+
+def test_explain_and_dry_run_name_what_changed(built_workspace):
+    ws = built_workspace
+    (ws / "recipes" / "toy.yaml").write_text(source_recipe("toy", samples=5))
+    result = tpubuild(ws, "explain", "toy")
+    assert result.returncode == 0, result.stderr
+    lines = [re.sub(r"\(key [0-9a-f]{16}\)", "(key K)", line) for line in result.stdout.splitlines()]
+    assert lines == [
+        "recipes/toy.yaml: recipe toy",
+        "  source: cached (key K)",
+        "  batch: cached (key K)",
+        "  verify: would run (key K)",
+        "    - option samples: 4 -> 5",
+        "  report: would run",
+        "    - its input verify will be rebuilt first",
+        "  publish: would run",
+        "    - its input verify will be rebuilt first",
+    ]
+    dry = json.loads(tpubuild(ws, "build", "--dry-run", "--json", "toy").stdout)
+    assert [(r["stage"], r["status"]) for r in dry["rows"]] == [
+        ("source", "cached"), ("batch", "cached"), ("verify", "pending"), ("report", "pending"), ("publish", "pending"),
+    ]
+    assert sorted(os.listdir(ws / "out" / "toy")) == ["1"]
+
+
+def test_clean_then_build_republishes_from_the_cache(built_workspace):
+    ws = built_workspace
+    result = tpubuild(ws, "clean", "toy")
+    assert (result.returncode, result.stdout) == (0, "removed out/toy\n")
+    assert not (ws / "out" / "toy").exists()
+    doc = build_json(ws, "toy")
+    assert statuses(doc, "toy") == {
+        "source": "cached", "batch": "cached", "verify": "cached", "report": "cached", "publish": "built",
+    }
+    assert doc["versions"] == {"toy": 1}
+
+
+def test_gc_keeps_what_lock_files_reference(built_workspace):
+    ws = built_workspace
+    (ws / "recipes" / "toy.yaml").write_text(source_recipe("toy", samples=5))
+    build_json(ws, "toy")
+    result = tpubuild(ws, "gc", "--keep-days", "0")
+    assert result.returncode == 0, result.stderr
+    assert re.fullmatch(r"removed 2 stage entries and \d+ objects \(\d+ bytes\); \d+ bytes kept\n", result.stdout)
+    doc = build_json(ws)
+    assert {row["status"] for row in doc["rows"]} == {"cached"}
+
+
+def _modules_after(ws, args: list[str]) -> tuple[int, bool]:
+    code = (
+        "import sys\nfrom tpubuild.cli import main\n"
+        f"try:\n    main({args!r})\nexcept SystemExit as e:\n    code = e.code\n"
+        "print('EXIT', code, 'tensorflow' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ws, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    last = out.stdout.strip().splitlines()[-1].split()
+    return int(last[1]), last[2] == "True"
+
+
+def test_planning_never_imports_tensorflow(built_workspace):
+    ws = built_workspace
+    assert _modules_after(ws, ["build"]) == (0, False)  # a no-op build
+    assert _modules_after(ws, ["build", "--dry-run"]) == (0, False)
+    assert _modules_after(ws, ["build", "--check"]) == (0, False)
+    assert _modules_after(ws, ["explain", "toy"]) == (0, False)

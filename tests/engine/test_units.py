@@ -1,0 +1,67 @@
+"""The engine's parts on real files: hashes, stat cache, store, versions."""
+
+from __future__ import annotations
+
+import os
+
+import blake3
+
+from tpubuild.engine.hashing import hash_file
+from tpubuild.engine.statcache import StatCache
+from tpubuild.engine.store import Store
+from tpubuild.engine.versions import MANIFEST, publish, version_numbers
+
+
+def test_file_hash_is_blake3_for_small_and_threaded_sizes(tmp_path):
+    small, big = tmp_path / "small", tmp_path / "big"
+    small.write_bytes(b"abc")
+    big.write_bytes(os.urandom(5 << 20))
+    assert hash_file(small) == blake3.blake3(b"abc").hexdigest()
+    assert hash_file(big) == blake3.blake3(big.read_bytes()).hexdigest()
+
+
+def test_tree_hash_covers_paths_and_contents(tmp_path):
+    (tmp_path / "a" / "sub").mkdir(parents=True)
+    (tmp_path / "a" / "sub" / "x").write_text("1")
+    cache = StatCache(None)
+    first, entries = cache.tree(tmp_path / "a")
+    assert [e.path for e in entries] == ["sub/x"]
+    (tmp_path / "a" / "sub" / "x").rename(tmp_path / "a" / "sub" / "y")
+    renamed, _ = cache.tree(tmp_path / "a")
+    (tmp_path / "a" / "sub" / "y").write_text("2")
+    edited, _ = cache.tree(tmp_path / "a")
+    assert len({first, renamed, edited}) == 3
+
+
+def test_store_put_checkout_and_corruption(tmp_path):
+    store, cache = Store(tmp_path / "cache"), StatCache(None)
+    out = store.new_workdir("stage") / "out"
+    out.mkdir()
+    (out / "saved_model.pb").write_bytes(b"model")
+    entry = store.put("k" * 64, "stage", out, {"n": 1}, [], {"stage": "stage"}, cache)
+    assert store.get("k" * 64).files == entry.files
+    checkout = store.checkout(entry)
+    assert (checkout / "saved_model.pb").read_bytes() == b"model"
+    assert os.stat(checkout / "saved_model.pb").st_mode & 0o777 == 0o444
+    assert store.verify(entry, cache)
+    obj = store.object_path(entry.files[0].hash)
+    os.chmod(obj, 0o644)
+    obj.write_bytes(b"evil!")
+    assert not store.verify(entry, cache)
+    assert not obj.exists()
+
+
+def test_publish_numbers_versions_and_prunes(tmp_path):
+    store, cache = Store(tmp_path / "cache"), StatCache(None)
+    recipe_dir = tmp_path / "out" / "toy"
+    for n in range(4):
+        out = store.new_workdir("s") / "out"
+        out.mkdir()
+        (out / "f").write_text(str(n))
+        entry = store.put(f"{n}" * 64, "s", out, {}, [], {}, cache)
+        files = [(f, store.object_path(f.hash)) for f in entry.files]
+        assert publish(recipe_dir, files, {"content": entry.tree}, keep=2) == n + 1
+    assert version_numbers(recipe_dir) == [3, 4]
+    assert sorted(os.listdir(recipe_dir)) == ["3", "4"]
+    assert (recipe_dir / "4" / "f").read_text() == "3"
+    assert sorted(os.listdir(recipe_dir / "4")) == ["f", MANIFEST]
