@@ -97,6 +97,28 @@ def _quantize_files(recipe: Canonical) -> list[str]:
     )
 
 
+def _verify_datasets(recipe: Canonical) -> dict[str, dict[str, Any]]:
+    """Verify's samples: its own datasets where given, else the quantization datasets."""
+    return {**_dataset_sources(recipe), **recipe["verify"].get("representative_datasets", {})}
+
+
+def _verify_options(recipe: Canonical) -> dict[str, Any]:
+    return {
+        "tags": _tags(recipe),
+        "applied": _applied(recipe),
+        **recipe["verify"],
+        "representative_datasets": _verify_datasets(recipe),
+    }
+
+
+def _verify_files(recipe: Canonical) -> list[str]:
+    return sorted(
+        source["tfrecord_file_path"]
+        for source in _verify_datasets(recipe).values()
+        if "tfrecord_file_path" in source
+    )
+
+
 def _applied(recipe: Canonical) -> list[str]:
     """Names of the model-changing stages, so verify can pick default tolerances."""
     return [name for name in stage_names(recipe) if name in TRANSFORMS - {"source", "export"}]
@@ -168,13 +190,8 @@ STAGES: dict[str, StageSpec] = {
             "tpubuild.stages.verify:run",
             1,
             # The representative datasets, when there are any, are verify's samples.
-            lambda r: {
-                "tags": _tags(r),
-                "applied": _applied(r),
-                "representative_datasets": _dataset_sources(r),
-                **r["verify"],
-            },
-            _quantize_files,
+            _verify_options,
+            _verify_files,
         ),
         StageSpec("report", "tpubuild.stages.report:run", 1, lambda r: {"tags": _tags(r)}),
         StageSpec("publish", None, 1, lambda r: {"name": r["name"]}),

@@ -68,7 +68,7 @@ def test_canonical_document(ws):
             "disable_default_optimizations": False,
             "bfloat16_optimization_options": {"scope": "TPU", "skip_safety_checks": False, "filterlist": ["Exp", "Softmax"]},
         },
-        "verify": {"samples": 32, "seed": 0, "rtol": 0.02, "atol": None},
+        "verify": {"samples": 32, "seed": 0, "rtol": 0.02, "atol": None, "representative_datasets": {}},
     }
     assert len(recipe.digest) == 64
 
@@ -96,7 +96,7 @@ def test_extends_and_defaults_layering(ws):
     assert converter["batch_options"][0]["max_batch_size"] == 4  # mappings merge deeply
     assert converter["bfloat16_optimization"] == "ENABLED"  # recipe beats defaults
     assert recipe.canonical["model"]["saved_model"] == "models/toy"  # base paths are relative to the base
-    assert recipe.canonical["verify"] == {"samples": 8, "seed": 0, "rtol": None, "atol": 0.5}
+    assert recipe.canonical["verify"] == {"samples": 8, "seed": 0, "rtol": None, "atol": 0.5, "representative_datasets": {}}
 
 
 def test_export_deps_are_expanded_to_files(ws):
@@ -136,3 +136,21 @@ def test_a_verify_edit_changes_only_the_verify_slice(ws):
         for s in plan(load_recipe_file(ws.write("recipes/v.yaml", text + "verify: {rtol: 0.1}\n")).canonical)
     }
     assert [name for name in before if before[name] != after[name]] == ["verify"]
+
+
+def test_verify_datasets_override_quantization_datasets_for_verify_only(ws):
+    ws.write("data/q.tfrecord", "q")
+    ws.write("data/v.tfrecord", "v")
+    recipe = load_recipe_file(
+        ws.write(
+            "recipes/d.yaml",
+            "model: {saved_model: ../models/toy}\nconverter:\n  quantization_options:\n"
+            "    representative_datasets: {serving_default: {tfrecord_file_path: ../data/q.tfrecord}}\n"
+            "verify:\n  representative_datasets: {serving_default: {tfrecord_file_path: ../data/v.tfrecord}}\n",
+        )
+    )
+    stages = {s.name: s for s in plan(recipe.canonical)}
+    assert stages["verify"].options["representative_datasets"] == {"serving_default": {"tfrecord_file_path": "data/v.tfrecord"}}
+    assert stages["verify"].files == ["data/v.tfrecord"]
+    assert stages["quantize"].options["representative_datasets"] == {"serving_default": {"tfrecord_file_path": "data/q.tfrecord"}}
+    assert stages["quantize"].files == ["data/q.tfrecord"]

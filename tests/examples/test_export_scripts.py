@@ -154,11 +154,23 @@ def test_concrete_function_name_is_stable_across_exports(recipes, script, tmp_pa
     assert wanted in library_names(meta_graph(tmp_path))
 
 
-def test_representative_dataset_is_what_its_script_writes(script, tmp_path: Path) -> None:
-    maker = script(REPO / "recipes" / "data" / "make_quantized.py", "make_quantized")
+@pytest.mark.parametrize("name", ["quantized", "string_preprocess"])
+def test_representative_dataset_is_what_its_script_writes(script, tmp_path: Path, name: str) -> None:
+    maker = script(REPO / "recipes" / "data" / f"make_{name}.py", f"make_{name}")
     maker.write(str(tmp_path / "again.tfrecord"))
-    committed = REPO / "recipes" / "data" / "quantized.tfrecord"
+    committed = REPO / "recipes" / "data" / f"{name}.tfrecord"
     assert (tmp_path / "again.tfrecord").read_bytes() == committed.read_bytes()
+
+
+def test_string_inputs_are_verified_on_their_own_dataset(recipes, exported) -> None:
+    recipe = recipes["string_preprocess"]
+    (source,) = recipe.canonical["verify"]["representative_datasets"].values()
+    serve = tf.saved_model.load(str(exported["string_preprocess"])).signatures["serving_default"]
+    records = list(tf.data.TFRecordDataset(str(recipe.root / source["tfrecord_file_path"])).as_numpy_iterator())
+    for record in records:
+        sample = quantization_options_pb2.RepresentativeDataSample.FromString(record)
+        text = tf.make_ndarray(sample.tensor_proto_inputs["text"])
+        assert serve(text=tf.constant(text))["score"].shape == (1,)
 
 
 def test_representative_dataset_matches_the_signature(recipes, exported) -> None:

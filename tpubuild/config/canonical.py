@@ -20,7 +20,7 @@ BATCH_DEFAULTS = {
     "max_enqueued_batches": 10,
     "disable_large_batch_splitting": False,
 }
-VERIFY_DEFAULTS = {"samples": 32, "seed": 0, "rtol": None, "atol": None}
+VERIFY_DEFAULTS = {"samples": 32, "seed": 0, "rtol": None, "atol": None, "representative_datasets": {}}
 DEFAULT_TAGS = ["serve"]
 DEFAULT_NUM_SAMPLES = 200
 

@@ -17,6 +17,7 @@ PATH_FIELDS = (
     ("model", "export", "deps", ANY),
     ("converter", "quantization_options", "representative_datasets", ANY, "tfrecord_file_path"),
     ("converter", "quantization_options", "representative_datasets", ANY, "npz"),
+    ("verify", "representative_datasets", ANY, "tfrecord_file_path"),
 )
 
 
