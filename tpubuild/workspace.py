@@ -80,6 +80,10 @@ def load_workspace(start: Path | None = None, override: Path | None = None) -> W
     if problems:
         raise ConfigError(problems)
     defaults_marks = _sub_marks(marks, ("defaults",))
+    defaults = data.get("defaults", {})
+    from tpubuild.config.paths import rebase
+
+    rebase(defaults, root, root)  # paths in defaults are relative to tpubuild.yaml: normalize them
     return Workspace(
         root=root,
         file=path,
@@ -87,7 +91,7 @@ def load_workspace(start: Path | None = None, override: Path | None = None) -> W
         output_dir=root / data.get("output_dir", "out"),
         cache_dir=root / data.get("cache_dir", f"{STATE_DIR}/cache"),
         keep_versions=data.get("keep_versions"),
-        defaults=data.get("defaults", {}),
+        defaults=defaults,
         defaults_marks=defaults_marks,
     )
 
