@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from tpubuild.savedmodel.model import SavedModel
 
-MIN_CONST_ELEMENTS = 64
+MIN_CONST_ELEMENTS = 16
 _SKIP_KEYS = ("_CHECKPOINTABLE_OBJECT_GRAPH",)
 
 

@@ -100,14 +100,35 @@ def _quantization_lines(quant: dict[str, Any] | None) -> list[str]:
     ]
 
 
+def _stage_line(name: str, summary: dict[str, Any]) -> str:
+    """One line per earlier stage: the few facts a reviewer looks for."""
+    if name == "batch":
+        opts = summary.get("options", {})
+        return (f"Batching: {summary.get('mode')}, {len(summary.get('sites', []))} batched call site(s), "
+                f"max_batch_size {opts.get('max_batch_size')}, allowed_batch_sizes {opts.get('allowed_batch_sizes')}")
+    if name == "bfloat16":
+        ops = ", ".join(f"{op} {n}" for op, n in sorted(summary.get("converted_ops", {}).items()))
+        return (f"bfloat16 (scope {summary.get('scope')}): {len(summary.get('variables', []))} variable(s), "
+                f"ops converted: {ops or 'none'}")
+    if name == "io_shape":
+        changed = sum(len(f.get("inputs", [])) + len(f.get("outputs", [])) for f in summary.get("functions", []))
+        return f"IO shape: {changed} TPU input/output(s) reshaped in {len(summary.get('functions', []))} function(s)"
+    if name == "dataset":
+        counts = ", ".join(f"{k}: {v['samples']} from {v['source']}" for k, v in sorted(summary.get("datasets", {}).items()))
+        return f"Representative datasets: {counts}"
+    return f"{name}: " + ", ".join(sorted(summary))
+
+
 def _stage_lines(report: dict[str, Any]) -> list[str]:
     lines = []
     for row in report["stages"].get("tpu", {}).get("placed", []):
         sites = len(row.get("call_sites", []))
-        lines.append(f"Checks: TPU function {row.get('alias') or row['function']} placed at {sites} call site(s)")
+        lines.append(f"TPU placement: {row.get('alias') or row['function']} at {sites} call site(s)")
     for name, summary in sorted(report["stages"].items()):
         if name != "tpu":
-            lines.append(f"Stage {name}: {json.dumps(summary, sort_keys=True)}")
+            lines.append(_stage_line(name, summary))
+    for name, summary in sorted(report["stages"].items()):
+        lines += [f"Finding ({name}): {w}" for w in summary.get("warnings", [])]
     return lines
 
 

@@ -1,0 +1,72 @@
+"""The example recipes for quantization and the report build end to end with `tpubuild build`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+REPO = Path(__file__).resolve().parents[2]
+QUANTIZED = ["dynamic_range", "weight_only", "static_range_generator", "quantized"]
+RECIPES = [*QUANTIZED, "two_tpu_functions"]
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the example workspace with RECIPES built once."""
+    root = tmp_path_factory.mktemp("examples")
+    shutil.copy(REPO / "tpubuild.yaml", root)
+    shutil.copytree(REPO / "recipes", root / "recipes")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    result = subprocess.run([sys.executable, "-m", "tpubuild", "build", *RECIPES], cwd=root,
+                            capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    return root
+
+
+def published(root: Path, name: str) -> tuple[Path, dict]:
+    version = root / "out" / name / "1"
+    return version, json.loads((version / "tpubuild-report.json").read_text())
+
+
+@pytest.mark.parametrize("name", QUANTIZED)
+def test_quantized_examples_load_run_and_pass_verification(workspace: Path, name: str) -> None:
+    version, report = published(workspace, name)
+    assert report["verify"]["passed"] is True
+    assert report["verify"]["tolerance"]["kind"] == "int8"
+    params = report["parameters"]
+    assert set(params["artifact"]) >= {"int8"} and set(params["source"]) == {"float32"}
+    ratio = sum(r["bytes"] for r in params["artifact"].values()) / sum(r["bytes"] for r in params["source"].values())
+    assert 0.24 < ratio < 0.3  # int8 weights: about a quarter of float32
+    serve = tf.saved_model.load(str(version)).signatures["serving_default"]
+    [(input_name, spec)] = serve.structured_input_signature[1].items()
+    batch = np.ones([2, *spec.shape[1:]], spec.dtype.as_numpy_dtype)
+    [output] = serve(**{input_name: tf.constant(batch)}).values()
+    assert output.shape[0] == 2 and np.all(np.isfinite(output.numpy()))
+
+
+def test_transformer_report_shows_the_quarter_size(workspace: Path) -> None:
+    version, report = published(workspace, "dynamic_range")
+    text = subprocess.run([sys.executable, "-m", "tpubuild", "report", "dynamic_range"], cwd=workspace,
+                          capture_output=True, text=True).stdout
+    assert "Parameters: artifact 451.0 KiB, source 1.7 MiB; ratio 0.253" in text.splitlines()
+    assert report["quantization"]["layers"] == {"Gather": {"quantized": 1, "total": 1},
+                                                "MatMul": {"quantized": 7, "total": 7}}
+
+
+def test_two_tpu_functions_report_splits_cost_and_saves_hlo(workspace: Path) -> None:
+    version, report = published(workspace, "two_tpu_functions")
+    cost = report["cost"]
+    assert sorted(row["alias"] for row in cost["tpu_functions"]) == ["tpu_func_1", "tpu_func_2"]
+    assert sum(row["cost"] for row in cost["tpu_functions"]) == cost["tpu"]
+    assert cost["tpu"] + cost["cpu"] == cost["total"] and cost["cpu"] > 0
+    for label in ("tpu_func_1", "tpu_func_2"):
+        assert (version / report["hlo"][label]["file"]).read_text().startswith("HloModule ")
+    assert report["verify"]["passed"] is True and report["verify"]["tolerance"]["kind"] == "bfloat16"
