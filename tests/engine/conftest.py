@@ -14,9 +14,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-LAUNCHER = Path(__file__).with_name("launcher.py")
-# The real report stage is used when this is "0" (see launcher.py).
-REPORT_STAND_IN = "1"
+CLI = [sys.executable, "-m", "tpubuild"]
 
 EXPORT_SCRIPT = textwrap.dedent(
     '''\
@@ -163,12 +161,12 @@ def built_workspace(built_once, tmp_path) -> Path:
 def tpubuild(ws: Path, *args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     """The CLI in a fresh process, run from the workspace."""
     return subprocess.run(
-        [sys.executable, str(LAUNCHER), *args],
+        [*CLI, *args],
         cwd=ws,
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "PYTHONPATH": str(REPO), "TPUBUILD_TEST_REPORT_STAND_IN": REPORT_STAND_IN, **(env or {})},
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
     )
 
 

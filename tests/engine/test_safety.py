@@ -13,14 +13,14 @@ from pathlib import Path
 
 import yaml
 
-from tests.engine.conftest import LAUNCHER, REPO, REPORT_STAND_IN, build_json, export_recipe, statuses, tpubuild
+from tests.engine.conftest import CLI, REPO, build_json, export_recipe, statuses, tpubuild
 from tpubuild.engine.hashing import hash_file
 
 
 def _start_build(ws: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TPUBUILD_TEST_REPORT_STAND_IN": REPORT_STAND_IN}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.Popen(
-        [sys.executable, str(LAUNCHER), "build", "--json"], cwd=ws, env=env, text=True,
+        [*CLI, "build", "--json"], cwd=ws, env=env, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
 
