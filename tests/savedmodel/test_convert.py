@@ -11,16 +11,18 @@ import tensorflow as tf
 
 from sm_models import SIGNATURES, run_signature
 from tpubuild.cli import main
-from tpubuild.config import load_recipe_file
+from tpubuild.config import discover, load_recipe_file
 from tpubuild.convert import RUNNABLE
 from tpubuild.pipeline import stage_names
 from tpubuild.savedmodel.compare import compare_models, default_tolerances
 from tpubuild.savedmodel.datasets import random_samples, signature_inputs
 from tpubuild.savedmodel.model import SavedModel
 from tpubuild.savedmodel.twin import make_cpu_twin
+from tpubuild.workspace import load_workspace
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((REPO / "recipes").glob("*.yaml"))
+# The workspace's own discovery: recipe globs, lock files excluded.
+EXAMPLES = discover(load_workspace(override=REPO / "tpubuild.yaml"))
 
 
 def tpubuild(capsys, *argv: str) -> tuple[int, str, str]:
