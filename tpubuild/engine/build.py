@@ -181,6 +181,8 @@ class Engine:
         if entry is None or not self.store.verify(entry, self.stat):
             entry = self._execute(run, planned, key, record)
             status = "built"
+            for warning in entry.warnings:
+                self.errors(f"{run.recipe.rel_file}: stage {planned.name}: warning: {warning}")
         else:
             self.store.touch(key)
         directory = self.store.checkout(entry)

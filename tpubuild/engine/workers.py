@@ -63,7 +63,7 @@ class Worker:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = log_path
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
-        with open(log_path, "ab") as log:
+        with open(log_path, "wb") as log:  # the log of this build's worker only
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "tpubuild.engine.workers"],
                 stdin=subprocess.PIPE,
