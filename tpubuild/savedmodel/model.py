@@ -6,6 +6,7 @@ here executes the model, so reading a large SavedModel stays cheap.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -285,4 +286,31 @@ def _write_fingerprint(output_dir: Path) -> None:
         data = fp.CreateFingerprintDef(str(output_dir))
     except Exception:  # an older/newer TF without the binding: the fingerprint is optional
         return
-    write_atomic(output_dir / FINGERPRINT_PB, data)
+    write_atomic(output_dir / FINGERPRINT_PB, _stable_fingerprint(data))
+
+
+def make_fingerprint_reproducible(saved_model_dir: Path) -> None:
+    """Give fingerprint.pb a uuid derived from the model's content instead of a random one.
+
+    TF writes a fresh random uuid at every save, so two exports of the same model would
+    differ by that one field: every content hash downstream would change, builds would
+    never be reproducible and lock files would churn. The uuid stays unique per content.
+    """
+    path = Path(saved_model_dir) / FINGERPRINT_PB
+    if path.is_file():
+        data = path.read_bytes()
+        stable = _stable_fingerprint(data)
+        if stable != data:
+            write_atomic(path, stable)
+
+
+def _stable_fingerprint(data: bytes) -> bytes:
+    from tensorflow.core.protobuf import fingerprint_pb2
+
+    fingerprint = fingerprint_pb2.FingerprintDef.FromString(data)
+    if not hasattr(fingerprint, "uuid"):
+        return data
+    fingerprint.uuid = ""
+    digest = hashlib.blake2b(fingerprint.SerializeToString(deterministic=True), digest_size=16).digest()
+    fingerprint.uuid = str(int.from_bytes(digest, "big"))
+    return fingerprint.SerializeToString(deterministic=True)

@@ -42,4 +42,7 @@ def run(input_dir: Path | None, output_dir: Path, options: dict[str, Any], conte
                 del sys.modules[name]
     if not (output_dir / "saved_model.pb").is_file():
         raise StageError(f"{where}: wrote no SavedModel (no saved_model.pb in its output directory)")
+    from tpubuild.savedmodel.model import make_fingerprint_reproducible
+
+    make_fingerprint_reproducible(output_dir)
     return StageResult(summary={"script": options["script"], "function": function_name})
