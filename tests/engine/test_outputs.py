@@ -118,3 +118,18 @@ def test_planning_never_imports_tensorflow(built_workspace):
     assert _modules_after(ws, ["build", "--dry-run"]) == (0, False)
     assert _modules_after(ws, ["build", "--check"]) == (0, False)
     assert _modules_after(ws, ["explain", "toy"]) == (0, False)
+
+
+def test_config_error_exits_2_before_anything_runs(make_workspace):
+    ws = make_workspace({
+        "good": source_recipe("good"),
+        "bad": "name: bad\nmodel: {saved_model: models/tiny}\nconverter: {bogus: 1}\n",
+    })
+    result = tpubuild(ws, "build")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "recipes/bad.yaml:3:13: converter.bogus: unknown key 'bogus' (allowed: batch_options, bfloat16_optimization, "
+        "bfloat16_optimization_options, disable_default_optimizations, io_shape_optimization, quantization_options, "
+        "tpu_functions, xla_sharding_options)",
+    ]
+    assert not (ws / ".tpubuild").exists() and not (ws / "out").exists()

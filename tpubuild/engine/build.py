@@ -386,10 +386,14 @@ def build(
 
             engine.store.clean_tmp()
             try:
-                run_tasks(engine, todo, jobs, ws.state_dir / "doit-deps.json")
+                code = run_tasks(engine, todo, jobs, ws.state_dir / "doit-deps.json")
             finally:
                 if engine.pool is not None:
                     engine.pool.close()
+            for run in todo:  # doit itself failing is a bug; never report it as success
+                if len(run.rows) < len(run.plan) and not run.failed:
+                    run.error = f"{run.recipe.rel_file}: internal error: doit stopped (exit code {code})"
+                    engine.errors(run.error)
         engine.stat.save()
     finally:
         lock.release()
