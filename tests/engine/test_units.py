@@ -65,3 +65,14 @@ def test_publish_numbers_versions_and_prunes(tmp_path):
     assert sorted(os.listdir(recipe_dir)) == ["3", "4"]
     assert (recipe_dir / "4" / "f").read_text() == "3"
     assert sorted(os.listdir(recipe_dir / "4")) == ["f", MANIFEST]
+
+
+def test_a_missing_stage_module_is_a_stage_error_not_a_crash(tmp_path):
+    from tpubuild.engine.workers import handle
+
+    reply = handle({
+        "entry": "tpubuild.stages.no_such_stage:run", "stage": "no_such_stage", "recipe": "toy",
+        "recipe_file": str(tmp_path / "toy.yaml"), "workspace": str(tmp_path), "input_dir": str(tmp_path),
+        "output_dir": str(tmp_path), "options": {}, "inputs": {}, "results": {},
+    })
+    assert reply == {"ok": False, "error": "stage module tpubuild.stages.no_such_stage does not exist in this tpubuild"}
