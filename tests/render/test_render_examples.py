@@ -13,7 +13,32 @@ from tpubuild.render import render
 from tpubuild.workspace import load_workspace
 
 REPO = Path(__file__).resolve().parents[2]
-RECIPES = {r.name: r for r in load_recipes(load_workspace(override=REPO))}
+ALL_RECIPES = {r.name: r for r in load_recipes(load_workspace(override=REPO))}
+
+
+def _tfrecord_only(recipe) -> bool:
+    datasets = recipe.canonical["converter"].get("quantization_options", {}).get("representative_datasets", {})
+    return all("tfrecord_file_path" in source for source in datasets.values())
+
+
+# The official converter reads TFRecord datasets only; npz and generator sources are
+# tpubuild's own (turned into TFRecord by the dataset stage) and cannot be rendered.
+RECIPES = {name: r for name, r in ALL_RECIPES.items() if _tfrecord_only(r)}
+GENERATED = sorted(set(ALL_RECIPES) - set(RECIPES))
+
+
+@pytest.mark.parametrize("name", GENERATED)
+def test_generated_datasets_cannot_be_rendered_for_the_converter(name: str) -> None:
+    from tpubuild.errors import ConfigError
+
+    recipe = ALL_RECIPES[name]
+    with pytest.raises(ConfigError) as info:
+        render(recipe.canonical, source=recipe.rel_file)
+    (line,) = info.value.lines()
+    assert line.startswith(f"{recipe.rel_file}: converter.quantization_options.representative_datasets.")
+    assert "the converter reads only TFRecord datasets (tfrecord_file_path)" in line
+
+
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_example_parses_into_the_recipes_options(name: str, pb2, from_message) -> None:
     recipe = RECIPES[name]
@@ -40,7 +65,9 @@ def test_quantization_options_parse_as_tensorflows_own_message(pb2) -> None:
         theirs = text_format.Parse(text_format.MessageToString(ours), quantization_options_pb2.QuantizationOptions())
         assert theirs.SerializeToString(deterministic=True) == ours.SerializeToString(deterministic=True)
         canonical = recipe.canonical["converter"]["quantization_options"]
-        assert theirs.quantization_method.preset_method == quantization_options_pb2.QuantizationMethod.METHOD_STATIC_RANGE_INT8
+        preset = {"STATIC_RANGE": "METHOD_STATIC_RANGE_INT8", "DYNAMIC_RANGE": "METHOD_DYNAMIC_RANGE_INT8",
+                  "WEIGHT_ONLY": "METHOD_STATIC_RANGE_WEIGHT_ONLY_INT8"}[canonical["method"]]
+        assert theirs.quantization_method.preset_method == quantization_options_pb2.QuantizationMethod.PresetMethod.Value(preset)
         assert theirs.op_set == quantization_options_pb2.XLA
         assert list(theirs.signature_keys) == canonical["signature_keys"]
         assert {k: v.tfrecord_file_path for k, v in theirs.representative_datasets.items()} == {
