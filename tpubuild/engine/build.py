@@ -209,7 +209,7 @@ class Engine:
             "output_dir": str(out_dir),
             "options": planned.options,
             "inputs": inputs,
-            "results": {name: out.summary for name, out in run.outputs.items()},
+            "results": {name: _result(out) for name, out in run.outputs.items()},
         }
         try:
             reply = self.workers().run(request)
@@ -398,3 +398,10 @@ def build(
     finally:
         lock.release()
     return runs, engine
+
+
+def _result(out: Output) -> dict[str, Any]:
+    """What later stages see of an earlier one: its summary, with its warnings (the
+    checks' findings) so the report can show them even when the stage was cached."""
+    warnings = out.entry.warnings if out.entry else []
+    return {**out.summary, "warnings": list(warnings)} if warnings else out.summary
