@@ -89,12 +89,13 @@ def _dataset_files(recipe: Canonical) -> list[str]:
     return sorted(files)
 
 
+def _tfrecord_files(sources: dict[str, dict[str, Any]]) -> list[str]:
+    """The given (not generated) TFRecord files of a signature -> source map."""
+    return sorted(s["tfrecord_file_path"] for s in sources.values() if "tfrecord_file_path" in s)
+
+
 def _quantize_files(recipe: Canonical) -> list[str]:
-    return sorted(
-        source["tfrecord_file_path"]
-        for source in _dataset_sources(recipe).values()
-        if "tfrecord_file_path" in source
-    )
+    return _tfrecord_files(_dataset_sources(recipe))
 
 
 def _verify_datasets(recipe: Canonical) -> dict[str, dict[str, Any]]:
@@ -112,11 +113,7 @@ def _verify_options(recipe: Canonical) -> dict[str, Any]:
 
 
 def _verify_files(recipe: Canonical) -> list[str]:
-    return sorted(
-        source["tfrecord_file_path"]
-        for source in _verify_datasets(recipe).values()
-        if "tfrecord_file_path" in source
-    )
+    return _tfrecord_files(_verify_datasets(recipe))
 
 
 def _applied(recipe: Canonical) -> list[str]:
