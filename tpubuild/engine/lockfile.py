@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from tpubuild.engine.atomic import write_text_atomic
+from tpubuild.atomic import write_text_atomic
 
 SCHEMA = 1
 HEADER = "# Written by `tpubuild build`; commit it, do not edit it.\n"

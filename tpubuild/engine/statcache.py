@@ -12,7 +12,7 @@ import os
 import time
 from pathlib import Path
 
-from tpubuild.engine.atomic import write_text_atomic
+from tpubuild.atomic import write_text_atomic
 from tpubuild.engine.hashing import SCHEME, FileEntry, hash_file, tree_digest, walk_files
 
 RACY_NS = 50_000_000

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpubuild.engine.atomic import write_text_atomic
+from tpubuild.atomic import write_text_atomic
 from tpubuild.engine.hashing import SCHEME, FileEntry, hash_file, tree_digest, walk_files
 from tpubuild.engine.statcache import StatCache
 from tpubuild.errors import StageError

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Iterator
 
@@ -19,6 +18,7 @@ from tensorflow.core.framework.node_def_pb2 import NodeDef
 from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow.core.protobuf.meta_graph_pb2 import MetaGraphDef
 
+from tpubuild.atomic import write_atomic
 from tpubuild.errors import ConversionError
 
 SAVED_MODEL_PB = "saved_model.pb"
@@ -250,19 +250,6 @@ def _select(proto: saved_model_pb2.SavedModel, path: Path, tags: list[str] | Non
     raise ConversionError(
         f"{path}: no MetaGraphDef with tags [{', '.join(sorted(wanted))}]; tag sets: {listed}"
     )
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to a temp file beside `path`, then rename it into place."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _link_tree(src: Path, dst: Path) -> None:

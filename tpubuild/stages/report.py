@@ -92,6 +92,6 @@ def _summary(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def _write(path: Path, text: str) -> None:
-    from tpubuild.savedmodel.model import write_atomic
+    from tpubuild.atomic import write_atomic
 
     write_atomic(path, text.encode())

@@ -113,6 +113,6 @@ def _runnable(artifact: Path, scratch: Path, tags: list[str], tpu_placed: bool) 
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    from tpubuild.savedmodel.model import write_atomic
+    from tpubuild.atomic import write_atomic
 
     write_atomic(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())

@@ -1,0 +1,33 @@
+"""Atomic writes: a temp file in the same directory, fsync, then os.replace.
+
+TensorFlow-free and shared by the engine (lock files, cache records) and the stages
+(saved_model.pb, reports), so every published file is written the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` so readers see the old or the new file, never a part."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    write_atomic(path, text.encode("utf-8"))
