@@ -8,6 +8,7 @@ one line each and an exit code; anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 from pathlib import Path
 
