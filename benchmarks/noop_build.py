@@ -15,6 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from timing import best_of, probe_in_process
+
 RECIPE = "model: {{saved_model: ../models/m{i}}}\nconverter: {{}}\nverify: {{samples: 2}}\n"
 
 EXPORT = """
@@ -30,34 +32,11 @@ m = M()
 tf.saved_model.save(m, sys.argv[1], signatures={"serving_default": m.serve})
 """
 
-PROBE = """
-import contextlib, io, sys, time
-t = time.perf_counter()
-from tpubuild.cli import main
-try:
-    with contextlib.redirect_stdout(io.StringIO()):
-        main(["build"])
-except SystemExit as exc:
-    code = exc.code
-tf = any(m == "tensorflow" or m.startswith("tensorflow.") for m in sys.modules)
-print(f"  in-process: {time.perf_counter() - t:.3f} s, exit {code}, tensorflow imported: {tf}")
-"""
-
 DODO = """
 def task_t():
     for i in range({count}):
         yield {{"name": str(i), "actions": ["true"], "file_dep": ["f"], "targets": ["t%d" % i]}}
 """
-
-
-def best_of(runs: int, argv: list[str], cwd: Path) -> float:
-    best = float("inf")
-    for _ in range(runs):
-        start = time.perf_counter()
-        out = subprocess.run(argv, cwd=cwd, capture_output=True, text=True)
-        best = min(best, time.perf_counter() - start)
-        assert out.returncode == 0, out.stderr
-    return best
 
 
 def main(count: int = 200, runs: int = 5) -> None:
@@ -84,7 +63,7 @@ def main(count: int = 200, runs: int = 5) -> None:
         subprocess.run([sys.executable, "-m", "doit"], cwd=dodo_dir, check=True, capture_output=True)
         doit = best_of(runs, [sys.executable, "-m", "doit"], dodo_dir)
         print(f"no-op `tpubuild build`, {count} recipes: {noop:.3f} s (best of {runs}; target < 0.3 s)")
-        subprocess.run([sys.executable, "-c", PROBE], cwd=root, check=True)
+        probe_in_process(["build"], root)
         print(f"  reference, same run: `python -c pass` {python:.3f} s; `tpubuild validate` {validate:.3f} s; "
               f"doit with {count} up-to-date tasks {doit:.3f} s; dvc is not installed here "
               "(issue 4 quotes ~2.9 s for `dvc repro` of 200 no-op stages)")

@@ -5,11 +5,11 @@ Target (issue 2): under 1 s, no TensorFlow import. Prints the figures; asserts n
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from timing import best_of, probe_in_process
 
 RECIPE = """\
 # yaml-language-server: $schema=../schemas/recipe.schema.json
@@ -26,19 +26,6 @@ converter:
 verify: {{samples: 16, rtol: 0.02}}
 """
 
-PROBE = """
-import contextlib, io, sys, time
-t = time.perf_counter()
-from tpubuild.cli import main
-try:
-    with contextlib.redirect_stdout(io.StringIO()):
-        main(["validate"])
-except SystemExit as exc:
-    code = exc.code
-tf = any(m == "tensorflow" or m.startswith("tensorflow.") for m in sys.modules)
-print(f"  in-process: {time.perf_counter() - t:.3f} s, exit {code}, tensorflow imported: {tf}")
-"""
-
 
 def main(count: int = 200, runs: int = 5) -> None:
     with tempfile.TemporaryDirectory() as tmp:
@@ -49,18 +36,11 @@ def main(count: int = 200, runs: int = 5) -> None:
             (root / "models" / f"m{i}").mkdir(parents=True)
             (root / "models" / f"m{i}" / "saved_model.pb").write_bytes(b"")
             (root / "recipes" / f"r{i:03d}.yaml").write_text(RECIPE.format(i=i))
-        best = float("inf")
-        for _ in range(runs):
-            start = time.perf_counter()
-            out = subprocess.run([sys.executable, "-m", "tpubuild", "validate"], cwd=root, capture_output=True, text=True)
-            best = min(best, time.perf_counter() - start)
-            assert out.returncode == 0, out.stderr
-        start = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "pass"], check=True)
-        python_start = time.perf_counter() - start
+        best = best_of(runs, [sys.executable, "-m", "tpubuild", "validate"], root)
+        python_start = best_of(runs, [sys.executable, "-c", "pass"], root)
         print(f"tpubuild validate, {count} recipes: {best:.3f} s wall (best of {runs}; target < 1 s)")
         print(f"  for reference, a bare python start: {python_start:.3f} s")
-        subprocess.run([sys.executable, "-c", PROBE], cwd=root)
+        probe_in_process(["validate"], root)
 
 
 if __name__ == "__main__":
