@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tpubuild.config.paths import rebase
+from tpubuild.config.schema import schema_diagnostics
 from tpubuild.config.yamlload import Marks, read_yaml_file
 from tpubuild.errors import ConfigError, Diagnostic, UsageError
 
@@ -72,8 +74,6 @@ def load_workspace(start: Path | None = None, override: Path | None = None) -> W
     data, marks = read_yaml_file(path, display_path(path, root))
     if data is None:
         data = {}
-    from tpubuild.config.schema import schema_diagnostics
-
     if not isinstance(data, dict):
         raise ConfigError([Diagnostic(marks.value(()), "", "the workspace file must be a mapping")])
     problems = schema_diagnostics("workspace", data, marks)
@@ -81,8 +81,6 @@ def load_workspace(start: Path | None = None, override: Path | None = None) -> W
         raise ConfigError(problems)
     defaults_marks = _sub_marks(marks, ("defaults",))
     defaults = data.get("defaults", {})
-    from tpubuild.config.paths import rebase
-
     rebase(defaults, root, root)  # paths in defaults are relative to tpubuild.yaml: normalize them
     return Workspace(
         root=root,

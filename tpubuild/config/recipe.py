@@ -143,9 +143,8 @@ def load_converter_options_file(path: Path, saved_model: Path, workspace: Worksp
 def _load(path: Path, ws: Workspace) -> Recipe:
     display = display_path(path, ws.root)
     data, marks = _read_layered(path, ws, display, chain=())
-    defaults = {k: v for k, v in ws.defaults.items()}
-    if defaults:
-        data, marks = deep_merge(defaults, ws.defaults_marks, data, marks)
+    if ws.defaults:  # deep_merge copies: the workspace's defaults stay untouched
+        data, marks = deep_merge(ws.defaults, ws.defaults_marks, data, marks)
     return _finish(data, marks, path, display, ws)
 
 
