@@ -175,8 +175,8 @@ def _drop_if_unused(fdef: FunctionDef, name: str) -> None:
 def split_signature(sm: SavedModel, fn: str) -> BatchSite:
     """Move signature function `fn`'s body into a copy; `fn` becomes one call to the copy."""
     # The same split the tpu stage makes for signature-named TPU functions (one copy of it).
-    from tpubuild.savedmodel.tpu import _split_wrapper
+    from tpubuild.savedmodel.tpu import split_wrapper
 
-    body = _split_wrapper(sm, fn)
+    body = split_wrapper(sm, fn)
     (node,) = [n for n in sm.functions[fn].node_def if body in node_functions(n)]
     return BatchSite(caller=fn, node=node, callee=body)

@@ -62,7 +62,7 @@ def place_on_tpu(
             # Graph-level callers (TF Serving's signature nodes) stay as they are: the
             # signature's function keeps its name and calls a TPU copy of its body.
             placement.wrapper = fn.name
-            placement.function = _split_wrapper(model, fn.name)
+            placement.function = split_wrapper(model, fn.name)
         target = placement.function
         for caller, node in model.call_sites(target):
             if node.op not in CALL_OPS or node.attr["f"].func.name != target:
@@ -131,7 +131,7 @@ def _graph_called(model: SavedModel) -> set[str]:
     return called
 
 
-def _split_wrapper(model: SavedModel, name: str) -> str:
+def split_wrapper(model: SavedModel, name: str) -> str:
     """Move `name`'s body into a copy and make `name` call the copy; returns the copy's name."""
     original = model.functions[name]
     body = FunctionDef()
