@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -78,6 +79,8 @@ def cli(ctx: click.Context, workspace: Path | None, debug: bool) -> None:
     section mirrors the Cloud TPU Inference Converter's ConverterOptions. tpubuild
     rebuilds only the stages whose inputs changed and publishes numbered versions.
     """
+    if debug:  # workers and the engine show full tracebacks of stage errors
+        os.environ["TPUBUILD_DEBUG"] = "1"
     ctx.obj = Options(workspace, debug)
 
 

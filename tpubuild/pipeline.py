@@ -1,21 +1,27 @@
-"""Which stages a recipe runs, in which order, and with which options (TensorFlow-free).
+"""Which stages a recipe runs, in which order, with which options (TensorFlow-free).
 
-The engine hashes each stage's `options` slice into its cache key, so a slice must hold
-everything that stage reads from the recipe and nothing else: editing `verify.rtol`
-must not rerun `tpu`.
+Each stage declares itself in `stages/<name>.py` (`SPEC`: options slice, files read,
+outputs consumed); this module only orders them. `source` (hashing and snapshotting the
+user's SavedModel directory) and `publish` (writing `out/<recipe>/<N>/`) are the
+engine's own steps.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from functools import lru_cache
+from typing import Any
+
+from tpubuild.stages.base import StageSpec
+from tpubuild.stages.slices import TRANSFORMS, converter, effective_state, generated_datasets
 
 Canonical = dict[str, Any]
 
 # The order of the converter's pipeline (design.md). A recipe runs a subsequence.
 STAGE_ORDER = (
-    "source",  # an existing SavedModel directory, hashed as the chain's first input
-    "export",  # or: the user's export script, run in a worker, makes the SavedModel
+    "source",  # an existing SavedModel directory, snapshotted into the store
+    "export",  # or: the user's export script, run in a fresh process, makes the SavedModel
     "dataset",  # npz / generator representative datasets turned into TFRecord
     "quantize",
     "tpu",
@@ -26,22 +32,15 @@ STAGE_ORDER = (
     "report",
     "publish",
 )
+ENGINE_STEPS = frozenset({"source", "publish"})
 
-# Stages that turn a SavedModel into a SavedModel; the others read the chain's model
-# (verify, report) or produce side inputs (dataset) and leave the model as it was.
-TRANSFORMS = frozenset({"source", "export", "quantize", "tpu", "bfloat16", "io_shape", "batch"})
+__all__ = ["STAGE_ORDER", "TRANSFORMS", "PlannedStage", "effective_state", "plan", "spec", "stage_names"]
 
 
-@dataclass(frozen=True)
-class StageSpec:
-    name: str
-    # "module:function" imported lazily, in a worker, only when the stage really runs.
-    entry: str | None
-    # Bumped whenever the stage's output for the same inputs may change.
-    version: int
-    options: Callable[[Canonical], dict[str, Any]]
-    # Workspace-relative files (globs allowed) whose content is an input of the stage.
-    files: Callable[[Canonical], list[str]] = lambda recipe: []
+@lru_cache(maxsize=None)
+def spec(name: str) -> StageSpec:
+    """The SPEC of `stages/<name>.py` (importing it never imports TensorFlow)."""
+    return importlib.import_module(f"tpubuild.stages.{name}").SPEC
 
 
 @dataclass(frozen=True)
@@ -49,169 +48,26 @@ class PlannedStage:
     name: str
     options: dict[str, Any]
     files: list[str] = field(default_factory=list)
-
-
-def effective_state(converter: dict[str, Any], field_name: str) -> bool:
-    """Whether a default optimization runs: ENABLED wins, DISABLED loses, DEFAULT follows
-    `disable_default_optimizations` (converter-reference.md, "The four default steps")."""
-    state = converter.get(field_name, "DEFAULT")
-    if state == "ENABLED":
-        return True
-    if state == "DISABLED":
-        return False
-    return not converter.get("disable_default_optimizations", False)
-
-
-def _tags(recipe: Canonical) -> list[str]:
-    return recipe["model"]["tags"]
-
-
-def _converter(recipe: Canonical) -> dict[str, Any]:
-    return recipe["converter"]
-
-
-def _dataset_sources(recipe: Canonical) -> dict[str, dict[str, Any]]:
-    quant = _converter(recipe).get("quantization_options") or {}
-    return quant.get("representative_datasets", {})
-
-
-def _generated_datasets(recipe: Canonical) -> dict[str, dict[str, Any]]:
-    return {k: v for k, v in _dataset_sources(recipe).items() if "tfrecord_file_path" not in v}
-
-
-def _dataset_files(recipe: Canonical) -> list[str]:
-    files = []
-    for source in _generated_datasets(recipe).values():
-        if "npz" in source:
-            files.append(source["npz"])
-        else:
-            files.append(source["module_file"])
-    return sorted(files)
-
-
-def _tfrecord_files(sources: dict[str, dict[str, Any]]) -> list[str]:
-    """The given (not generated) TFRecord files of a signature -> source map."""
-    return sorted(s["tfrecord_file_path"] for s in sources.values() if "tfrecord_file_path" in s)
-
-
-def _quantize_files(recipe: Canonical) -> list[str]:
-    return _tfrecord_files(_dataset_sources(recipe))
-
-
-def _verify_datasets(recipe: Canonical) -> dict[str, dict[str, Any]]:
-    """Verify's samples: its own datasets where given, else the quantization datasets."""
-    return {**_dataset_sources(recipe), **recipe["verify"].get("representative_datasets", {})}
-
-
-def _verify_options(recipe: Canonical) -> dict[str, Any]:
-    return {
-        "tags": _tags(recipe),
-        "applied": _applied(recipe),
-        **recipe["verify"],
-        "representative_datasets": _verify_datasets(recipe),
-    }
-
-
-def _verify_files(recipe: Canonical) -> list[str]:
-    return _tfrecord_files(_verify_datasets(recipe))
-
-
-def _applied(recipe: Canonical) -> list[str]:
-    """Names of the model-changing stages, so verify can pick default tolerances."""
-    return [name for name in stage_names(recipe) if name in TRANSFORMS - {"source", "export"}]
-
-
-STAGES: dict[str, StageSpec] = {
-    spec.name: spec
-    for spec in (
-        StageSpec("source", None, 1, lambda r: {"saved_model": r["model"]["saved_model"]}),
-        StageSpec(
-            "export",
-            "tpubuild.stages.export:run",
-            1,
-            lambda r: dict(r["model"]["export"]),
-            lambda r: [r["model"]["export"]["script"], *r["model"]["export"]["deps"]],
-        ),
-        StageSpec(
-            "dataset",
-            "tpubuild.stages.dataset:run",
-            1,
-            lambda r: {"tags": _tags(r), "datasets": _generated_datasets(r)},
-            _dataset_files,
-        ),
-        StageSpec(
-            "quantize",
-            "tpubuild.stages.quantize:run",
-            1,
-            lambda r: {"tags": _tags(r), **_converter(r)["quantization_options"]},
-            _quantize_files,
-        ),
-        StageSpec(
-            "tpu",
-            "tpubuild.stages.tpu:run",
-            1,
-            lambda r: {
-                "tags": _tags(r),
-                "tpu_functions": _converter(r)["tpu_functions"],
-                "xla_sharding_options": _converter(r).get("xla_sharding_options"),
-            },
-        ),
-        StageSpec(
-            "bfloat16",
-            "tpubuild.stages.bfloat16:run",
-            1,
-            lambda r: {
-                "tags": _tags(r),
-                "tpu_functions": _converter(r)["tpu_functions"],
-                "bfloat16_optimization_options": _converter(r)["bfloat16_optimization_options"],
-            },
-        ),
-        StageSpec(
-            "io_shape",
-            "tpubuild.stages.io_shape:run",
-            1,
-            lambda r: {"tags": _tags(r), "tpu_functions": _converter(r)["tpu_functions"]},
-        ),
-        StageSpec(
-            "batch",
-            "tpubuild.stages.batch:run",
-            1,
-            lambda r: {
-                "tags": _tags(r),
-                "tpu_functions": _converter(r)["tpu_functions"],
-                "batch_options": _converter(r)["batch_options"],
-            },
-        ),
-        StageSpec(
-            "verify",
-            "tpubuild.stages.verify:run",
-            1,
-            # The representative datasets, when there are any, are verify's samples.
-            _verify_options,
-            _verify_files,
-        ),
-        StageSpec("report", "tpubuild.stages.report:run", 1, lambda r: {"tags": _tags(r)}),
-        StageSpec("publish", None, 1, lambda r: {"name": r["name"]}),
-    )
-}
+    # Stage names whose outputs (files) this stage reads, by role, and whose summaries it reads.
+    consumes: dict[str, str] = field(default_factory=dict)
+    summaries: tuple[str, ...] = ()
 
 
 def stage_names(recipe: Canonical) -> list[str]:
     """The stages this recipe runs, in pipeline order."""
-    converter = _converter(recipe)
-    has_tpu = bool(converter["tpu_functions"])
-    bf16_scope_all = converter["bfloat16_optimization_options"]["scope"] == "ALL"
+    conv = converter(recipe)
+    has_tpu = bool(conv["tpu_functions"])
+    bf16_scope_all = conv["bfloat16_optimization_options"]["scope"] == "ALL"
     wanted = {
         "source": "saved_model" in recipe["model"],
         "export": "export" in recipe["model"],
-        "dataset": bool(_generated_datasets(recipe)),
-        "quantize": bool(converter.get("quantization_options")),
+        "dataset": bool(generated_datasets(recipe)),
+        "quantize": bool(conv.get("quantization_options")),
         "tpu": has_tpu,
         # With scope TPU there is nothing to convert when nothing is on the TPU.
-        "bfloat16": effective_state(converter, "bfloat16_optimization")
-        and (has_tpu or bf16_scope_all),
-        "io_shape": effective_state(converter, "io_shape_optimization") and has_tpu,
-        "batch": bool(converter["batch_options"]),
+        "bfloat16": effective_state(conv, "bfloat16_optimization") and (has_tpu or bf16_scope_all),
+        "io_shape": effective_state(conv, "io_shape_optimization") and has_tpu,
+        "batch": bool(conv["batch_options"]),
         "verify": True,
         "report": True,
         "publish": True,
@@ -220,9 +76,26 @@ def stage_names(recipe: Canonical) -> list[str]:
 
 
 def plan(recipe: Canonical) -> list[PlannedStage]:
-    """The recipe's stages with the options slice and input files each one hashes."""
-    planned = []
+    """The recipe's stages with the options, files and earlier outputs each one reads."""
+    planned: list[PlannedStage] = []
+    roles: dict[str, str] = {}  # role -> the stage that provides it so far
     for name in stage_names(recipe):
-        spec = STAGES[name]
-        planned.append(PlannedStage(name, spec.options(recipe), sorted(spec.files(recipe))))
+        if name == "source":
+            planned.append(PlannedStage(name, {"saved_model": recipe["model"]["saved_model"]}))
+        elif name == "publish":
+            # The final model and the report's files; the recipe name names the directory.
+            consumes = {"model": roles["model"], **({"report": "report"} if "report" in roles else {})}
+            planned.append(PlannedStage(name, {"name": recipe["name"]}, [], consumes))
+        else:
+            s = spec(name)
+            consumes = {role: roles[role] for role in s.consumes if role in roles}
+            ran = {p.name for p in planned}
+            summaries = tuple(n for n in s.summaries if n in ran)
+            planned.append(PlannedStage(name, s.options(recipe), sorted(s.files(recipe)), consumes, summaries))
+        if name in TRANSFORMS:
+            roles["model"] = name
+            roles.setdefault("source", name)
+        roles.setdefault(name, name)
+        if name == "dataset":
+            roles["dataset"] = name
     return planned

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 
 import click
 
@@ -41,7 +42,7 @@ def command(ctx: click.Context, targets: tuple[str, ...], jobs: int, dry_run: bo
 
     out = click.get_text_stream("stdout")
     progress = _Progress(out, tty=out.isatty() and not as_json, quiet=as_json)
-    runs, engine = build(ws, recipes, jobs, printer=progress.row, errors=progress.error)
+    runs, engine = build(ws, recipes, jobs, printer=progress.row, errors=progress.error, started=progress.started)
     rows = [row for run in runs for row in run.rows]
     failed = [run for run in runs if run.failed]
     if as_json:
@@ -58,25 +59,65 @@ def command(ctx: click.Context, targets: tuple[str, ...], jobs: int, dry_run: bo
 
 
 class _Progress:
-    """Per-stage lines: all of them on a terminal, only work done when piped."""
+    """Per-stage lines (all of them on a terminal, only work done when piped), and on a
+    terminal a live line with the running stages and their elapsed time."""
 
     def __init__(self, out, tty: bool, quiet: bool):
         self.out, self.tty, self.quiet = out, tty, quiet
         self.lock = threading.Lock()
+        self.running: dict[tuple[str, str], float] = {}
+        self.live = False
+        self.stop = threading.Event()
+        self.ticker: threading.Thread | None = None
+
+    def started(self, run, stage: str) -> None:
+        if self.quiet or not self.tty:
+            return
+        with self.lock:
+            self.running[(run.name, stage)] = time.monotonic()
+            if self.ticker is None:
+                self.ticker = threading.Thread(target=self._tick, daemon=True)
+                self.ticker.start()
+
+    def _tick(self) -> None:
+        while not self.stop.wait(0.25):
+            with self.lock:
+                self._draw()
+
+    def _draw(self) -> None:
+        now = time.monotonic()
+        parts = [f"{recipe}: {stage} {now - start:.0f} s" for (recipe, stage), start in sorted(self.running.items())]
+        self._clear()
+        if parts:
+            self.out.write(("running " + ", ".join(parts))[:200])
+            self.out.flush()
+            self.live = True
+
+    def _clear(self) -> None:
+        if self.live:
+            self.out.write("\r\033[K")
+            self.live = False
 
     def row(self, run, row) -> None:
         if self.quiet or (not self.tty and row.status == "cached"):
             return
         with self.lock:
+            self.running.pop((row.recipe, row.stage), None)
+            self._clear()
             self.out.write(f"{row.recipe}: {row.stage}: {row.status} ({row.seconds:.2f} s)\n")
             self.out.flush()
 
     def error(self, message: str) -> None:
         with self.lock:
+            self._clear()
+            self.out.flush()
             sys.stderr.write(message + "\n")
             sys.stderr.flush()
 
     def summary(self, runs) -> None:
+        self.stop.set()
+        with self.lock:
+            self._clear()
         counts: dict[str, int] = {}
         for run in runs:
             for row in run.rows:
@@ -89,17 +130,9 @@ class _Progress:
 
 
 def _check(ws, recipes) -> int:
-    from tpubuild.engine.build import Engine, lock_changes, new_runs
-    from tpubuild.engine.lockfile import read_lock
+    from tpubuild.engine.explain import check_lines
 
-    engine = Engine(ws)
-    stale = []
-    for run in new_runs(recipes):
-        reasons = lock_changes(read_lock(run.recipe.lock_file), run, engine)
-        if reasons:
-            lock_rel = ws.display(run.recipe.lock_file)
-            stale.append(f"{run.recipe.rel_file}: building would change {lock_rel}: {'; '.join(reasons)}")
-    engine.stat.save()
+    stale = check_lines(ws, recipes)
     for line in stale:
         click.echo(line)
     if not stale:
@@ -108,12 +141,15 @@ def _check(ws, recipes) -> int:
 
 
 def _dry_run(ws, recipes, as_json: bool) -> int:
+    from tpubuild.engine.build import Engine
     from tpubuild.engine.explain import resolve
 
+    engine = Engine(ws)
     rows = []
     for recipe in recipes:
-        for stage in resolve(ws, recipe):
+        for stage in resolve(ws, recipe, engine):
             rows.append({"recipe": recipe.name, "stage": stage.name, "status": stage.status, "key": stage.key})
+    engine.stat.save()
     if as_json:
         click.echo(json.dumps({"rows": rows}, indent=2))
     else:

@@ -36,7 +36,7 @@ def command(ctx: click.Context, target: str, fmt: str, version: int | None, agai
         if not numbers:
             raise UsageError(f"{recipe.name}: no published version in {recipe_dir}; run `tpubuild build {recipe.name}`")
         chosen = numbers[-1] if version is None else version
-        report = _load(recipe_dir, recipe.name, chosen, numbers)
+        report = {"recipe": recipe.name, **_load(recipe_dir, recipe.name, chosen, numbers)}
         if against is not None:
             old = _load(recipe_dir, recipe.name, against, numbers)
             diff = report_format.difference(old, report)

@@ -1,29 +1,34 @@
-"""Building recipes: resolve each stage's key, take it from the store or run it in a
-worker, publish, write the lock file. One `RecipeRun` per recipe; doit orders the stages
-(tasks.py) and runs independent recipes in parallel."""
+"""Building recipes: each (recipe, stage) is a doit task whose up-to-date test is the
+resolver's record lookup (engine/resolve.py); an out-of-date stage runs in a worker,
+its declared inputs are checked again after it ran, and only then is its record stored.
+Publishing and lock files are written from the same records.
+"""
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from tpubuild import __version__
-from tpubuild.engine.hashing import FileEntry, hash_bytes, tree_digest
-from tpubuild.engine.keys import canonical_dumps, key_record, stage_key, tensorflow_version
-from tpubuild.engine.lockfile import lock_document, read_lock, write_lock
+from tpubuild.engine.hashing import FileEntry, hash_file, tree_digest
+from tpubuild.engine.keys import toolchain, worker_env
+from tpubuild.engine.lockfile import lock_document, write_lock
+from tpubuild.engine.resolve import Output, Pending, RecipeRun, Resolver, changed_inputs, new_runs
 from tpubuild.engine.statcache import StatCache
 from tpubuild.engine.store import StageEntry, Store
 from tpubuild.errors import StageError
-from tpubuild.pipeline import STAGES, TRANSFORMS, PlannedStage, plan
+from tpubuild.pipeline import PlannedStage, spec
+
+__all__ = ["Engine", "RecipeRun", "Row", "build", "new_runs"]
 
 STATUSES = ("built", "cached", "failed", "skipped")
+DEFAULT_STAGE_TIMEOUT = 3600.0
 
 
 @dataclass
@@ -39,317 +44,246 @@ class Row:
                 "seconds": round(self.seconds, 3)}
 
 
-@dataclass
-class Output:
-    """A finished stage: its output tree, where it is on disk, and what later keys hash."""
-
-    tree: str
-    directory: Path
-    digest: str
-    summary: dict[str, Any]
-    entry: StageEntry | None  # None for `source` (the user's directory, not in the store)
-    files: list[FileEntry]
-
-
-@dataclass
-class RecipeRun:
-    recipe: Any  # tpubuild.config.Recipe
-    plan: list[PlannedStage]
-    rows: list[Row] = field(default_factory=list)
-    outputs: dict[str, Output] = field(default_factory=dict)
-    keys: dict[str, str] = field(default_factory=dict)
-    external: dict[str, str] = field(default_factory=dict)  # input name -> hash (lock `inputs`)
-    error: str | None = None
-    version: int | None = None
-
-    @property
-    def name(self) -> str:
-        return self.recipe.name
-
-    @property
-    def failed(self) -> bool:
-        return self.error is not None
-
-
 class Engine:
-    """Shared state of one command: workspace, store, stat cache, workers, printer."""
+    """Shared state of one command: workspace, store, stat cache, resolver, workers, printer."""
 
     def __init__(self, ws: Any, jobs: int = 1, printer: Callable[[RecipeRun, Row], None] | None = None,
-                 errors: Callable[[str], None] | None = None):
+                 errors: Callable[[str], None] | None = None,
+                 started: Callable[[RecipeRun, str], None] | None = None):
         self.ws = ws
         self.jobs = jobs
         self.store = Store(ws.cache_dir)
         self.stat = StatCache(ws.state_dir / "statcache.json")
+        self.resolver = Resolver(ws, self.store, self.stat)
         self.printer = printer or (lambda run, row: None)
         self.errors = errors or (lambda message: None)
+        self.started = started or (lambda run, stage: None)
         self.pool: Any = None
         self.pool_lock = threading.Lock()
+        self.state_lock = threading.RLock()  # resolver, stat cache and store index are shared by doit threads
+        self.pending: dict[tuple[str, str], Pending] = {}
+        self.timeout = float(getattr(ws, "stage_timeout", None) or DEFAULT_STAGE_TIMEOUT)
 
-    # --- inputs and keys ------------------------------------------------------------
-    def expand(self, recipe: Any, patterns: list[str]) -> list[str]:
-        """Workspace-relative files named by `patterns` (globs expanded, sorted)."""
-        found: list[str] = []
-        for pattern in patterns:
-            if glob.has_magic(pattern):
-                matches = sorted(glob.glob(os.path.join(recipe.root, pattern), recursive=True))
-                found.extend(Path(os.path.relpath(m, recipe.root)).as_posix() for m in matches if os.path.isfile(m))
-            elif os.path.isfile(os.path.join(recipe.root, pattern)):
-                found.append(pattern)
-            else:
-                raise StageError(f"input file {pattern} does not exist")
-        return sorted(set(found))
-
-    def source_tree(self, recipe: Any) -> tuple[str, list[FileEntry], Path]:
-        rel = recipe.canonical["model"]["saved_model"]
-        directory = Path(recipe.root) / rel
-        if not directory.is_dir():
-            raise StageError(f"model.saved_model: {rel} is not a directory")
-        if not (directory / "saved_model.pb").is_file():
-            raise StageError(f"model.saved_model: {rel} holds no saved_model.pb")
-        tree, files = self.stat.tree(directory)
-        return tree, files, directory
-
-    def external_inputs(self, run: RecipeRun) -> dict[str, str]:
-        """The hashes of everything the recipe reads from the workspace (lock `inputs`)."""
-        inputs: dict[str, str] = {}
-        for planned in run.plan:
-            if planned.name == "source":
-                inputs[f"dir:{planned.options['saved_model']}"] = self.source_tree(run.recipe)[0]
-            for rel in self.expand(run.recipe, planned.files):
-                inputs[f"file:{rel}"] = self.stat.file_hash(os.path.join(run.recipe.root, rel))
-        return inputs
-
-    def stage_inputs(self, run: RecipeRun, planned: PlannedStage) -> dict[str, str]:
-        inputs = {f"stage:{name}": out.digest for name, out in run.outputs.items()}
-        for rel in self.expand(run.recipe, planned.files):
-            inputs[f"file:{rel}"] = self.stat.file_hash(os.path.join(run.recipe.root, rel))
-        return inputs
-
-    def record_for(self, run: RecipeRun, planned: PlannedStage) -> dict[str, Any]:
-        spec = STAGES[planned.name]
-        if planned.name == "source":
-            tree = self.source_tree(run.recipe)[0]
-            inputs = {f"dir:{planned.options['saved_model']}": tree}
-        else:
-            inputs = self.stage_inputs(run, planned)
-        return key_record(planned.name, spec.version, planned.options, inputs)
-
-    # --- running one stage ----------------------------------------------------------
-    def run_stage(self, run: RecipeRun, planned: PlannedStage) -> bool:
-        """The doit action of one stage. Failures are recorded on `run`, never raised, so
-        doit goes on with the other recipes; later stages of this recipe are skipped."""
+    # --- doit: the up-to-date test and the action of one (recipe, stage) task --------
+    def uptodate(self, run: RecipeRun, planned: PlannedStage) -> bool:
+        """Resolve the stage's key from its current inputs; True (and the output taken
+        from the store) when a record with that key exists and its objects are intact."""
         start = time.monotonic()
-        if run.failed:
-            self._row(run, Row(run.name, planned.name, "skipped", None, 0.0))
-            return True
-        key = None
-        try:
-            record = self.record_for(run, planned)
-            key = stage_key(record)
-            run.keys[planned.name] = key
-            if planned.name == "source":
-                status = self._source(run, planned, key)
-            elif planned.name == "publish":
-                status = self._publish(run, key)
-            else:
-                status = self._transform(run, planned, key, record)
-        except StageError as exc:
-            run.error = f"{run.recipe.rel_file}: stage {planned.name}: {exc}"
-            self.errors(run.error)
-            status = "failed"
-        except Exception as exc:  # a bug in tpubuild: the recipe fails, the build goes on
-            run.error = f"{run.recipe.rel_file}: stage {planned.name}: internal error: {type(exc).__name__}: {exc}"
-            self.errors(run.error + "\n" + traceback.format_exc().rstrip())
-            status = "failed"
-        self._row(run, Row(run.name, planned.name, status, key, time.monotonic() - start))
-        if planned.name == "publish" and status != "failed":
-            self._write_lock(run)
+        with self.state_lock:
+            try:
+                if planned.name == "publish":
+                    return self._publish_uptodate(run, start)
+                pending = self.resolver.record_for(run, planned)
+                entry = self.resolver.lookup(run, planned, pending)
+            except StageError as exc:  # an input is missing: the action reports it
+                self.pending[(run.name, planned.name)] = Pending(None, None, error=str(exc))
+                return False
+            except Exception as exc:  # a bug in tpubuild: this recipe fails, the build goes on
+                self.pending[(run.name, planned.name)] = Pending(
+                    None, None, error=f"internal error: {type(exc).__name__}: {exc}", detail=traceback.format_exc())
+                return False
+            if entry is None:
+                self.pending[(run.name, planned.name)] = pending
+                return False
+            self.store.touch(entry.key)
+        directory = self.store.checkout(entry)
+        run.outputs[planned.name] = self.resolver.output_of(planned, entry, directory)
+        self._row(run, Row(run.name, planned.name, "cached", entry.key, time.monotonic() - start))
         return True
 
+    def action(self, run: RecipeRun, planned: PlannedStage) -> bool:
+        """Run the stage (doit calls this only when `uptodate` said no). False fails the
+        task, and doit then skips the tasks that depend on it."""
+        if run.failed:
+            return False
+        start = time.monotonic()
+        pending = self.pending.pop((run.name, planned.name))
+        if pending.error:
+            self._fail(run, planned, pending.error, start, pending.detail)
+            return False
+        self.started(run, planned.name)
+        try:
+            if planned.name == "source":
+                entry = self._snapshot_source(run, planned, pending)
+            elif planned.name == "publish":
+                self._publish(run)
+                self._row(run, Row(run.name, "publish", "built", self.resolver.publish_key(run, run.outputs["publish"].tree),
+                                   time.monotonic() - start))
+                return True
+            else:
+                entry = self._execute(run, planned, pending)
+        except StageError as exc:
+            self._fail(run, planned, str(exc), start, getattr(exc, "detail", None))
+            return False
+        except Exception as exc:  # a bug in tpubuild: the recipe fails, the build goes on
+            self._fail(run, planned, f"internal error: {type(exc).__name__}: {exc}", start, traceback.format_exc())
+            return False
+        directory = self.store.checkout(entry)
+        run.outputs[planned.name] = self.resolver.output_of(planned, entry, directory)
+        for warning in entry.warnings:
+            self.errors(f"{run.recipe.rel_file}: stage {planned.name}: warning: {warning}")
+        self._row(run, Row(run.name, planned.name, "built", entry.key, time.monotonic() - start))
+        return True
+
+    def _fail(self, run: RecipeRun, planned: PlannedStage, message: str, start: float, detail: str | None = None) -> None:
+        run.error = f"{run.recipe.rel_file}: stage {planned.name}: {message}"
+        self.errors(run.error + (f"\n{detail.rstrip()}" if detail and os.environ.get("TPUBUILD_DEBUG") else ""))
+        self._row(run, Row(run.name, planned.name, "failed", None, time.monotonic() - start))
+
     def _row(self, run: RecipeRun, row: Row) -> None:
-        run.rows.append(row)
+        with self.state_lock:
+            run.rows.append(row)
         self.printer(run, row)
 
-    def _source(self, run: RecipeRun, planned: PlannedStage, key: str) -> str:
-        tree, files, directory = self.source_tree(run.recipe)
-        run.outputs["source"] = Output(tree, directory, tree, {}, None, files)
-        return "cached"
+    # --- running stages -------------------------------------------------------------
+    def _snapshot_source(self, run: RecipeRun, planned: PlannedStage, pending: Pending) -> StageEntry:
+        """Copy the user's SavedModel into the store, each file checked against the hash
+        the key took: later stages read the snapshot, never the user's directory."""
+        from tpubuild.engine.hashing import walk_files
 
-    def _transform(self, run: RecipeRun, planned: PlannedStage, key: str, record: dict) -> str:
-        entry = self.store.get(key)
-        status = "cached"
-        if entry is None or not self.store.verify(entry, self.stat):
-            entry = self._execute(run, planned, key, record)
-            status = "built"
-            for warning in entry.warnings:
-                self.errors(f"{run.recipe.rel_file}: stage {planned.name}: warning: {warning}")
-        else:
-            self.store.touch(key)
-        directory = self.store.checkout(entry)
-        digest = hash_bytes(f"{entry.tree}\n{canonical_dumps(entry.summary)}".encode())
-        run.outputs[planned.name] = Output(entry.tree, directory, digest, entry.summary, entry, entry.files)
-        return status
+        rel = planned.options["saved_model"]
+        directory = Path(run.recipe.root) / rel
+        work = self.store.new_workdir("source")
+        try:
+            out_dir = work / "out"
+            shutil.copytree(directory, out_dir, symlinks=True)
+            copied = tree_digest([FileEntry(r, hash_file(out_dir / r, st.st_size), st.st_size)
+                                  for r, st in walk_files(out_dir)])
+            if copied != pending.record["inputs"][f"dir:{rel}"]:
+                raise StageError(f"model.saved_model: {rel} changed while it was being read (build again)")
+            with self.state_lock:
+                return self.store.put(pending.key, "source", out_dir, {}, [], pending.record, self.stat)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
-    def _execute(self, run: RecipeRun, planned: PlannedStage, key: str, record: dict) -> StageEntry:
-        spec = STAGES[planned.name]
-        model = self.model_output(run)
+    def _execute(self, run: RecipeRun, planned: PlannedStage, pending: Pending) -> StageEntry:
+        stage = spec(planned.name)
         work = self.store.new_workdir(planned.name)
         out_dir = work / "out"
         out_dir.mkdir()
-        inputs = {name: str(out.directory) for name, out in run.outputs.items()}
-        if "export" in run.outputs:
-            inputs["source"] = str(run.outputs["export"].directory)
+        inputs = {role: str(run.outputs[name].directory) for role, name in planned.consumes.items()}
+        model = planned.consumes.get("model")
         request = {
-            "entry": spec.entry,
+            "entry": stage.entry,
             "stage": planned.name,
-            "recipe": run.name,
-            "recipe_file": str(run.recipe.file),
             "workspace": str(run.recipe.root),
-            "input_dir": str(model.directory if model else run.recipe.root),
+            "input_dir": str(run.outputs[model].directory) if model else str(run.recipe.root),
             "output_dir": str(out_dir),
             "options": planned.options,
             "inputs": inputs,
-            "results": {name: _result(out) for name, out in run.outputs.items()},
+            "results": {name: _result(run.outputs[name]) for name in planned.summaries},
         }
         try:
-            reply = self.workers().run(request)
+            reply = self.workers().run(request, self.timeout, Path(run.recipe.root) if stage.runs_user_code else None)
             if not reply["ok"]:
                 message = reply["error"]
                 if reply.get("bug"):
                     message = f"internal error: {message} (traceback in {self.ws.state_dir / 'logs'})"
-                raise StageError(message)
-            return self.store.put(key, planned.name, out_dir, reply["summary"], reply["warnings"], record, self.stat)
+                error = StageError(message)
+                error.detail = reply.get("detail")
+                raise error
+            changed = changed_inputs(Path(run.recipe.root), pending.file_stats, pending.record["inputs"], self.stat)
+            if changed:
+                raise StageError(
+                    f"input {', '.join(changed)} changed while the stage ran; its result was not recorded "
+                    "(build again)"
+                )
+            key, record = pending.key, pending.record
+            if stage.runs_user_code:
+                discovered = reply.get("discovered", {})
+                with self.state_lock:
+                    key = self.resolver.add_discovered(pending.key, discovered)
+                record = dict(record, discovered=discovered)
+            with self.state_lock:
+                return self.store.put(key, planned.name, out_dir, reply["summary"], reply["warnings"], record, self.stat)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-
-    def model_output(self, run: RecipeRun) -> Output | None:
-        """The newest SavedModel of the chain: the last transform stage's output."""
-        for name in reversed(list(run.outputs)):
-            if name in TRANSFORMS:
-                return run.outputs[name]
-        return None
 
     def workers(self) -> Any:
         with self.pool_lock:
             if self.pool is None:
                 from tpubuild.engine.workers import WorkerPool
 
-                self.pool = WorkerPool(self.jobs, self.ws.state_dir / "logs")
+                self.pool = WorkerPool(self.jobs, self.ws.state_dir / "logs", worker_env())
             return self.pool
 
     # --- publish and lock -----------------------------------------------------------
-    def publish_files(self, run: RecipeRun) -> list[tuple[FileEntry, Path]]:
-        """The published tree: the final model, plus the files the report stage wrote."""
-        model = self.model_output(run)
-        assert model is not None
-        if model.entry is None:  # the user's own directory: copy it into the store first
-            self.store.ingest_copies(model.files, model.directory)
-        files = {f.path: f for f in model.files}
-        report = run.outputs.get("report")
-        for f in report.files if report else []:
-            if f.path in files:
-                raise StageError(f"report file {f.path} would overwrite a file of the model")
-            files[f.path] = f
-        return [(f, self.store.object_path(f.hash)) for f in sorted(files.values(), key=lambda f: f.path)]
+    def _publish_uptodate(self, run: RecipeRun, start: float) -> bool:
+        files = self.resolver.publish_files(run)
+        content, number = self.resolver.published(run)
+        run.outputs["publish"] = Output("publish", self.resolver.publish_key(run, content), content,
+                                        Path(self.ws.output_dir) / run.name, files)
+        if number is None:
+            self.pending[(run.name, "publish")] = Pending(None, None)
+            return False
+        run.version = number
+        self._row(run, Row(run.name, "publish", "cached", run.outputs["publish"].key, time.monotonic() - start))
+        return True
 
-    def _publish(self, run: RecipeRun, key: str) -> str:
+    def _publish(self, run: RecipeRun) -> None:
         from tpubuild.engine import versions
 
-        files = self.publish_files(run)
-        content = tree_digest([f for f, _ in files])
-        recipe_dir = Path(self.ws.output_dir) / run.name
-        versions.clean_temp(recipe_dir)
-        newest = versions.newest_matching(recipe_dir, content, self.stat)
-        run.outputs["publish"] = Output(content, recipe_dir, content, {}, None, [f for f, _ in files])
-        if newest is not None:
-            run.version = newest
-            return "cached"
-        manifest = {
+        out = run.outputs["publish"]
+        with self.state_lock:
+            manifest = self.manifest(run, out.tree)
+            paths = [(f, self.store.object_path(f.hash)) for f in out.files]
+            run.version = versions.publish(out.directory, paths, manifest, self.ws.keep_versions, self.stat,
+                                           **_link_type(self.ws))
+
+    def manifest(self, run: RecipeRun, content: str) -> dict[str, Any]:
+        """What a published version says of itself; the recipe-specific part of the
+        artifact (cached outputs never name a recipe)."""
+        return {
             "recipe": run.name,
             "recipe_file": run.recipe.rel_file,
             "recipe_digest": run.recipe.digest,
             "content": content,
-            "files": {f.path: f.hash for f, _ in files},
-            "stages": [
-                {"stage": name, "key": run.keys.get(name), "output": out.tree}
-                for name, out in run.outputs.items() if name != "publish"
-            ],
-            "inputs": self.external_inputs(run),
+            "files": {f.path: f.hash for f in run.outputs["publish"].files},
+            "stages": [{"stage": name, "key": out.key, "output": out.tree}
+                       for name, out in run.outputs.items() if name != "publish"],
+            "inputs": run_inputs(run),
+            "toolchain": toolchain(),
             "tpubuild": __version__,
-            "tensorflow": tensorflow_version(),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "git_commit": git_commit(self.ws.root),
             "report": run.outputs["report"].summary if "report" in run.outputs else {},
         }
-        run.version = versions.publish(recipe_dir, files, manifest, self.ws.keep_versions, self.stat)
-        return "built"
 
-    def lock_for(self, run: RecipeRun) -> dict[str, Any]:
-        stages = [
-            {"stage": p.name, "version": STAGES[p.name].version, "key": run.keys[p.name],
-             "output": run.outputs[p.name].tree}
-            for p in run.plan
-        ]
-        return lock_document(run.name, run.recipe.digest, tensorflow_version(), __version__,
-                             self.external_inputs(run), stages, run.outputs["publish"].tree, run.version)
-
-    def _write_lock(self, run: RecipeRun) -> None:
-        write_lock(run.recipe.lock_file, self.lock_for(run))
-
-    # --- the no-op fast path ----------------------------------------------------------
-    def up_to_date(self, run: RecipeRun) -> bool:
-        """Whether the lock file proves nothing to do: same recipe, inputs, tools, stages,
-        every stage output still in the store and the published version intact."""
-        from tpubuild.engine import versions
-
-        lock = read_lock(run.recipe.lock_file)
-        if not lock_matches(lock, run, self):
-            return False
-        stages = lock["stages"]
-        for entry in stages:
-            if entry["stage"] not in ("source", "publish") and not self.store.has(entry["key"]):
-                return False
-        version = lock.get("published_version")
-        recipe_dir = Path(self.ws.output_dir) / run.name
-        if version is None or versions.newest_matching(recipe_dir, lock["output"], self.stat) != version:
-            return False
-        run.version = version
-        for entry in stages:
-            run.keys[entry["stage"]] = entry["key"]
-            self._row(run, Row(run.name, entry["stage"], "cached", entry["key"], 0.0))
-        return True
+    def write_lock(self, run: RecipeRun) -> None:
+        write_lock(run.recipe.lock_file, lock_for(run))
 
 
-def lock_matches(lock: dict[str, Any] | None, run: RecipeRun, engine: Engine) -> bool:
-    """Whether building would leave the lock file's inputs as they are (`--check`)."""
-    return not lock_changes(lock, run, engine)
+def _link_type(ws: Any) -> dict[str, Any]:
+    link_type = getattr(ws, "link_type", None)
+    return {"link_type": link_type} if link_type else {}
 
 
-def lock_changes(lock: dict[str, Any] | None, run: RecipeRun, engine: Engine) -> list[str]:
-    """Why building would change the lock file; empty when it would not."""
-    if lock is None:
-        return ["no lock file"]
-    reasons = []
-    if lock.get("recipe_digest") != run.recipe.digest:
-        reasons.append("the recipe changed")
-    if lock.get("tensorflow") != tensorflow_version() or lock.get("tpubuild") != __version__:
-        reasons.append("the TensorFlow or tpubuild version changed")
-    planned = [(p.name, STAGES[p.name].version) for p in run.plan]
-    if [(s.get("stage"), s.get("version")) for s in lock.get("stages", [])] != planned:
-        reasons.append("the stages changed")
-    try:
-        current = engine.external_inputs(run)
-    except StageError as exc:
-        return reasons + [str(exc)]
-    old = lock.get("inputs", {})
-    for name in sorted(set(current) | set(old)):
-        if current.get(name) != old.get(name):
-            reasons.append(f"input {name.split(':', 1)[1]} changed")
-    return reasons
+def run_inputs(run: RecipeRun) -> dict[str, str]:
+    """Every workspace input of the recipe, as its stage records hashed it before running:
+    declared files, the source directory, and discovered imports (`import:<path>`)."""
+    inputs: dict[str, str] = {}
+    for out in run.outputs.values():
+        for name, digest in out.record.get("inputs", {}).items():
+            if name.startswith(("file:", "dir:")):
+                inputs[name] = digest
+        for rel, digest in out.record.get("discovered", {}).items():
+            inputs[f"import:{rel}"] = digest
+    return dict(sorted(inputs.items()))
 
 
-def new_runs(recipes: list[Any]) -> list[RecipeRun]:
-    return [RecipeRun(r, plan(r.canonical)) for r in recipes]
+def lock_for(run: RecipeRun) -> dict[str, Any]:
+    """The lock document of a fully resolved run (every stage cached or built)."""
+    stages = []
+    measured: set[str] = set()
+    for planned in run.plan:
+        out = run.outputs[planned.name]
+        reads = set(planned.consumes.values()) | set(planned.summaries)
+        own = planned.name not in ("source", "publish") and spec(planned.name).machine_dependent
+        if own or reads & measured:
+            measured.add(planned.name)
+        stages.append({"stage": planned.name, "key": out.key, "output": out.tree,
+                       "measured": planned.name in measured})
+    return lock_document(run.name, run.recipe.digest, toolchain(), run_inputs(run), stages, run.version)
 
 
 def git_commit(root: Path) -> str | None:
@@ -363,6 +297,31 @@ def git_commit(root: Path) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+def up_to_date(engine: Engine, run: RecipeRun) -> bool:
+    """The no-op fast path: every stage resolves to a stored record, the newest published
+    version holds the result, and the lock file already says so. Reads the same records
+    as doit's up-to-date tests; only saves loading doit for recipes with nothing to do."""
+    from tpubuild.engine.lockfile import lock_text
+
+    resolved = engine.resolver.resolve(run)
+    if any(r.status != "cached" for r in resolved):
+        run.outputs.clear()
+        run.version = None
+        return False
+    run.outputs["publish"] = Output("publish", resolved[-1].key, resolved[-1].output, Path(), [])
+    try:
+        current = run.recipe.lock_file.read_text()
+    except OSError:
+        current = None
+    if current != lock_text(lock_for(run)):
+        run.outputs.clear()
+        run.version = None
+        return False
+    for r in resolved:
+        engine._row(run, Row(run.name, r.name, "cached", r.key, 0.0))
+    return True
+
+
 def build(
     ws: Any,
     recipes: list[Any],
@@ -370,38 +329,65 @@ def build(
     printer: Callable[[RecipeRun, Row], None] | None = None,
     errors: Callable[[str], None] | None = None,
     lock_wait: float = 3600.0,
+    started: Callable[[RecipeRun, str], None] | None = None,
 ) -> tuple[list[RecipeRun], Engine]:
-    """Build `recipes` under the workspace lock; recipes already up to date (per their
-    lock file) never reach doit, which keeps a no-op build fast."""
+    """Build `recipes` under the workspace lock."""
     from tpubuild.engine.wslock import WorkspaceLock
 
-    engine = Engine(ws, jobs, printer, errors)
+    engine = Engine(ws, jobs, printer, errors, started)
     runs = new_runs(recipes)
     lock = WorkspaceLock(ws.state_dir)
     lock.acquire(lock_wait, notify=engine.errors)
     try:
-        todo = [run for run in runs if not engine.up_to_date(run)]
+        todo = [run for run in runs if not up_to_date(engine, run)]
         if todo:
             from tpubuild.engine.tasks import run_tasks
 
-            engine.store.clean_tmp()
+            clean = False
             try:
-                code = run_tasks(engine, todo, jobs, ws.state_dir / "doit-deps.json")
+                run_tasks(engine, todo, jobs, ws.state_dir / "doit-deps.json")
+                clean = True
             finally:
                 if engine.pool is not None:
-                    engine.pool.close()
-            for run in todo:  # doit itself failing is a bug; never report it as success
-                if len(run.rows) < len(run.plan) and not run.failed:
-                    run.error = f"{run.recipe.rel_file}: internal error: doit stopped (exit code {code})"
+                    engine.pool.close(kill=not clean)  # Ctrl-C: stop the stages now, not in 10 s
+            for run in todo:
+                if run.failed:
+                    _skip_rest(engine, run)
+                elif len(run.outputs) < len(run.plan):  # doit itself failing is a bug; never success
+                    run.error = f"{run.recipe.rel_file}: internal error: doit stopped before every stage ran"
                     engine.errors(run.error)
+                    _skip_rest(engine, run)
+                else:
+                    engine.write_lock(run)
+        _register(engine, runs)
         engine.stat.save()
     finally:
         lock.release()
     return runs, engine
 
 
+def _skip_rest(engine: Engine, run: RecipeRun) -> None:
+    done = {row.stage for row in run.rows}
+    for planned in run.plan:
+        if planned.name not in done:
+            engine._row(run, Row(run.name, planned.name, "skipped", None, 0.0))
+
+
+def _register(engine: Engine, runs: list[RecipeRun]) -> None:
+    """Tell a shared store which records this workspace references (gc keeps them)."""
+    register = getattr(engine.store, "register_workspace", None)
+    if register is None:
+        return
+    from tpubuild.engine.lockfile import read_lock
+
+    keys: set[str] = set()
+    for run in runs:
+        lock = read_lock(run.recipe.lock_file) or {}
+        keys.update(s["key"] for s in lock.get("stages", []) if s.get("key"))
+    register(Path(engine.ws.root), keys)
+
+
 def _result(out: Output) -> dict[str, Any]:
-    """What later stages see of an earlier one: its summary, with its warnings (the
+    """What a later stage sees of an earlier one: its summary, with its warnings (the
     checks' findings) so the report can show them even when the stage was cached."""
-    warnings = out.entry.warnings if out.entry else []
-    return {**out.summary, "warnings": list(warnings)} if warnings else out.summary
+    return {**out.summary, "warnings": list(out.warnings)} if out.warnings else out.summary

@@ -1,25 +1,81 @@
-"""Stage cache keys: a full-length hash of everything that can change a stage's output."""
+"""Stage keys: a full-length hash of everything that can change a stage's output.
+
+A key record holds the stage's name, the digest of its own code (engine/code.py), the
+toolchain (Python, TensorFlow, numpy, protobuf versions), the allow-listed environment
+variables that change TensorFlow's behaviour, the stage's option slice, and the digests
+of exactly the inputs it reads (workspace files, consumed earlier outputs and summaries).
+Workers get a scrubbed environment (`worker_env`), so nothing outside the record can
+reach a stage through the environment.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import platform
 from functools import lru_cache
 from importlib import metadata
-from typing import Any
+from typing import Any, Mapping
 
-from tpubuild import __version__
 from tpubuild.engine.hashing import SCHEME, hash_bytes
+
+RECORD_SCHEMA = 2
+
+# Variables that change what TensorFlow computes or how (kernels, XLA, devices, threads,
+# determinism, float formats). They are part of every key and passed to the workers.
+ENV_ALLOWLIST = (
+    "CUDA_VISIBLE_DEVICES",
+    "OMP_NUM_THREADS",
+    "TF_CUDNN_DETERMINISTIC",
+    "TF_DETERMINISTIC_OPS",
+    "TF_ENABLE_ONEDNN_OPTS",
+    "TF_MLIR_ENABLE_MERGE_CONTROL_FLOW_PASS",
+    "TF_NUM_INTEROP_THREADS",
+    "TF_NUM_INTRAOP_THREADS",
+    "TF_USE_LEGACY_KERAS",
+    "TF_XLA_FLAGS",
+    "XLA_FLAGS",
+)
+# Variables a worker needs to run at all. PYTHONPATH is passed but not keyed: what an
+# export imports from the workspace is discovered and hashed; modules from outside it are
+# installed packages, like TensorFlow (README: "What is hashed").
+ENV_PASSTHROUGH = ("HOME", "LANG", "LC_ALL", "LC_CTYPE", "PATH", "PYTHONPATH", "TMPDIR", "VIRTUAL_ENV",
+                   "SYSTEMROOT", "TPUBUILD_DEBUG")
+TOOLCHAIN_PACKAGES = {"tensorflow": ("tensorflow", "tensorflow-cpu", "tf-nightly"), "numpy": ("numpy",),
+                      "protobuf": ("protobuf",)}
 
 
 @lru_cache(maxsize=None)
+def toolchain() -> dict[str, str]:
+    """Versions that change stage outputs, read from package metadata (no TF import)."""
+    versions = {"python": f"{platform.python_implementation()} {platform.python_version()}"}
+    for label, dists in TOOLCHAIN_PACKAGES.items():
+        versions[label] = "none"
+        for dist in dists:
+            try:
+                versions[label] = metadata.version(dist)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+    return versions
+
+
 def tensorflow_version() -> str:
-    """The installed TensorFlow's version, read from package metadata (no TF import)."""
-    for dist in ("tensorflow", "tensorflow-cpu", "tf-nightly"):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return "none"
+    return toolchain()["tensorflow"]
+
+
+def key_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The allow-listed variables that are set: part of every key."""
+    return {name: environ[name] for name in ENV_ALLOWLIST if name in environ}
+
+
+def worker_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The scrubbed environment of a worker: allow-list, passthrough, fixed settings."""
+    env = {name: environ[name] for name in ENV_PASSTHROUGH if name in environ}
+    env.update(key_env(environ))
+    # Python's hash seed decides set and dict-of-set orders inside TensorFlow's tracing.
+    env["PYTHONHASHSEED"] = "0"
+    return env
 
 
 def canonical_dumps(value: Any) -> str:
@@ -27,17 +83,19 @@ def canonical_dumps(value: Any) -> str:
 
 
 def key_record(
-    stage: str, version: int, options: dict[str, Any], inputs: dict[str, str]
+    stage: str, code: str, options: dict[str, Any], inputs: dict[str, str],
+    environ: Mapping[str, str] = os.environ,
 ) -> dict[str, Any]:
     """What a stage key hashes; kept in the store so `explain` can say what changed."""
     return {
+        "schema": RECORD_SCHEMA,
         "scheme": SCHEME,
         "stage": stage,
-        "version": version,
+        "code": code,
+        "toolchain": toolchain(),
+        "env": key_env(environ),
         "options": options,
-        "inputs": inputs,
-        "tensorflow": tensorflow_version(),
-        "tpubuild": __version__,
+        "inputs": dict(sorted(inputs.items())),
     }
 
 
@@ -45,12 +103,21 @@ def stage_key(record: dict[str, Any]) -> str:
     return hash_bytes(canonical_dumps(record).encode())
 
 
+def summary_digest(summary: dict[str, Any], warnings: list[str]) -> str:
+    """What a later stage that reads a summary hashes of it."""
+    return hash_bytes(canonical_dumps({"summary": summary, "warnings": warnings}).encode())
+
+
 def diff_records(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """Human-readable differences between two key records, e.g. `option verify.rtol: 0.1 -> 0.2`."""
     changes: list[str] = []
-    for field in ("scheme", "stage", "version", "tensorflow", "tpubuild"):
+    for field in ("schema", "scheme", "stage"):
         if old.get(field) != new.get(field):
             changes.append(f"{field}: {old.get(field)} -> {new.get(field)}")
+    if old.get("code") != new.get("code"):
+        changes.append("the stage's code changed (tpubuild was edited or upgraded)")
+    _diff_values("toolchain ", old.get("toolchain"), new.get("toolchain"), "", changes)
+    _diff_values("environment variable ", old.get("env", {}), new.get("env", {}), "", changes)
     _diff_values("option ", old.get("options"), new.get("options"), "", changes)
     old_in, new_in = old.get("inputs", {}), new.get("inputs", {})
     for name in sorted(set(old_in) | set(new_in)):

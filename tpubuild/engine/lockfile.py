@@ -1,12 +1,19 @@
 """Lock files: `recipes/<name>.lock.yaml`, one per recipe, beside it.
 
-They record what decided the build (recipe digest, input hashes, stage keys) and what
-came out (output hash, published version), in a fixed order so diffs are readable and
-two changes to two recipes never touch the same file (dvc.lock's merge conflicts).
+They record what decided the build (recipe digest, toolchain, the hash of every input
+as it was read before its stage ran, each stage's key) and what came out (each stage's
+output tree, the published version), in a fixed order so diffs are readable and two
+changes to two recipes never touch the same file (dvc.lock's merge conflicts).
+
+Lines whose value may legitimately differ between machines (outputs holding measured
+floats, such as verification errors, and everything keyed on them) end with MEASURED:
+`.ci/run` rebuilds the example workspace on a machine that did not write the lock files
+and compares them with `git diff --exit-code -I '<MEASURED>$'`.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,60 +21,91 @@ import yaml
 
 from tpubuild.atomic import write_text_atomic
 
-SCHEMA = 1
+SCHEMA = 2
 HEADER = "# Written by `tpubuild build`; commit it, do not edit it.\n"
+MEASURED = "# measured on the building machine"
 
 try:
     _Loader: Any = yaml.CSafeLoader
-    _Dumper: Any = yaml.CSafeDumper
 except AttributeError:  # PyYAML without libyaml
-    _Loader, _Dumper = yaml.SafeLoader, yaml.SafeDumper
+    _Loader = yaml.SafeLoader
 
 
 def lock_document(
     recipe: str,
     digest: str,
-    tensorflow: str,
-    tpubuild: str,
+    toolchain: dict[str, str],
     inputs: dict[str, str],
     stages: list[dict[str, Any]],
-    output: str,
     version: int | None,
 ) -> dict[str, Any]:
-    """The lock file's content; key order is the file's order (never sorted by YAML)."""
+    """The lock file's content; key order is the file's order."""
     return {
         "schema": SCHEMA,
         "recipe": recipe,
         "recipe_digest": digest,
-        "tensorflow": tensorflow,
-        "tpubuild": tpubuild,
+        "toolchain": dict(toolchain),
         "inputs": dict(sorted(inputs.items())),
         "stages": [
-            {"stage": s["stage"], "version": s["version"], "key": s["key"], "output": s["output"]} for s in stages
+            {"stage": s["stage"], "key": s["key"], "output": s["output"], "measured": bool(s.get("measured"))}
+            for s in stages
         ],
-        "output": output,
         "published_version": version,
     }
 
 
-def dumps(document: dict[str, Any]) -> str:
-    return HEADER + yaml.dump(document, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
+def _scalar(value: Any) -> str:
+    """A YAML scalar: JSON's double-quoted strings are valid YAML, and plain hex digests stay plain."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    text = str(value)
+    if text and all(c in "0123456789abcdef" for c in text) and not text.isdigit():
+        return text
+    return json.dumps(text, ensure_ascii=False)
+
+
+def lock_text(document: dict[str, Any]) -> str:
+    """The file's text: a fixed layout (written by hand, not by a YAML dumper, so that
+    measured values can carry their marker comment)."""
+    lines = [HEADER.rstrip("\n")]
+    for key in ("schema", "recipe", "recipe_digest"):
+        lines.append(f"{key}: {_scalar(document[key])}")
+    lines.append("toolchain:")
+    lines.extend(f"  {k}: {_scalar(v)}" for k, v in document["toolchain"].items())
+    lines.append("inputs:" if document["inputs"] else "inputs: {}")
+    lines.extend(f"  {_scalar(k)}: {_scalar(v)}" for k, v in document["inputs"].items())
+    lines.append("stages:")
+    for stage in document["stages"]:
+        mark = f"  {MEASURED}" if stage["measured"] else ""
+        lines.append(f"- stage: {_scalar(stage['stage'])}")
+        lines.append(f"  key: {_scalar(stage['key'])}{mark}")
+        lines.append(f"  output: {_scalar(stage['output'])}{mark}")
+        if stage["measured"]:
+            lines.append("  measured: true")
+    lines.append(f"published_version: {_scalar(document['published_version'])}")
+    return "\n".join(lines) + "\n"
 
 
 def read_lock(path: Path) -> dict[str, Any] | None:
     """The lock document, or None when absent, unreadable or of another schema."""
     try:
         data = yaml.load(path.read_text(), Loader=_Loader)
-    except (OSError, yaml.YAMLError):
+    except (OSError, yaml.YAMLError, ValueError):
         return None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         return None
+    for stage in data.get("stages", []):
+        stage.setdefault("measured", False)
     return data
 
 
 def write_lock(path: Path, document: dict[str, Any]) -> bool:
     """Write `document` atomically; False (and no write) when the file already says it."""
-    text = dumps(document)
+    text = lock_text(document)
     try:
         if path.read_text() == text:
             return False

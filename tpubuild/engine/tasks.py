@@ -1,48 +1,54 @@
-"""The doit task graph: one task per (recipe, stage), chained by `task_dep`.
+"""The doit task graph: one task per (recipe, stage), with its real dependencies.
 
-doit is used as a library: a TaskLoader2 builds the tasks from recipes and DoitMain runs
-them, with threads for `-j N` (each thread hands its stage to a worker process).
-tpubuild decides "cached or not" itself, by content keys (build.Engine), so the tasks
-have no file_dep; doit's own dependency file is JSON under `.tpubuild/`, never a dbm
-next to the user's files (doit #121, #380).
-
-Recipes whose lock file proves them up to date never reach doit (build.build): loading
-doit and checking 200 up-to-date tasks costs about as much as the whole no-op budget
-(benchmarks/noop_build.py prints both).
+A stage's task depends on the tasks of exactly the earlier stages whose outputs or
+summaries it consumes (its SPEC), so doit orders them and, with `-j N`, runs whatever
+is ready in parallel (threads; each thread hands its stage to a worker process). The
+up-to-date test of every task is the resolver's record lookup (Engine.uptodate); a task
+whose inputs are unchanged never runs its action. doit's own state file is JSON under
+`.tpubuild/`, never a dbm next to the user's files (doit #121, #380); tpubuild does not
+rely on it (the records in the store decide).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tpubuild.engine.build import Engine, RecipeRun
+if TYPE_CHECKING:
+    from tpubuild.engine.build import Engine
+    from tpubuild.engine.resolve import RecipeRun
 
 
 def task_name(run: RecipeRun, stage: str) -> str:
     return f"{run.name}:{stage}"
 
 
-def run_tasks(engine: Engine, runs: list[RecipeRun], jobs: int, dep_file: Path) -> int:
-    """Run every stage of `runs` through doit; returns doit's exit code (0 unless a bug)."""
-    from doit.cmd_base import TaskLoader2
-    from doit.doit_cmd import DoitMain
-    from doit.reporter import ZeroReporter
+def make_tasks(engine: Engine, runs: list[RecipeRun]) -> list[Any]:
     from doit.task import Task
 
     tasks = []
     for run in runs:
-        previous = None
         for planned in run.plan:
+            deps = sorted(set(planned.consumes.values()) | set(planned.summaries))
             tasks.append(
                 Task(
                     task_name(run, planned.name),
-                    actions=[(engine.run_stage, [run, planned])],
-                    task_dep=[previous] if previous else [],
+                    actions=[(engine.action, [run, planned])],
+                    uptodate=[(engine.uptodate, [run, planned])],
+                    task_dep=[task_name(run, d) for d in deps],
                     verbosity=2,  # doit must not swap sys.stdout under our threads
                 )
             )
-            previous = task_name(run, planned.name)
+    return tasks
+
+
+def run_tasks(engine: Engine, runs: list[RecipeRun], jobs: int, dep_file: Path) -> int:
+    """Run every stage of `runs` through doit; returns doit's exit code."""
+    from doit.cmd_base import TaskLoader2
+    from doit.doit_cmd import DoitMain
+    from doit.reporter import ZeroReporter
+
+    tasks = make_tasks(engine, runs)
 
     class Loader(TaskLoader2):
         def setup(self, opt_values: dict[str, Any]) -> None:
@@ -55,7 +61,8 @@ def run_tasks(engine: Engine, runs: list[RecipeRun], jobs: int, dep_file: Path) 
             return tasks
 
     dep_file.parent.mkdir(parents=True, exist_ok=True)
-    argv = ["run"]
-    if jobs > 1 and len(runs) > 1:
+    # --continue: a failed stage stops only the tasks that depend on it (its recipe).
+    argv = ["run", "--continue"]
+    if jobs > 1:
         argv += ["-n", str(jobs), "-P", "thread"]
     return DoitMain(Loader(), config_filenames=()).run(argv + [t.name for t in tasks])

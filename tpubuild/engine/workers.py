@@ -4,6 +4,11 @@ The protocol is one JSON line per request on the worker's stdin and one per repl
 private copy of its stdout; what stages print goes to the worker's log file instead.
 A worker exits when its parent dies (stdin EOF, and PR_SET_PDEATHSIG on Linux), so a
 killed build leaves no stage running behind it.
+
+Workers get a scrubbed environment (keys.worker_env): only what is in every stage key,
+plus what a process needs to start. Stages that run user code (export scripts,
+dataset generators) get a fresh worker for each run, which records the workspace
+modules the user code imports (engine/imports.py) and then exits.
 """
 
 from __future__ import annotations
@@ -11,9 +16,13 @@ from __future__ import annotations
 import json
 import os
 import queue
+import select
+import signal
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -21,48 +30,70 @@ from typing import Any
 from tpubuild.errors import StageError
 
 
+class StageTimeout(StageError):
+    pass
+
+
 class WorkerPool:
     """At most `size` workers, started lazily: a build where everything is cached starts none."""
 
-    def __init__(self, size: int, log_dir: Path):
+    def __init__(self, size: int, log_dir: Path, env: dict[str, str]):
         self.size = max(1, size)
         self.log_dir = log_dir
+        self.env = env
         self.idle: queue.Queue[Worker] = queue.Queue()
-        self.started = 0
+        self.slots = threading.Semaphore(self.size)
         self.lock = threading.Lock()
         self.all: list[Worker] = []
 
-    def run(self, request: dict[str, Any]) -> dict[str, Any]:
-        worker = self._acquire()
-        try:
-            reply = worker.call(request)
-        except BaseException:
-            worker.close()
-            with self.lock:
-                self.started -= 1
-            raise
-        self.idle.put(worker)
-        return reply
+    def run(self, request: dict[str, Any], timeout: float | None, fresh_in: Path | None = None) -> dict[str, Any]:
+        """Run one stage; `fresh_in` (the workspace) asks for a fresh worker that records
+        the workspace modules the stage imports and exits afterwards."""
+        with self.slots:
+            worker = self._fresh(fresh_in) if fresh_in is not None else self._acquire()
+            try:
+                reply = worker.call(request, timeout)
+            except BaseException:
+                worker.kill()
+                raise
+            if fresh_in is not None or not reply.get("reusable", True):
+                worker.close()
+            else:
+                self.idle.put(worker)
+            return reply
+
+    def _new(self, env: dict[str, str]) -> Worker:
+        with self.lock:
+            worker = Worker(self.log_dir / f"worker-{len(self.all)}.log", env)
+            self.all.append(worker)
+            return worker
+
+    def _fresh(self, workspace: Path) -> Worker:
+        pycache = tempfile.mkdtemp(prefix="tpubuild-pycache-")
+        env = dict(self.env, TPUBUILD_RECORD_IMPORTS=str(workspace), PYTHONPYCACHEPREFIX=pycache)
+        worker = self._new(env)
+        worker.cleanup.append(pycache)
+        return worker
 
     def _acquire(self) -> Worker:
-        with self.lock:
-            if self.idle.empty() and self.started < self.size:
-                self.started += 1
-                worker = Worker(self.log_dir / f"worker-{len(self.all)}.log")
-                self.all.append(worker)
+        while True:
+            try:
+                worker = self.idle.get_nowait()
+            except queue.Empty:
+                return self._new(self.env)
+            if worker.proc.poll() is None:
                 return worker
-        return self.idle.get()
 
-    def close(self) -> None:
+    def close(self, kill: bool = False) -> None:
         for worker in self.all:
-            worker.close()
+            worker.kill() if kill else worker.close()
 
 
 class Worker:
-    def __init__(self, log_path: Path):
+    def __init__(self, log_path: Path, env: dict[str, str]):
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = log_path
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
+        self.cleanup: list[str] = []
         with open(log_path, "wb") as log:  # the log of this build's worker only
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "tpubuild.engine.workers"],
@@ -70,15 +101,29 @@ class Worker:
                 stdout=subprocess.PIPE,
                 stderr=log,
                 env=env,
+                # Its own process group: a stage timeout kills the stage and its children.
+                start_new_session=True,
             )
 
-    def call(self, request: dict[str, Any]) -> dict[str, Any]:
+    def call(self, request: dict[str, Any], timeout: float | None) -> dict[str, Any]:
         assert self.proc.stdin and self.proc.stdout
         try:
             self.proc.stdin.write((json.dumps(request) + "\n").encode())
             self.proc.stdin.flush()
         except BrokenPipeError:
             pass
+        deadline = None if timeout is None else time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        while deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.kill()
+                raise StageTimeout(
+                    f"timed out after {timeout:g} s (stage_timeout); the worker was killed, see {self.log_path}"
+                )
+            ready, _, _ = select.select([fd], [], [], min(left, 1.0))
+            if ready:
+                break
         line = self.proc.stdout.readline()
         if not line:
             code = self.proc.wait()
@@ -94,15 +139,31 @@ class Worker:
                 self.proc.stdin.close()  # type: ignore[union-attr]
                 self.proc.wait(timeout=10)
             except (OSError, subprocess.TimeoutExpired):
+                self.kill()
+        self._cleanup()
+
+    def kill(self) -> None:
+        """Stop the worker and everything it started, now (timeouts, Ctrl-C, errors)."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except OSError:
                 self.proc.kill()
-                self.proc.wait()
+            self.proc.wait()
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        import shutil
+
+        for path in self.cleanup:
+            shutil.rmtree(path, ignore_errors=True)
+        self.cleanup = []
 
 
 # --- the worker side ---------------------------------------------------------------
 def _die_with_parent() -> None:
     try:
         import ctypes
-        import signal
 
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -126,16 +187,14 @@ def handle(request: dict[str, Any]) -> dict[str, Any]:
         raise
     context = StageContext(
         workspace=Path(request["workspace"]),
-        recipe_name=request["recipe"],
-        recipe_file=Path(request["recipe_file"]),
         inputs={k: Path(v) for k, v in request["inputs"].items()},
         results=request["results"],
-        log=lambda message: print(f"[{request['recipe']}:{request['stage']}] {message}", file=sys.stderr),
+        log=lambda message: print(f"[{request['stage']}] {message}", file=sys.stderr),
     )
     try:
         result = function(Path(request["input_dir"]), Path(request["output_dir"]), request["options"], context)
     except TpubuildError as exc:
-        return {"ok": False, "error": str(exc)}
+        return {"ok": False, "error": str(exc), "detail": getattr(exc, "detail", None)}
     try:
         json.dumps(result.summary)
     except (TypeError, ValueError) as exc:
@@ -145,17 +204,27 @@ def handle(request: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     _die_with_parent()
+    record_root = os.environ.get("TPUBUILD_RECORD_IMPORTS")
+    if record_root:
+        from tpubuild.engine import imports
+
+        imports.install(Path(record_root))
     replies = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # stage and TensorFlow prints go to the log, not into the protocol
     sys.stdout = sys.stderr
     for line in sys.stdin:
         request = json.loads(line)
-        print(f"--- {request['recipe']}: stage {request['stage']} (pid {os.getpid()})", file=sys.stderr, flush=True)
+        print(f"--- stage {request['stage']} (pid {os.getpid()})", file=sys.stderr, flush=True)
         try:
             reply = handle(request)
         except Exception as exc:  # a bug in a stage: report it with its traceback
             traceback.print_exc()
-            reply = {"ok": False, "bug": True, "error": f"{type(exc).__name__}: {exc}"}
+            reply = {"ok": False, "bug": True, "error": f"{type(exc).__name__}: {exc}",
+                     "detail": traceback.format_exc()}
+        if record_root:
+            from tpubuild.engine import imports
+
+            reply["discovered"] = imports.discovered()
         sys.stderr.flush()
         replies.write(json.dumps(reply) + "\n")
         replies.flush()

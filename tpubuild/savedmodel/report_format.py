@@ -139,8 +139,14 @@ def _hlo_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _title(report: dict[str, Any], prefix: str) -> str:
+    """The published report is shared by every recipe with the same build: it names no
+    recipe; `tpubuild report` adds the name from the recipe it was asked about."""
+    return prefix + report["recipe"] if report.get("recipe") else "Conversion report"
+
+
 def to_text(report: dict[str, Any]) -> str:
-    lines = [f"Conversion report for {report['recipe']}", *cost_lines(report["cost"])]
+    lines = [_title(report, "Conversion report for "), *cost_lines(report["cost"])]
     lines += _size_lines(report) + _verify_lines(report["verify"]) + _quantization_lines(report["quantization"])
     lines += _stage_lines(report) + _hlo_lines(report)
     return "\n".join(lines) + "\n"
@@ -148,7 +154,7 @@ def to_text(report: dict[str, Any]) -> str:
 
 def to_markdown(report: dict[str, Any]) -> str:
     cost = report["cost"]
-    out = [f"# Conversion report: {report['recipe']}", "", "## Compute cost", "", "```", *cost_lines(cost), "```", ""]
+    out = ["# " + _title(report, "Conversion report: "), "", "## Compute cost", "", "```", *cost_lines(cost), "```", ""]
     out += [f"Unit: {cost['unit']} (static model from op types and shapes).", ""]
     out += ["## Size", "", "| | source | artifact | ratio |", "|---|---:|---:|---:|"]
     for key in ("graph", "variables", "total"):

@@ -1,4 +1,12 @@
-"""The contract between the build engine and a stage (TensorFlow-free)."""
+"""The contract between the build engine and a stage (TensorFlow-free).
+
+Each `stages/<name>.py` exports `SPEC`, a `StageSpec` that says, next to the stage's
+code, everything the engine needs to key it without importing TensorFlow: the slice of
+the canonical recipe it reads, the workspace files it reads, and which earlier outputs
+and summaries it consumes. The engine hashes exactly those into the stage's key and
+hands the stage exactly those (nothing unhashed reaches a stage), so a change that a
+stage does not read never reruns it (early cutoff across stages).
+"""
 
 from __future__ import annotations
 
@@ -6,24 +14,58 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+Canonical = dict[str, Any]
+
+# Roles of earlier outputs a stage may consume (besides earlier stages' summaries):
+MODEL = "model"  # the SavedModel made by the nearest earlier model-changing stage: `input_dir`
+SOURCE = "source"  # the SavedModel the chain starts from (`source` or `export` output)
+DATASET = "dataset"  # the TFRecord files written by the `dataset` stage
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    name: str
+    # The recipe slice this stage reads; hashed into its key, passed as `options`.
+    options: Callable[[Canonical], dict[str, Any]]
+    # Workspace-relative files (globs allowed) whose content the stage reads.
+    files: Callable[[Canonical], list[str]] = lambda recipe: []
+    # Earlier outputs whose files the stage reads (MODEL, SOURCE, DATASET).
+    consumes: tuple[str, ...] = (MODEL,)
+    # Earlier stages whose summaries (and warnings) the stage reads.
+    summaries: tuple[str, ...] = ()
+    # Runs user code: a fresh process per run, and every workspace module it imports
+    # becomes a discovered input of the stage (like a compiler's dep file).
+    runs_user_code: bool = False
+    # Its output may legitimately differ between CPUs (measured floats): lock files mark
+    # it, and everything keyed on it, as measured on the building machine.
+    machine_dependent: bool = False
+
+    @property
+    def entry(self) -> str:
+        return f"tpubuild.stages.{self.name}:run"
+
+    @property
+    def module(self) -> str:
+        return f"tpubuild.stages.{self.name}"
+
 
 @dataclass
 class StageContext:
-    """What a stage may know beyond its input directory and its options."""
+    """What a stage may know beyond its input directory and its options.
 
-    workspace: Path  # absolute root of the workspace (where tpubuild.yaml is)
-    recipe_name: str
-    recipe_file: Path  # absolute path of the recipe YAML
-    # Outputs of the stages that already ran for this recipe, by stage name.
-    # "source" is always there for stages after it: the SavedModel the chain starts from.
+    Nothing here names the recipe: a cached output is shared by every recipe whose key
+    matches, so it must not embed a recipe name or path (the publish step adds those)."""
+
+    workspace: Path  # absolute root of the workspace (canonical paths are relative to it)
+    # The consumed outputs of earlier stages, by role (SOURCE, DATASET) or stage name.
     inputs: dict[str, Path] = field(default_factory=dict)
-    # StageResult.summary of the stages that already ran, by stage name.
+    # StageResult.summary of the consumed earlier stages, by stage name.
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
     log: Callable[[str], None] = lambda message: None
 
     @property
     def source_dir(self) -> Path | None:
-        return self.inputs.get("source")
+        return self.inputs.get(SOURCE)
 
 
 @dataclass

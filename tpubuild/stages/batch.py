@@ -7,6 +7,17 @@ from typing import Any
 
 from tpubuild.errors import ConversionError
 from tpubuild.stages.base import StageContext, StageResult
+from tpubuild.stages import slices
+from tpubuild.stages.base import StageSpec
+
+SPEC = StageSpec(
+    "batch",
+    options=lambda r: {
+        "tags": slices.tags(r),
+        "tpu_functions": slices.converter(r)["tpu_functions"],
+        "batch_options": slices.converter(r)["batch_options"],
+    },
+)
 
 WHERE = "batch_options[0].experimental"
 

@@ -7,6 +7,17 @@ from typing import Any
 
 from tpubuild.errors import ConversionError
 from tpubuild.stages.base import StageContext, StageResult
+from tpubuild.stages import slices
+from tpubuild.stages.base import StageSpec
+
+SPEC = StageSpec(
+    "bfloat16",
+    options=lambda r: {
+        "tags": slices.tags(r),
+        "tpu_functions": slices.converter(r)["tpu_functions"],
+        "bfloat16_optimization_options": slices.converter(r)["bfloat16_optimization_options"],
+    },
+)
 
 
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:

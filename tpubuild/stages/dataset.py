@@ -11,6 +11,17 @@ from typing import Any
 
 from tpubuild.errors import StageError
 from tpubuild.stages.base import StageContext, StageResult
+from tpubuild.stages import slices
+from tpubuild.stages.base import MODEL, StageSpec
+
+SPEC = StageSpec(
+    "dataset",
+    options=lambda r: {"tags": slices.tags(r), "datasets": slices.generated_datasets(r)},
+    # npz files and generator modules; a generator's own imports are discovered.
+    files=lambda r: sorted(s.get("npz") or s["module_file"] for s in slices.generated_datasets(r).values()),
+    consumes=(MODEL,),  # the signatures' input specs
+    runs_user_code=True,
+)
 
 
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
@@ -23,11 +34,11 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     for key, source in sorted(options["datasets"].items()):
         specs = datasets.signature_inputs(model, key)
         if "npz" in source:
-            where = f"{context.recipe_name}: representative_datasets.{key}: {source['npz']}"
+            where = f"representative_datasets.{key}: {source['npz']}"
             samples = datasets.npz_samples(context.workspace / source["npz"], specs, where)
             origin = source["npz"]
         else:
-            where = f"{context.recipe_name}: representative_datasets.{key}: {source['generator']}"
+            where = f"representative_datasets.{key}: {source['generator']}"
             samples = datasets.generator_samples(
                 source["generator"], context.workspace / source["module_file"],
                 source["num_samples"], specs, where,

@@ -3,46 +3,89 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
 from tpubuild.errors import StageError
 from tpubuild.stages.base import StageContext, StageResult
+from tpubuild.stages.base import StageSpec
+
+SPEC = StageSpec(
+    "export",
+    options=lambda r: {"script": r["model"]["export"]["script"], "function": r["model"]["export"]["function"]},
+    # The script and its declared data files; the modules it imports are discovered.
+    files=lambda r: [r["model"]["export"]["script"], *r["model"]["export"]["deps"]],
+    consumes=(),
+    runs_user_code=True,
+)
 
 
 def run(input_dir: Path | None, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
+    """Import the script as `__main__`-less module and call `function(output_dir)`.
+
+    The engine runs this in a fresh worker process for every export (SPEC.runs_user_code):
+    no state of an earlier export (TensorFlow's function counters, imported neighbours)
+    can leak into this one, and every workspace module it imports is recorded."""
     script = context.workspace / options["script"]
     function_name = options["function"]
     where = f"{options['script']}: {function_name}"
-    module_name = f"_tpubuild_export_{abs(hash((str(script), script.stat().st_mtime_ns)))}"
-    spec = importlib.util.spec_from_file_location(module_name, script)
+    spec = importlib.util.spec_from_file_location("_tpubuild_export", script)
     if spec is None or spec.loader is None:
         raise StageError(f"{options['script']}: cannot be loaded as a Python module")
     module = importlib.util.module_from_spec(spec)
-    # The script may import its neighbours (its `deps`), as it would when run directly.
+    # The script imports its neighbours, as it would when run directly.
     sys.path.insert(0, str(script.parent))
-    before = set(sys.modules)
     try:
         spec.loader.exec_module(module)
-        function = getattr(module, function_name, None)
-        if not callable(function):
-            raise StageError(f"{options['script']}: has no function {function_name!r}")
-        try:
-            function(str(output_dir))
-        except StageError:
-            raise
-        except Exception as exc:  # the user's code failed: their error, not a tpubuild bug
-            raise StageError(f"{where}: raised {type(exc).__name__}: {exc}") from None
-    finally:
-        sys.path.remove(str(script.parent))
-        # The worker runs more stages: its next export must re-read edited neighbours.
-        for name in set(sys.modules) - before:
-            if str(getattr(sys.modules[name], "__file__", "") or "").startswith(str(script.parent)):
-                del sys.modules[name]
+    except SyntaxError as exc:
+        raise StageError(f"{_rel(exc.filename, context)}:{exc.lineno}:{exc.offset or 0}: SyntaxError: {exc.msg}") from None
+    except Exception as exc:
+        raise user_error(f"{options['script']}: importing it raised", exc, context) from None
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise StageError(f"{options['script']}: has no function {function_name!r}")
+    try:
+        function(str(output_dir))
+    except StageError:
+        raise
+    except Exception as exc:  # the user's code failed: their error, not a tpubuild bug
+        raise user_error(f"{where}: raised", exc, context) from None
     if not (output_dir / "saved_model.pb").is_file():
         raise StageError(f"{where}: wrote no SavedModel (no saved_model.pb in its output directory)")
     from tpubuild.savedmodel.model import make_fingerprint_reproducible
 
     make_fingerprint_reproducible(output_dir)
-    return StageResult(summary={"script": options["script"], "function": function_name})
+    return StageResult(summary={})
+
+
+def user_error(prefix: str, exc: BaseException, context: StageContext) -> StageError:
+    """A StageError naming the user's own frames (file:line), innermost last; the full
+    traceback goes with it for `--debug` and the worker log."""
+    frames = [
+        f"{_rel(frame.filename, context)}:{frame.lineno} in {frame.name}"
+        for frame in traceback.extract_tb(exc.__traceback__)
+        if _in_workspace(frame.filename, context)
+    ]
+    where = f" (at {' <- '.join(reversed(frames))})" if frames else ""
+    error = StageError(f"{prefix} {type(exc).__name__}: {exc}{where}")
+    error.detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return error
+
+
+def _in_workspace(filename: str, context: StageContext) -> bool:
+    import tpubuild
+
+    path = os.path.realpath(filename)
+    package = os.path.dirname(os.path.realpath(tpubuild.__file__))
+    return path.startswith(os.path.join(os.path.realpath(context.workspace), "")) and not path.startswith(package)
+
+
+def _rel(filename: str | None, context: StageContext) -> str:
+    if not filename:
+        return "<unknown>"
+    if _in_workspace(filename, context):
+        return Path(os.path.relpath(os.path.realpath(filename), os.path.realpath(context.workspace))).as_posix()
+    return filename

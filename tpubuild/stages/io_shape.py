@@ -6,6 +6,13 @@ from pathlib import Path
 from typing import Any
 
 from tpubuild.stages.base import StageContext, StageResult
+from tpubuild.stages import slices
+from tpubuild.stages.base import StageSpec
+
+SPEC = StageSpec(
+    "io_shape",
+    options=lambda r: {"tags": slices.tags(r), "tpu_functions": slices.converter(r)["tpu_functions"]},
+)
 
 
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:

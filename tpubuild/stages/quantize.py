@@ -11,6 +11,15 @@ from typing import Any
 
 from tpubuild.errors import ConversionError, StageError
 from tpubuild.stages.base import StageContext, StageResult
+from tpubuild.stages import slices
+from tpubuild.stages.base import DATASET, MODEL, StageSpec
+
+SPEC = StageSpec(
+    "quantize",
+    options=lambda r: {"tags": slices.tags(r), **slices.converter(r)["quantization_options"]},
+    files=lambda r: slices.tfrecord_files(slices.dataset_sources(r)),
+    consumes=(MODEL, DATASET),
+)
 
 
 def dataset_paths(options: dict[str, Any], context: StageContext) -> dict[str, Path]:
@@ -29,7 +38,7 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     from tpubuild.savedmodel.model import SavedModel
 
     method = options["method"]
-    where = f"{context.recipe_name}: quantization ({method})"
+    where = f"quantization ({method})"
     paths = dataset_paths(options, context)
     model = SavedModel.load(input_dir, options["tags"])
     warnings = []

@@ -13,6 +13,17 @@ from typing import Any
 
 from tpubuild.savedmodel.report_format import REPORT_JSON, REPORT_MD
 from tpubuild.stages.base import StageContext, StageResult
+from tpubuild.stages import slices
+from tpubuild.stages.base import MODEL, SOURCE, StageSpec
+
+SPEC = StageSpec(
+    "report",
+    options=lambda r: {"tags": slices.tags(r)},
+    consumes=(MODEL, SOURCE),
+    summaries=("dataset", "quantize", "tpu", "bfloat16", "io_shape", "batch", "verify"),
+    # It embeds verify's measured errors.
+    machine_dependent=True,
+)
 
 HLO_DIR = "hlo"
 # Summaries of earlier stages that belong in the report as they are.
@@ -31,7 +42,6 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     estimate = cost.estimate(artifact)
     report: dict[str, Any] = {
         "schema": REPORT_SCHEMA,
-        "recipe": context.recipe_name,
         "cost": estimate.as_dict(),
         "size": {"source": params.sizes(source_dir), "artifact": params.sizes(input_dir)},
         "parameters": {
@@ -48,9 +58,9 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
         report["hlo"] = _write_hlo(input_dir, output_dir, tags, tpu_names, artifact.aliases)
     _write(output_dir / REPORT_JSON, to_json(report))
     _write(output_dir / REPORT_MD, to_markdown(report))
-    warnings = [f"{context.recipe_name}: cost model: {w}" for w in estimate.warnings]
+    warnings = [f"cost model: {w}" for w in estimate.warnings]
     warnings += [
-        f"{context.recipe_name}: no HLO for TPU function {name}: {entry['error']}"
+        f"no HLO for TPU function {name}: {entry['error']}"
         for name, entry in report["hlo"].items() if "error" in entry
     ]
     return StageResult(summary=_summary(report), warnings=warnings)

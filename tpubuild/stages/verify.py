@@ -14,6 +14,30 @@ from typing import Any
 
 from tpubuild.errors import StageError
 from tpubuild.stages.base import StageContext, StageResult
+from tpubuild.stages import slices
+from tpubuild.stages.base import DATASET, MODEL, SOURCE, StageSpec
+
+def _applied(recipe: dict[str, Any]) -> list[str]:
+    """The model-changing stages this recipe runs: verify picks default tolerances by them."""
+    from tpubuild.pipeline import stage_names
+
+    return [name for name in stage_names(recipe) if name in slices.TRANSFORMS - {"source", "export"}]
+
+
+SPEC = StageSpec(
+    "verify",
+    # The representative datasets, when there are any, are verify's samples.
+    options=lambda r: {
+        "tags": slices.tags(r),
+        "applied": _applied(r),
+        **r["verify"],
+        "representative_datasets": slices.verify_datasets(r),
+    },
+    files=lambda r: slices.tfrecord_files(slices.verify_datasets(r)),
+    consumes=(MODEL, SOURCE, DATASET),
+    # Measured errors are floats that differ between CPUs and kernels.
+    machine_dependent=True,
+)
 
 VERIFY_JSON = "verify.json"
 
@@ -27,7 +51,7 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     kind, default_rtol, default_atol = compare.default_tolerances(applied)
     rtol = default_rtol if options.get("rtol") is None else float(options["rtol"])
     atol = default_atol if options.get("atol") is None else float(options["atol"])
-    where = f"{context.recipe_name}: verify"
+    where = f"verify"
     source_dir = context.inputs["source"]
     source = SavedModel.load(source_dir, tags)
     artifact = SavedModel.load(input_dir, tags)

@@ -1,0 +1,220 @@
+"""Issue 8's reproductions: a stale artifact is never reported up to date.
+
+Each test failed on the engine before the redesign (hashing after the build, a hand-kept
+stage version, declared-only inputs, a recipe name inside a cached output, summaries in
+output digests) and passes now.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tests.engine.conftest import CLI, REPO, build_json, export_recipe, statuses, tpubuild
+
+SLOW_EXPORT = '''\
+import time
+from pathlib import Path
+
+import helper
+import sibling  # imported, never declared in deps
+
+
+def export(output_dir):
+    here = Path(__file__).parent
+    (here / "STARTED").write_text("")
+    while (here / "SLOW").exists():  # the test edits inputs while the export runs
+        time.sleep(0.05)
+    import tensorflow as tf
+
+    class M(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = tf.Variable([[1.0], [helper.SCALE * sibling.FACTOR]])
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32, name="x")])
+        def serve(self, x):
+            return {"y": tf.matmul(x, self.w)}
+
+    m = M()
+    tf.saved_model.save(m, output_dir, signatures={"serving_default": m.serve})
+'''
+
+
+def _serve(version_dir: Path, x):
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(str(version_dir))
+    return loaded.signatures["serving_default"](x=tf.constant(x))["y"].numpy()
+
+
+def _slow_workspace(make_workspace) -> Path:
+    ws = make_workspace({"slow": export_recipe("slow", "models/slow_export.py", "models/helper.py")})
+    models = ws / "recipes" / "models"
+    (models / "slow_export.py").write_text(SLOW_EXPORT)
+    (models / "sibling.py").write_text("FACTOR = 1.0\n")
+    return ws
+
+
+def _start_slow_build(ws: Path) -> subprocess.Popen:
+    models = ws / "recipes" / "models"
+    (models / "SLOW").write_text("")
+    (models / "STARTED").unlink(missing_ok=True)
+    proc = subprocess.Popen([*CLI, "build"], cwd=ws, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    deadline = time.monotonic() + 120
+    while not (models / "STARTED").exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return proc
+
+
+def _release(ws: Path, proc: subprocess.Popen) -> tuple[int, str, str]:
+    (ws / "recipes" / "models" / "SLOW").unlink()
+    out, err = proc.communicate(timeout=300)
+    return proc.returncode, out, err
+
+
+def test_declared_input_edited_during_the_build_fails_the_stage_and_is_never_recorded(make_workspace):
+    ws = _slow_workspace(make_workspace)
+    proc = _start_slow_build(ws)
+    (ws / "recipes" / "models" / "helper.py").write_text("SCALE = 5.0\n")  # after the export imported it
+    code, out, err = _release(ws, proc)
+    assert code == 1
+    assert ("recipes/slow.yaml: stage export: input recipes/models/helper.py changed while the stage ran; "
+            "its result was not recorded (build again)") in err
+    # Nothing claims to be up to date: --check and the next build agree.
+    check = tpubuild(ws, "build", "--check")
+    assert check.returncode == 1, check.stdout
+    doc = build_json(ws)
+    assert statuses(doc, "slow")["export"] == "built"
+    np.testing.assert_allclose(_serve(ws / "out" / "slow" / "1", [[1.0, 1.0]]), [[6.0]], rtol=1e-6)
+    assert tpubuild(ws, "build", "--check").returncode == 0
+
+
+def test_undeclared_import_edited_during_the_build_reruns_next_time(make_workspace):
+    ws = _slow_workspace(make_workspace)
+    proc = _start_slow_build(ws)
+    (ws / "recipes" / "models" / "sibling.py").write_text("FACTOR = 10.0\n")  # imported before the edit
+    code, out, err = _release(ws, proc)
+    assert code == 0, err
+    # The artifact holds the imported content (factor 1): the record says so, so the next
+    # build sees the edit, explain names it, and the rebuilt artifact has factor 10.
+    np.testing.assert_allclose(_serve(ws / "out" / "slow" / "1", [[1.0, 1.0]]), [[3.0]], rtol=1e-6)
+    lock = (ws / "recipes" / "slow.lock.yaml").read_text()
+    assert '"import:recipes/models/sibling.py"' in lock
+    explain = tpubuild(ws, "explain", "slow").stdout
+    assert "export: would run" in explain and "imported module recipes/models/sibling.py: content changed" in explain
+    assert tpubuild(ws, "build", "--check").returncode == 1
+    doc = build_json(ws)
+    assert statuses(doc, "slow")["export"] == "built"
+    np.testing.assert_allclose(_serve(ws / "out" / "slow" / "2", [[1.0, 1.0]]), [[21.0]], rtol=1e-6)
+
+
+def test_stage_code_and_environment_are_in_the_key(built_workspace, tmp_path):
+    ws = built_workspace
+    package = tmp_path / "pkg"
+    shutil.copytree(REPO / "tpubuild", package / "tpubuild", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {"PYTHONPATH": str(package)}
+    # The copied package has the same sources: same keys, nothing to do.
+    same = json.loads(tpubuild(ws, "build", "--json", "toy", env=env).stdout)
+    assert set(statuses(same, "toy").values()) == {"cached"}
+    # Editing a module that only the report stage uses reruns the report alone.
+    cost = package / "tpubuild" / "savedmodel" / "cost.py"
+    cost.write_text(cost.read_text() + "\n# an edit\n")
+    explain = tpubuild(ws, "explain", "toy", env=env).stdout
+    assert "report: would run" in explain and "the stage's code changed" in explain
+    doc = json.loads(tpubuild(ws, "build", "--json", "toy", env=env).stdout)
+    assert statuses(doc, "toy") == {"source": "cached", "batch": "cached", "verify": "cached",
+                                    "report": "built", "publish": "cached"}
+    # An allow-listed variable that changes TensorFlow's kernels reruns every TF stage...
+    env["TF_ENABLE_ONEDNN_OPTS"] = "0"
+    explain = tpubuild(ws, "explain", "toy", env=env).stdout
+    assert 'environment variable TF_ENABLE_ONEDNN_OPTS: added ("0")' in explain
+    doc = json.loads(tpubuild(ws, "build", "--json", "toy", env=env).stdout)
+    assert statuses(doc, "toy") == {"source": "cached", "batch": "built", "verify": "built",
+                                    "report": "built", "publish": "cached"}
+    # ...and any other variable changes nothing (workers do not see it).
+    env["SOME_UNRELATED_VARIABLE"] = "1"
+    doc = json.loads(tpubuild(ws, "build", "--json", "toy", env=env).stdout)
+    assert set(statuses(doc, "toy").values()) == {"cached"}
+
+
+def test_generator_imports_are_discovered(make_workspace):
+    recipe = """\
+name: gen
+model: {saved_model: models/tiny}
+converter:
+  quantization_options:
+    method: STATIC_RANGE
+    representative_datasets:
+      serving_default: {generator: "samples:make", num_samples: 8}
+verify: {samples: 4}
+"""
+    ws = make_workspace({"gen": recipe})
+    (ws / "recipes" / "samples.py").write_text(
+        "import numpy as np\nimport scale\n\n\ndef make():\n"
+        "    for i in range(8):\n        yield {'x': np.full((1, 2), scale.VALUE * (i + 1), np.float32)}\n"
+    )
+    (ws / "recipes" / "scale.py").write_text("VALUE = 0.5\n")
+    doc = build_json(ws)
+    assert statuses(doc, "gen")["dataset"] == "built"
+    (ws / "recipes" / "scale.py").write_text("VALUE = 0.25\n")
+    doc = build_json(ws)
+    assert statuses(doc, "gen")["dataset"] == "built"
+    assert statuses(doc, "gen")["quantize"] == "built"
+
+
+def test_two_recipes_on_one_model_publish_their_own_names(make_workspace):
+    from tests.engine.conftest import source_recipe
+
+    ws = make_workspace({"alpha": source_recipe("alpha"), "beta": source_recipe("beta")})
+    doc = build_json(ws)
+    assert statuses(doc, "beta")["report"] == "cached"  # one record serves both recipes
+    for name in ("alpha", "beta"):
+        version = ws / "out" / name / "1"
+        report = json.loads((version / "tpubuild-report.json").read_text())
+        assert "recipe" not in report and "alpha" not in json.dumps(report) + (version / "tpubuild-report.md").read_text()
+        assert json.loads((version / "tpubuild-manifest.json").read_text())["recipe"] == name
+        assert tpubuild(ws, "report", name).stdout.splitlines()[1] == f"Conversion report for {name}"
+
+
+def test_renamed_export_script_with_identical_output_reruns_nothing_after_it(built_workspace):
+    ws = built_workspace
+    models = ws / "recipes" / "models"
+    shutil.copy(models / "copy_export.py", models / "renamed_export.py")
+    (ws / "recipes" / "cut.yaml").write_text(export_recipe("cut", "models/renamed_export.py", "models/notes.py"))
+    doc = build_json(ws, "cut")
+    assert statuses(doc, "cut") == {"export": "built", "verify": "cached", "report": "cached", "publish": "cached"}
+
+
+def test_unchanged_quantize_output_stops_a_dataset_change(make_workspace):
+    recipe = """\
+name: dyn
+model: {saved_model: models/tiny}
+converter:
+  tpu_functions: [{signature_name: serving_default}]
+  quantization_options:
+    method: DYNAMIC_RANGE
+    representative_datasets:
+      serving_default: {npz: models/dyn.npz}
+verify: {samples: 4}
+"""
+    ws = make_workspace({"dyn": recipe})
+    np.savez(ws / "recipes" / "models" / "dyn.npz", x=np.ones((4, 1, 2), np.float32))
+    build_json(ws)
+    np.savez(ws / "recipes" / "models" / "dyn.npz", x=np.full((4, 1, 2), 2.0, np.float32))
+    doc = build_json(ws)
+    rows = statuses(doc, "dyn")
+    # Dynamic range ignores the data: quantize reruns with a byte-identical output, so the
+    # TPU stages after it are cached; verify reads the new samples and reruns.
+    assert rows["dataset"] == "built" and rows["quantize"] == "built"
+    assert all(rows[s] == "cached" for s in ("tpu",) + tuple(s for s in ("bfloat16", "io_shape") if s in rows))
+    assert rows["verify"] == "built"

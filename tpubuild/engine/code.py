@@ -1,0 +1,126 @@
+"""The digest of a stage's own code: its module and every tpubuild module it imports.
+
+Computed from the installed sources (never a hand-kept version number), so editing
+`stages/report.py`, a `savedmodel/` helper it uses, or pulling a new tpubuild under an
+editable install reruns exactly the stages whose code changed. Imports are found by
+reading the modules' syntax trees (including imports inside functions, where the stages
+import TensorFlow-facing code lazily), without importing anything.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from functools import lru_cache
+from pathlib import Path
+
+import tpubuild
+from tpubuild.engine.hashing import hash_bytes
+
+PACKAGE_ROOT = Path(tpubuild.__file__).resolve().parent
+# Code that runs around every stage: the worker loop, the stage contract, errors.
+RUNTIME_MODULES = ("tpubuild.engine.workers", "tpubuild.stages.base", "tpubuild.errors", "tpubuild.atomic")
+
+
+def module_file(name: str) -> Path | None:
+    """The source file of `tpubuild.x.y` under the installed package, if it exists."""
+    parts = name.split(".")[1:]
+    base = PACKAGE_ROOT.joinpath(*parts)
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+@lru_cache(maxsize=None)
+def _imports(path: Path, name: str) -> frozenset[str]:
+    """tpubuild modules named by the import statements of one source file."""
+    tree = ast.parse(path.read_bytes(), filename=str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)  # `from pkg import mod`
+    return frozenset(m for m in found if m == "tpubuild" or m.startswith("tpubuild."))
+
+
+def closure(roots: tuple[str, ...]) -> dict[str, Path]:
+    """Every tpubuild module reachable by imports from `roots` (with parent packages)."""
+    seen: dict[str, Path] = {}
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        path = module_file(name)
+        if path is None:
+            continue  # `from pkg import function`: not a module
+        seen[name] = path
+        parts = name.split(".")
+        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))
+        todo.extend(_imports(path, name))
+    return seen
+
+
+@lru_cache(maxsize=None)
+def code_digest(module: str) -> str:
+    """BLAKE3 over (module name, source bytes) of the stage module's closure."""
+    files = closure((module, *RUNTIME_MODULES))
+    lines = []
+    for name in sorted(files):
+        lines.append(f"{name}\0{hash_bytes(files[name].read_bytes())}")
+    return hash_bytes("\n".join(lines).encode())
+
+
+def package_fingerprint() -> str:
+    """A digest of the stat of every source file of the installed package: when it is
+    unchanged, so are all code digests (one directory walk instead of parsing ~80 files)."""
+    parts = []
+    for dirpath, dirnames, filenames in os.walk(PACKAGE_ROOT):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for name in sorted(filenames):
+            if name.endswith(".py"):
+                st = os.stat(os.path.join(dirpath, name))
+                parts.append(f"{dirpath}/{name}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}")
+    return hash_bytes("\n".join(parts).encode())
+
+
+def code_digests(modules: list[str], memo_file: Path | None) -> dict[str, str]:
+    """`code_digest` of each module, reusing the digests memoized in `memo_file` while the
+    package's files are unchanged (by stat, ctime included)."""
+    import json
+
+    from tpubuild.atomic import write_text_atomic
+
+    fingerprint = package_fingerprint()
+    memo: dict = {}
+    if memo_file is not None:
+        try:
+            memo = json.loads(memo_file.read_text())
+        except (OSError, ValueError):
+            memo = {}
+    digests = memo.get("digests", {}) if memo.get("fingerprint") == fingerprint else {}
+    missing = [m for m in modules if m not in digests]
+    if missing:
+        digests = {**digests, **{m: code_digest(m) for m in missing}}
+        if memo_file is not None:
+            try:
+                memo_file.parent.mkdir(parents=True, exist_ok=True)
+                write_text_atomic(memo_file, json.dumps({"fingerprint": fingerprint, "digests": digests}))
+            except OSError:
+                pass  # only a memo
+    return {m: digests[m] for m in modules}
+
+
+def code_files(module: str) -> list[str]:
+    """Package-relative files of the closure (what `explain` can name)."""
+    return sorted(os.path.relpath(p, PACKAGE_ROOT) for p in closure((module, *RUNTIME_MODULES)).values())

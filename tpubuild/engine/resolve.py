@@ -1,0 +1,303 @@
+"""The one resolver: for each stage of a recipe, its key (taken before it runs) and the
+stage record in the store that the key names, if any.
+
+Builds (doit's up-to-date test and the execution after it), the no-op fast path,
+`build --check`, `build --dry-run`, `explain`, lock files and manifests all read stage
+state through this module, so they can never disagree. TensorFlow-free.
+
+A key hashes the stage's code, toolchain, environment allow-list, option slice and the
+digests of exactly the inputs it reads: workspace files (declared in its SPEC), the
+outputs and summaries of the earlier stages it consumes, and, for stages that run user
+code, the workspace modules that code imported last time (discovered inputs, kept in a
+dep file per key like a compiler's `.d` file; the record is stored under a final key
+that also hashes them).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tpubuild.atomic import write_text_atomic
+from tpubuild.engine.code import code_digests
+from tpubuild.engine.hashing import FileEntry, hash_bytes, tree_digest
+from tpubuild.engine.keys import canonical_dumps, key_record, stage_key, summary_digest
+from tpubuild.engine.statcache import StatCache
+from tpubuild.engine.store import StageEntry, Store
+from tpubuild.errors import StageError
+from tpubuild.pipeline import ENGINE_STEPS, STAGE_ORDER, PlannedStage, plan, spec
+
+
+@dataclass
+class Output:
+    """A finished (or cached) stage: what later stages read and later keys hash."""
+
+    stage: str
+    key: str
+    tree: str
+    directory: Path
+    files: list[FileEntry]
+    summary: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    record: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RecipeRun:
+    recipe: Any  # tpubuild.config.Recipe
+    plan: list[PlannedStage]
+    outputs: dict[str, Output] = field(default_factory=dict)
+    rows: list[Any] = field(default_factory=list)
+    error: str | None = None
+    version: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self.recipe.name
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+
+def new_runs(recipes: list[Any]) -> list[RecipeRun]:
+    return [RecipeRun(r, plan(r.canonical)) for r in recipes]
+
+
+@dataclass
+class Pending:
+    """A stage the resolver cannot take from the store: its record (when its inputs are
+    known) and the stats of the declared files it hashed, checked again after the run."""
+
+    record: dict[str, Any] | None
+    key: str | None
+    file_stats: dict[str, tuple] = field(default_factory=dict)
+    error: str | None = None  # an input could not be read: the stage fails with this
+    detail: str | None = None
+
+
+class Resolver:
+    def __init__(self, ws: Any, store: Store, stat: StatCache):
+        self.ws = ws
+        self.store = store
+        self.stat = stat
+        names = [name for name in STAGE_ORDER if name not in ENGINE_STEPS]
+        digests = code_digests([spec(n).module for n in names], Path(ws.state_dir) / "code-digests.json")
+        self.codes = {name: digests[spec(name).module] for name in names}
+        # The engine's own steps: a snapshot copy and a publish (not cached in the store).
+        self.codes["source"] = self.codes["publish"] = "engine"
+        self._entries: dict[str, StageEntry | None] = {}
+
+    # --- inputs -------------------------------------------------------------------
+    def expand(self, recipe: Any, patterns: list[str]) -> list[str]:
+        """Workspace-relative files named by `patterns` (globs expanded, sorted)."""
+        found: list[str] = []
+        for pattern in patterns:
+            if glob.has_magic(pattern):
+                matches = sorted(glob.glob(os.path.join(recipe.root, pattern), recursive=True))
+                found.extend(Path(os.path.relpath(m, recipe.root)).as_posix() for m in matches if os.path.isfile(m))
+            elif os.path.isfile(os.path.join(recipe.root, pattern)):
+                found.append(pattern)
+            else:
+                raise StageError(f"input file {pattern} does not exist")
+        return sorted(set(found))
+
+    def file_inputs(self, run: RecipeRun, planned: PlannedStage) -> tuple[dict[str, str], dict[str, tuple]]:
+        """`file:<path>` -> hash of the declared files, and their stats (re-checked after the run)."""
+        hashes, stats = {}, {}
+        for rel in self.expand(run.recipe, planned.files):
+            path = os.path.join(run.recipe.root, rel)
+            st = os.stat(path)
+            hashes[f"file:{rel}"] = self.stat.file_hash(path, st)
+            stats[rel] = _stat_tuple(st)
+        return hashes, stats
+
+    def source_tree(self, recipe: Any) -> tuple[str, list[FileEntry], Path]:
+        rel = recipe.canonical["model"]["saved_model"]
+        directory = Path(recipe.root) / rel
+        if not directory.is_dir():
+            raise StageError(f"model.saved_model: {rel} is not a directory")
+        if not (directory / "saved_model.pb").is_file():
+            raise StageError(f"model.saved_model: {rel} holds no saved_model.pb")
+        tree, files = self.stat.tree(directory)
+        return tree, files, directory
+
+    def record_for(self, run: RecipeRun, planned: PlannedStage) -> Pending:
+        """The stage's key record from the current inputs; every consumed earlier stage
+        must be resolved already (doit's task order, or the planning walk)."""
+        name = planned.name
+        if name == "source":
+            tree = self.source_tree(run.recipe)[0]
+            record = key_record(name, self.codes[name], planned.options, {f"dir:{planned.options['saved_model']}": tree})
+            return Pending(record, stage_key(record))
+        inputs, stats = self.file_inputs(run, planned)
+        for role, stage in planned.consumes.items():
+            inputs[f"{role}:{stage}"] = run.outputs[stage].tree
+        for stage in planned.summaries:
+            out = run.outputs[stage]
+            inputs[f"summary:{stage}"] = summary_digest(out.summary, out.warnings)
+        record = key_record(name, self.codes[name], planned.options, inputs)
+        return Pending(record, stage_key(record), stats)
+
+    # --- records in the store -----------------------------------------------------
+    def entry(self, key: str) -> StageEntry | None:
+        if key not in self._entries:
+            self._entries[key] = self.store.get(key)
+        return self._entries[key]
+
+    def lookup(self, run: RecipeRun, planned: PlannedStage, pending: Pending, verify: bool = True) -> StageEntry | None:
+        """The stored record of this stage run, if there is one whose inputs (declared and
+        discovered) all match; its objects are verified (a damaged one is a miss)."""
+        assert pending.key is not None
+        key = pending.key
+        if planned.name not in ENGINE_STEPS and spec(planned.name).runs_user_code:
+            key = self.discovered_key(run, pending.key)
+            if key is None:
+                return None
+        entry = self.entry(key)
+        if entry is None:
+            return None
+        if verify and not self.store.verify(entry, self.stat):
+            self._entries.pop(key, None)
+            return None
+        return entry
+
+    def depfile(self, key: str) -> Path:
+        return self.store.root / "discovered" / key[:2] / f"{key}.json"
+
+    def discovered_key(self, run: RecipeRun, key: str) -> str | None:
+        """The final key of the candidate whose discovered files all still have the
+        content that was imported, newest candidate first."""
+        try:
+            candidates = json.loads(self.depfile(key).read_text())
+        except (OSError, ValueError):
+            return None
+        for candidate in reversed(candidates):
+            if all(self._current_hash(run, rel) == digest for rel, digest in candidate["files"].items()):
+                return candidate["key"]
+        return None
+
+    def _current_hash(self, run: RecipeRun, rel: str) -> str | None:
+        try:
+            return self.stat.file_hash(os.path.join(run.recipe.root, rel))
+        except OSError:
+            return None
+
+    def add_discovered(self, key: str, discovered: dict[str, str]) -> str:
+        """Record a candidate (files -> hashes) for `key`; returns the final key."""
+        final = hash_bytes(canonical_dumps({"key": key, "discovered": discovered}).encode())
+        path = self.depfile(key)
+        try:
+            candidates = json.loads(path.read_text())
+        except (OSError, ValueError):
+            candidates = []
+        candidates = [c for c in candidates if c.get("key") != final][-15:]  # bounded
+        candidates.append({"files": discovered, "key": final})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, json.dumps(candidates, sort_keys=True))
+        return final
+
+    def output_of(self, planned: PlannedStage, entry: StageEntry, directory: Path) -> Output:
+        return Output(planned.name, entry.key, entry.tree, directory, entry.files, entry.summary,
+                      list(entry.warnings), entry.record)
+
+    # --- publish ------------------------------------------------------------------
+    def publish_files(self, run: RecipeRun) -> list[FileEntry]:
+        """The published tree: the final model, plus the files the report stage wrote."""
+        planned = run.plan[-1]
+        files = {f.path: f for f in run.outputs[planned.consumes["model"]].files}
+        report = run.outputs.get("report")
+        for f in report.files if report else []:
+            if f.path in files:
+                raise StageError(f"report file {f.path} would overwrite a file of the model")
+            files[f.path] = f
+        return sorted(files.values(), key=lambda f: f.path)
+
+    def publish_key(self, run: RecipeRun, content: str) -> str:
+        return hash_bytes(canonical_dumps({"stage": "publish", "recipe": run.name, "content": content}).encode())
+
+    def published(self, run: RecipeRun) -> tuple[str, int | None]:
+        """(content digest, number of the newest version when it holds that content intact)."""
+        from tpubuild.engine import versions
+
+        content = tree_digest(self.publish_files(run))
+        number = versions.newest_matching(Path(self.ws.output_dir) / run.name, content, self.stat)
+        return content, number
+
+    # --- planning -----------------------------------------------------------------
+    def resolve(self, run: RecipeRun) -> list[Resolved]:
+        """Each stage's state without running anything: walks the chain while the store
+        has the earlier outputs (a stage after one that would run is `pending`)."""
+        out: list[Resolved] = []
+        blocked: str | None = None
+        for planned in run.plan:
+            if blocked:
+                out.append(Resolved(planned.name, "pending", None, None, [f"its input {blocked} will be rebuilt first"]))
+                continue
+            if planned.name == "publish":
+                content, number = self.published(run)
+                key = self.publish_key(run, content)
+                if number is None:
+                    out.append(Resolved("publish", "pending", key, None,
+                                        ["the newest published version has other content (or none exists)"], content))
+                else:
+                    run.version = number
+                    out.append(Resolved("publish", "cached", key, None, [], content))
+                continue
+            try:
+                pending = self.record_for(run, planned)
+                entry = self.lookup(run, planned, pending)
+            except (StageError, OSError) as exc:
+                message = str(exc) if isinstance(exc, StageError) else f"{exc.strerror}: {exc.filename}"
+                out.append(Resolved(planned.name, "failed", None, None, [message]))
+                blocked = planned.name
+                continue
+            if entry is None:
+                out.append(Resolved(planned.name, "pending", pending.key, pending.record))
+                blocked = planned.name
+                continue
+            run.outputs[planned.name] = self.output_of(planned, entry, self.store.trees / entry.tree)
+            out.append(Resolved(planned.name, "cached", entry.key, entry.record, [], entry.tree))
+        return out
+
+
+@dataclass
+class Resolved:
+    name: str
+    status: str  # cached | pending (would run) | failed (an input is missing)
+    key: str | None
+    record: dict[str, Any] | None
+    reasons: list[str] = field(default_factory=list)
+    output: str | None = None
+
+
+def _stat_tuple(st: os.stat_result) -> tuple:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def changed_inputs(root: Path, stats: dict[str, tuple], hashes: dict[str, str], stat: StatCache) -> list[str]:
+    """Declared files whose content differs from what the key hashed (after a stage ran).
+    A file whose stat is unchanged and was not modified within the racy window of its
+    hashing is unchanged; anything else is rehashed."""
+    import time
+
+    changed = []
+    now = time.time_ns()
+    for rel, before in stats.items():
+        path = os.path.join(root, rel)
+        try:
+            st = os.stat(path)
+        except OSError:
+            changed.append(rel)
+            continue
+        racy = now - before[4] < 3_000_000_000  # coarse timestamps: a same-tick rewrite keeps the stat
+        if _stat_tuple(st) != before or racy:
+            from tpubuild.engine.hashing import hash_file
+
+            if hash_file(path, st.st_size) != hashes[f"file:{rel}"]:
+                changed.append(rel)
+    return changed

@@ -1,0 +1,49 @@
+"""Reading slices of the canonical recipe, shared by the stages' SPECs (TensorFlow-free)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+Canonical = dict[str, Any]
+
+# Model-changing stages: each writes a SavedModel that the next one reads as `input_dir`.
+TRANSFORMS = frozenset({"source", "export", "quantize", "tpu", "bfloat16", "io_shape", "batch"})
+
+
+def tags(recipe: Canonical) -> list[str]:
+    return recipe["model"]["tags"]
+
+
+def converter(recipe: Canonical) -> dict[str, Any]:
+    return recipe["converter"]
+
+
+def effective_state(conv: dict[str, Any], field_name: str) -> bool:
+    """Whether a default optimization runs: ENABLED wins, DISABLED loses, DEFAULT follows
+    `disable_default_optimizations` (converter-reference.md, "The four default steps")."""
+    state = conv.get(field_name, "DEFAULT")
+    if state == "ENABLED":
+        return True
+    if state == "DISABLED":
+        return False
+    return not conv.get("disable_default_optimizations", False)
+
+
+def dataset_sources(recipe: Canonical) -> dict[str, dict[str, Any]]:
+    quant = converter(recipe).get("quantization_options") or {}
+    return quant.get("representative_datasets", {})
+
+
+def generated_datasets(recipe: Canonical) -> dict[str, dict[str, Any]]:
+    """The sources the `dataset` stage turns into TFRecord files (npz, generator)."""
+    return {k: v for k, v in dataset_sources(recipe).items() if "tfrecord_file_path" not in v}
+
+
+def tfrecord_files(sources: dict[str, dict[str, Any]]) -> list[str]:
+    """The given (not generated) TFRecord files of a signature -> source map."""
+    return sorted(s["tfrecord_file_path"] for s in sources.values() if "tfrecord_file_path" in s)
+
+
+def verify_datasets(recipe: Canonical) -> dict[str, dict[str, Any]]:
+    """Verify's samples: its own datasets where given, else the quantization datasets."""
+    return {**dataset_sources(recipe), **recipe["verify"].get("representative_datasets", {})}
