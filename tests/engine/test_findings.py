@@ -27,7 +27,7 @@ def test_dataset_warning_is_in_the_report(make_workspace):
     assert statuses(document, "few")["dataset"] == "built"
     version = ws / "out" / "few" / "1"
     expected = (
-        "few: representative_datasets.serving_default: recipes/models/few.npz: only 5 samples; "
+        "representative_datasets.serving_default: recipes/models/few.npz: only 5 samples; "
         "the converter recommends at least 200 for calibration"
     )
     report = json.loads((version / "tpubuild-report.json").read_text())

@@ -17,10 +17,13 @@ def test_lock_file_contents_and_determinism(built_once, built_workspace):
     ws0, first = built_once
     text = (ws0 / "recipes" / "toy.lock.yaml").read_text()
     lock = yaml.safe_load(text)
-    assert text.startswith("# Written by `tpubuild build`; commit it, do not edit it.\nschema: 1\nrecipe: toy\n")
-    assert list(lock) == [
-        "schema", "recipe", "recipe_digest", "tensorflow", "tpubuild", "inputs", "stages", "output", "published_version",
-    ]
+    assert text.startswith("# Written by `tpubuild build`; commit it, do not edit it.\nschema: 2\nrecipe: toy\n")
+    assert list(lock) == ["schema", "recipe", "recipe_digest", "toolchain", "inputs", "stages", "published_version"]
+    assert set(lock["toolchain"]) == {"python", "tensorflow", "numpy", "protobuf"}
+    # Verification errors are floats measured on this CPU: marked, and so is what embeds them.
+    measured = [s["stage"] for s in lock["stages"] if s.get("measured")]
+    assert measured == ["verify", "report", "publish"]
+    assert text.count("# measured on the building machine") == 2 * len(measured)
     assert list(lock["inputs"]) == ["dir:recipes/models/tiny"]
     assert [(s["stage"], s["key"]) for s in lock["stages"]] == [
         (row["stage"], row["key"]) for row in first["rows"] if row["recipe"] == "toy"
@@ -28,11 +31,13 @@ def test_lock_file_contents_and_determinism(built_once, built_workspace):
     assert all(len(s["key"]) == 64 and len(s["output"]) == 64 for s in lock["stages"])
     assert lock["published_version"] == 1
     manifest = json.loads((ws0 / "out" / "toy" / "1" / "tpubuild-manifest.json").read_text())
-    assert manifest["content"] == lock["output"]
+    assert manifest["content"] == lock["stages"][-1]["output"]
     assert manifest["recipe_digest"] == lock["recipe_digest"]
     assert [s["key"] for s in manifest["stages"]] == [s["key"] for s in lock["stages"][:-1]]
     cut = yaml.safe_load((ws0 / "recipes" / "cut.lock.yaml").read_text())
-    assert list(cut["inputs"]) == ["file:recipes/models/copy_export.py", "file:recipes/models/notes.py"]
+    # Declared files, and the modules the export imported (discovered).
+    assert list(cut["inputs"]) == ["file:recipes/models/copy_export.py", "file:recipes/models/notes.py",
+                                   "import:recipes/models/copy_export.py", "import:recipes/models/notes.py"]
     # Rebuilding changes no lock file, byte for byte.
     build_json(built_workspace)
     assert (built_workspace / "recipes" / "toy.lock.yaml").read_text() == text
@@ -46,10 +51,11 @@ def test_check_lists_the_recipes_whose_lock_would_change(built_workspace):
     (ws / "recipes" / "models" / "notes.py").write_text('NOTE = "second"\n')
     stale = tpubuild(ws, "build", "--check")
     assert stale.returncode == 1
-    assert stale.stdout.splitlines() == [
-        "recipes/cut.yaml: building would change recipes/cut.lock.yaml: input recipes/models/notes.py changed",
-        "recipes/toy.yaml: building would change recipes/toy.lock.yaml: the recipe changed",
-    ]
+    cut, toy = stale.stdout.splitlines()
+    assert cut.startswith("recipes/cut.yaml: building would change recipes/cut.lock.yaml: stage export would run "
+                          "(input file:recipes/models/notes.py: content changed (")
+    assert toy == ("recipes/toy.yaml: building would change recipes/toy.lock.yaml: stage verify would run "
+                   "(option samples: 4 -> 9)")
     assert sorted(os.listdir(ws / "out" / "toy")) == ["1"]  # nothing was built
 
 

@@ -104,7 +104,8 @@ def test_failing_recipe_under_j2_stops_only_its_own_chain(make_workspace):
     assert statuses(doc, "bad") == {"export": "failed", "verify": "skipped", "report": "skipped", "publish": "skipped"}
     assert statuses(doc, "good") == {"export": "built", "verify": "built", "report": "built", "publish": "built"}
     assert result.stderr.strip().splitlines()[-1] == (
-        "recipes/bad.yaml: stage export: recipes/models/bad_export.py: export: raised ValueError: no model today"
+        "recipes/bad.yaml: stage export: recipes/models/bad_export.py: export: raised ValueError: no model today "
+        "(at recipes/models/bad_export.py:2 in export)"
     )
     assert (ws / "recipes" / "good.lock.yaml").exists()
     assert not (ws / "recipes" / "bad.lock.yaml").exists()

@@ -343,6 +343,7 @@ def build(
         if todo:
             from tpubuild.engine.tasks import run_tasks
 
+            engine.store.clean_tmp()
             clean = False
             try:
                 run_tasks(engine, todo, jobs, ws.state_dir / "doit-deps.json")

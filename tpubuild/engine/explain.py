@@ -13,10 +13,10 @@ from tpubuild.engine.resolve import Output, RecipeRun, Resolved, new_runs
 __all__ = ["Resolved", "check_lines", "explain_lines", "resolve"]
 
 
-def resolve(ws: Any, recipe: Any, engine: Engine | None = None) -> list[Resolved]:
+def resolve(ws: Any, recipe: Any, engine: Engine | None = None, run: RecipeRun | None = None) -> list[Resolved]:
     """Each stage's state, with the reasons of every stage that would run."""
     engine = engine or Engine(ws)
-    run = new_runs([recipe])[0]
+    run = run or new_runs([recipe])[0]
     states = engine.resolver.resolve(run)
     lock = read_lock(recipe.lock_file) or {}
     old_keys = {s["stage"]: s["key"] for s in lock.get("stages", [])}
@@ -58,10 +58,12 @@ def check_lines(ws: Any, recipes: list[Any]) -> list[str]:
 
 
 def _stale(engine: Engine, run: RecipeRun) -> list[str]:
-    states = engine.resolver.resolve(run)
-    waiting = [s.name for s in states if s.status != "cached"]
+    states = resolve(engine.ws, run.recipe, engine, run)
+    waiting = [s for s in states if s.status != "cached"]
     if waiting:
-        return [f"stage {', '.join(waiting)} would run"]
+        first = waiting[0]
+        verb = "cannot run" if first.status == "failed" else "would run"
+        return [f"stage {first.name} {verb} ({'; '.join(first.reasons)})"]
     run.outputs["publish"] = Output("publish", states[-1].key or "", states[-1].output or "", engine.ws.output_dir, [])
     try:
         current = run.recipe.lock_file.read_text()

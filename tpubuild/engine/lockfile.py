@@ -14,6 +14,7 @@ and compares them with `git diff --exit-code -I '<MEASURED>$'`.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,9 @@ def lock_document(
     }
 
 
+_PLAIN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
 def _scalar(value: Any) -> str:
     """A YAML scalar: JSON's double-quoted strings are valid YAML, and plain hex digests stay plain."""
     if value is None:
@@ -63,8 +67,8 @@ def _scalar(value: Any) -> str:
     if isinstance(value, int):
         return str(value)
     text = str(value)
-    if text and all(c in "0123456789abcdef" for c in text) and not text.isdigit():
-        return text
+    if _PLAIN.fullmatch(text) and yaml.load(text, Loader=_Loader) == text:
+        return text  # a name or a hex digest reads the same unquoted
     return json.dumps(text, ensure_ascii=False)
 
 
