@@ -84,16 +84,17 @@ def canonical_dumps(value: Any) -> str:
 
 def key_record(
     stage: str, code: str, options: dict[str, Any], inputs: dict[str, str],
-    environ: Mapping[str, str] = os.environ,
+    environ: Mapping[str, str] | None = os.environ,
 ) -> dict[str, Any]:
-    """What a stage key hashes; kept in the store so `explain` can say what changed."""
+    """What a stage key hashes; kept in the store so `explain` can say what changed.
+    `environ=None` for the engine's own copy step, which no toolchain or variable changes."""
     return {
         "schema": RECORD_SCHEMA,
         "scheme": SCHEME,
         "stage": stage,
         "code": code,
-        "toolchain": toolchain(),
-        "env": key_env(environ),
+        "toolchain": toolchain() if environ is not None else {},
+        "env": key_env(environ) if environ is not None else {},
         "options": options,
         "inputs": dict(sorted(inputs.items())),
     }

@@ -132,7 +132,8 @@ class Resolver:
         name = planned.name
         if name == "source":
             tree = self.source_tree(run.recipe)[0]
-            record = key_record(name, self.codes[name], planned.options, {f"dir:{planned.options['saved_model']}": tree})
+            inputs = {f"dir:{planned.options['saved_model']}": tree}
+            record = key_record(name, self.codes[name], planned.options, inputs, environ=None)
             return Pending(record, stage_key(record))
         inputs, stats = self.file_inputs(run, planned)
         for role, stage in planned.consumes.items():
