@@ -17,10 +17,10 @@ import pytest
 from tests.engine.conftest import REPO
 from tpubuild.engine.gc import collect
 from tpubuild.engine.hashing import hash_file, walk_files
-from tpubuild.engine.statcache import StatCache, is_racy
+from tpubuild.engine.statcache import StatCache
 from tpubuild.engine.store import Store
-from tpubuild.engine.versions import MANIFEST, newest_matching, prune, publish, remove_published
-from tpubuild.errors import StageError
+from tpubuild.engine.versions import MANIFEST, newest_matching, prune, publish
+from tpubuild.errors import StageError, UsageError
 
 
 def _put(store: Store, key: str, files: dict[str, bytes], cache: StatCache | None = None):
@@ -94,8 +94,12 @@ def test_temp_cleanup_never_deletes_a_live_builds_work_dir(tmp_path):
     try:
         work = Path(proc.stdout.readline().strip())
         store = Store(tmp_path / "cache")
-        assert store.clean_tmp() == []  # what another build does first
+        cleaned = store.clean_tmp()  # what another build does first
         assert (work / "half-written").read_text() == "x"
+        assert cleaned == []
+        with pytest.raises(UsageError, match="^a tpubuild build is still using the cache .*; gave up after 0.3 s$"):
+            with store.exclusive(wait=0.3):  # what gc does
+                pass
         proc.send_signal(signal.SIGKILL)  # its flock goes with it
         proc.wait()
         assert store.clean_tmp() == [work.parent.name]
@@ -219,6 +223,8 @@ def test_same_size_rewrite_with_a_fixed_mtime_on_the_same_inode_is_rehashed(tmp_
 
 
 def test_racy_window_covers_coarse_timestamps():
+    from tpubuild.engine.statcache import is_racy
+
     second = 1_700_000_000 * 10**9
     # a file system with whole-second timestamps (FAT, ext3, HFS+): hashed 1.5 s after
     # its recorded change, a second write in that second would keep the same stat
@@ -244,6 +250,8 @@ def test_entries_of_deleted_files_are_pruned(tmp_path):
 # --- issue 13.2: only what tpubuild published is deleted ---------------------------------
 
 def test_prune_and_clean_leave_directories_tpubuild_did_not_publish(tmp_path):
+    from tpubuild.engine.versions import remove_published
+
     store = Store(tmp_path / "cache")
     recipe_dir = tmp_path / "out" / "toy"
     (recipe_dir / "1").mkdir(parents=True)
