@@ -28,23 +28,24 @@ import atexit
 import json
 import os
 import shutil
-import sqlite3
 import tempfile
 import threading
 import time
-import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
-
-from filelock import FileLock, Timeout
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from tpubuild.atomic import write_text_atomic
 from tpubuild.engine.fsutil import fsync_path, fsync_tree, place_file, replace_file
 from tpubuild.engine.hashing import SCHEME, FileEntry, hash_file, tree_digest, walk_files
 from tpubuild.engine.statcache import StatCache, stat_key
 from tpubuild.errors import StageError, UsageError
+
+if TYPE_CHECKING:
+    import sqlite3
+
+    from filelock import FileLock
 
 LAYOUT = "v1"
 WORKSPACE_FILE = "tpubuild.yaml"
@@ -108,7 +109,7 @@ class Store:
     # --- the store lock and per-process sessions -------------------------------------
     def _store_lock(self) -> FileLock:
         self.root.mkdir(parents=True, exist_ok=True)
-        return FileLock(self.lock_path, thread_local=False)
+        return _lock(self.lock_path)
 
     def session_dir(self) -> Path:
         """This process's private temp directory, made on first use. Its flock tells other
@@ -117,9 +118,9 @@ class Store:
             if self._session is not None:
                 return self._session
             self.tmp.mkdir(parents=True, exist_ok=True)
-            name = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            name = f"{os.getpid()}-{os.urandom(4).hex()}"
             with self._store_lock():  # never while gc collects; never raced by clean_tmp
-                lock = FileLock(self.tmp / f"{name}.lock", thread_local=False)
+                lock = _lock(self.tmp / f"{name}.lock")
                 lock.acquire()
                 (self.tmp / name).mkdir()
             self._session, self._session_lock = self.tmp / name, lock
@@ -148,6 +149,8 @@ class Store:
         """Remove the sessions of dead processes (their flock is free) and leftovers of
         older layouts. Skipped while gc holds the store (it cleans up itself). Returns the
         names removed."""
+        from filelock import Timeout
+
         if not self.tmp.exists():
             return []
         lock = self._store_lock()
@@ -161,6 +164,8 @@ class Store:
             lock.release()
 
     def _clean_dead_sessions(self) -> list[str]:
+        from filelock import Timeout
+
         removed = []
         own = self._session.name if self._session is not None else None
         names = set(os.listdir(self.tmp)) if self.tmp.exists() else set()
@@ -169,7 +174,7 @@ class Store:
             if base == own or (name == base and f"{name}.lock" in names):
                 continue
             if name.endswith(".lock"):
-                owner = FileLock(self.tmp / name, thread_local=False)
+                owner = _lock(self.tmp / name)
                 try:
                     owner.acquire(timeout=0)
                 except Timeout:
@@ -192,12 +197,14 @@ class Store:
 
     def live_sessions(self) -> list[Path]:
         """The lock files of sessions whose owner is alive (other processes)."""
+        from filelock import Timeout
+
         live = []
         own = self._session.name if self._session is not None else None
         for name in sorted(os.listdir(self.tmp)) if self.tmp.exists() else []:
             if not name.endswith(".lock") or name.removesuffix(".lock") == own:
                 continue
-            probe = FileLock(self.tmp / name, thread_local=False)
+            probe = _lock(self.tmp / name)
             try:
                 probe.acquire(timeout=0)
                 probe.release()
@@ -209,6 +216,8 @@ class Store:
     def exclusive(self, wait: float = 3600.0, notify: Callable[[str], None] = lambda m: None) -> Iterator[None]:
         """Hold the store alone: no session can start, and every running one has ended
         (gc, verify-cache). Waits up to `wait` seconds."""
+        from filelock import Timeout
+
         lock = self._store_lock()
         deadline = time.monotonic() + wait
         try:
@@ -224,7 +233,7 @@ class Store:
             if live:
                 notify(f"waiting for {len(live)} running tpubuild build(s) using the cache {self.root.parent}")
             for path in live:
-                owner = FileLock(path, thread_local=False)
+                owner = _lock(path)
                 try:
                     owner.acquire(timeout=max(0.0, deadline - time.monotonic()))
                     owner.release()
@@ -241,6 +250,8 @@ class Store:
     def _index(self) -> sqlite3.Connection:
         if self._db is None:
             self.root.mkdir(parents=True, exist_ok=True)
+            import sqlite3  # here: planning commands never open the index
+
             db = sqlite3.connect(self.index_path, timeout=60, check_same_thread=False, isolation_level=None)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
@@ -526,6 +537,15 @@ class Store:
             shutil.rmtree(trash, ignore_errors=True)
         except OSError:
             pass
+
+
+def _lock(path: Path) -> FileLock:
+    """A filelock (flock) on `path`, one per process rather than per thread (sessions
+    are per process; threads share them under `Store._guard`). Imported here, so that
+    planning commands (explain, --dry-run) never pay for it."""
+    from filelock import FileLock
+
+    return FileLock(path, thread_local=False)
 
 
 def _dev_ino(path: Path) -> tuple[int, int] | None:
