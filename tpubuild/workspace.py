@@ -164,9 +164,9 @@ def check_output_overlap(ws: Workspace, recipes: list[Any]) -> list[str]:
             path = Path(os.path.realpath(Path(recipe.root) / fixed))
             for name, directory in owned:
                 if path == directory or directory in path.parents:
-                    problems.append(f"{recipe.rel_file}: {where} {rel} is inside {name} "
-                                    f"{ws.display(directory)}, which tpubuild rewrites; move one of them")
+                    problems.append(f"{recipe.rel_file}: {where} {rel} is inside {name} {ws.display(directory)}, "
+                                    "whose content tpubuild deletes and rewrites; move one of them")
                 elif path in directory.parents:
-                    problems.append(f"{recipe.rel_file}: {name} {ws.display(directory)} is inside {where} "
-                                    f"{rel}, which tpubuild rewrites; move one of them")
+                    problems.append(f"{recipe.rel_file}: {name} {ws.display(directory)} is inside {where} {rel}, "
+                                    "so tpubuild would write into the recipe's input; move one of them")
     return problems

@@ -177,6 +177,6 @@ def test_output_dir_holding_the_recipes_is_an_error_and_clean_deletes_nothing(ma
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == (
         "error: recipes/recipes.yaml: model.saved_model recipes/models/tiny is inside output_dir ., "
-        "which tpubuild rewrites; move one of them\n"
+        "whose content tpubuild deletes and rewrites; move one of them\n"
     )
     assert sorted(p.relative_to(ws) for p in ws.rglob("*") if ".tpubuild" not in p.parts) == before

@@ -308,6 +308,19 @@ class Store:
                 out[root] = {k for (k,) in db.execute("SELECT key FROM refs WHERE root = ?", (root,))}
             return out
 
+    def _index_entry(self, entry: StageEntry) -> None:
+        """Add a new entry and its objects to the index. The files on disk are the truth
+        (gc scans them), so an index that cannot be written does not fail the stage."""
+        import sqlite3
+
+        try:
+            with self._transaction() as db:
+                db.executemany("INSERT OR REPLACE INTO objects VALUES (?, ?)", [(f.hash, f.size) for f in entry.files])
+                db.execute("INSERT OR REPLACE INTO stages VALUES (?, ?, ?, ?)",
+                           (entry.key, entry.stage, entry.tree, time.time()))
+        except sqlite3.Error:
+            pass
+
     def forget(self, keys: set[str], objects: set[str]) -> None:
         """Drop removed stage entries and objects from the index (gc)."""
         with self._transaction() as db:
@@ -378,9 +391,7 @@ class Store:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(path, json.dumps(entry.to_json(), sort_keys=True))
         fsync_path(path.parent)
-        with self._transaction() as db:
-            db.executemany("INSERT OR REPLACE INTO objects VALUES (?, ?)", [(f.hash, f.size) for f in entries])
-            db.execute("INSERT OR REPLACE INTO stages VALUES (?, ?, ?, ?)", (key, stage, entry.tree, time.time()))
+        self._index_entry(entry)
         shutil.rmtree(out_dir, ignore_errors=True)
         return entry
 
