@@ -271,3 +271,18 @@ def test_prune_and_clean_leave_directories_tpubuild_did_not_publish(tmp_path):
     assert [(p.name, why) for p, why in left] == [
         ("1", f"no readable {MANIFEST}"), ("2", f"holds files its {MANIFEST} does not list (extra)")]
     assert (recipe_dir / "1" / "mine.txt").exists() and (recipe_dir / "2" / "extra").exists()
+
+
+def test_ingesting_a_source_model_replaces_a_damaged_object(tmp_path):
+    from tpubuild.engine.hashing import FileEntry
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "saved_model.pb").write_bytes(b"the user's model")
+    entry = FileEntry("saved_model.pb", hash_file(tmp_path / "src" / "saved_model.pb"), 16)
+    Store(tmp_path / "cache").ingest_copies([entry], tmp_path / "src", StatCache(None))
+    obj = Store(tmp_path / "cache").object_path(entry.hash)
+    os.chmod(obj, 0o644)
+    obj.write_bytes(b"damaged in cache")
+    Store(tmp_path / "cache").ingest_copies([entry], tmp_path / "src", StatCache(None))
+    assert obj.read_bytes() == b"the user's model"
+    assert os.stat(obj).st_ino != os.stat(tmp_path / "src" / "saved_model.pb").st_ino

@@ -461,13 +461,14 @@ class Store:
         except FileNotFoundError:
             pass
 
-    def ingest_copies(self, files: list[FileEntry], src_root: Path) -> None:
+    def ingest_copies(self, files: list[FileEntry], src_root: Path, stat_cache: StatCache | None = None) -> None:
         """Copy files of a user directory (a source SavedModel) into the store, so what is
-        published never shares an inode with the user's files."""
+        published never shares an inode with the user's files. With `stat_cache`, an
+        existing object is verified (and replaced when damaged), not trusted."""
         work = None
         for f in files:
             obj = self.object_path(f.hash)
-            if os.path.exists(obj):
+            if self._object_ok(f.hash, stat_cache) if stat_cache is not None else os.path.exists(obj):
                 continue
             work = work or self.new_workdir("ingest")
             tmp = os.path.join(work, f.hash)
