@@ -286,3 +286,16 @@ def test_ingesting_a_source_model_replaces_a_damaged_object(tmp_path):
     Store(tmp_path / "cache").ingest_copies([entry], tmp_path / "src", StatCache(None))
     assert obj.read_bytes() == b"the user's model"
     assert os.stat(obj).st_ino != os.stat(tmp_path / "src" / "saved_model.pb").st_ino
+
+
+def test_max_size_drops_least_recently_used_unreferenced_entries_only(tmp_path):
+    ws = _workspace(tmp_path / "ws")
+    store = Store(tmp_path / "shared-cache")
+    for n, key in enumerate(("a" * 64, "b" * 64, "c" * 64)):
+        _put(store, key, {"f": bytes([n]) * 1000})
+        os.utime(store.entry_path(key), (1000 + n, 1000 + n))  # a: least recently used
+    store.register_workspace(ws, {"a" * 64})
+    store.close()
+    result = collect(Store(tmp_path / "shared-cache"), set(), keep_days=None, max_size=2000)
+    assert (result.entries_removed, result.bytes_kept) == (1, 2000)
+    assert [store.has(k * 64) for k in "abc"] == [True, False, True]
