@@ -468,7 +468,8 @@ class Store:
         work = None
         for f in files:
             obj = self.object_path(f.hash)
-            if self._object_ok(f.hash, stat_cache) if stat_cache is not None else os.path.exists(obj):
+            present = self._object_ok(f.hash, stat_cache) if stat_cache is not None else obj.exists()
+            if present:
                 continue
             work = work or self.new_workdir("ingest")
             tmp = os.path.join(work, f.hash)
