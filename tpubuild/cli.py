@@ -30,6 +30,7 @@ VERBS = {
     "report": "report",
     "clean": "clean",
     "gc": "gc",
+    "verify-cache": "verify_cache",
 }
 
 

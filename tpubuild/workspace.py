@@ -10,7 +10,7 @@ from typing import Any
 from tpubuild.config.paths import rebase
 from tpubuild.config.schema import schema_diagnostics
 from tpubuild.config.yamlload import Marks, read_yaml_file
-from tpubuild.errors import ConfigError, Diagnostic, UsageError
+from tpubuild.errors import ConfigError, Diagnostic, TpubuildError, UsageError
 
 WORKSPACE_FILE = "tpubuild.yaml"
 STATE_DIR = ".tpubuild"  # tpubuild's own files (dep file, stat cache, locks) live here
@@ -25,6 +25,7 @@ class Workspace:
     output_dir: Path | None = None
     cache_dir: Path | None = None
     keep_versions: int | None = None
+    link_type: str = "copy"  # how versions are published: copy (reflink or copy) | hardlink
     defaults: dict[str, Any] = field(default_factory=dict)
     defaults_marks: Marks = field(default_factory=Marks)
 
@@ -89,6 +90,7 @@ def load_workspace(start: Path | None = None, override: Path | None = None) -> W
         output_dir=root / data.get("output_dir", "out"),
         cache_dir=root / data.get("cache_dir", f"{STATE_DIR}/cache"),
         keep_versions=data.get("keep_versions"),
+        link_type=data.get("link_type", "copy"),
         defaults=defaults,
         defaults_marks=defaults_marks,
     )
@@ -113,3 +115,58 @@ def implicit_workspace(directory: Path) -> Workspace:
         cache_dir=root / STATE_DIR / "cache",
     )
 
+
+
+class OutputOverlapError(TpubuildError):
+    """output_dir or cache_dir overlaps a recipe's inputs (exit code 2), one line each."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+    def lines(self) -> list[str]:
+        return [f"error: {p}" for p in self.problems]
+
+
+def recipe_inputs(canonical: dict[str, Any]) -> list[tuple[str, str]]:
+    """(field, workspace-relative path) of what a recipe reads from the workspace: the
+    SavedModel directory or the export script's directory and deps, and dataset files."""
+    model = canonical.get("model", {})
+    found = []
+    if "saved_model" in model:
+        found.append(("model.saved_model", model["saved_model"]))
+    if "export" in model:
+        export = model["export"]
+        found.append(("model.export.script", os.path.dirname(export["script"]) or "."))
+        found += [("model.export.deps", dep) for dep in export.get("deps", [])]
+    quant = (canonical.get("converter") or {}).get("quantization_options") or {}
+    sources = [("converter.quantization_options.representative_datasets", s)
+               for s in quant.get("representative_datasets", {}).values()]
+    sources += [("verify.representative_datasets", s)
+                for s in (canonical.get("verify") or {}).get("representative_datasets", {}).values()]
+    for where, source in sources:
+        for key in ("tfrecord_file_path", "npz", "module_file"):
+            if key in source:
+                found.append((f"{where}.{key}", source[key]))
+    return found
+
+
+def check_output_overlap(ws: Workspace, recipes: list[Any]) -> list[str]:
+    """One line per recipe input that is inside output_dir or cache_dir, or contains one:
+    tpubuild deletes and rewrites what is in those directories, so they must never hold
+    (or be held by) a file the user owns. Globs are checked by their fixed prefix."""
+    owned = [(name, Path(os.path.realpath(d))) for name, d in (("output_dir", ws.output_dir), ("cache_dir", ws.cache_dir))
+             if d is not None]
+    problems = []
+    for recipe in recipes:
+        for where, rel in recipe_inputs(recipe.canonical):
+            fixed = rel.split("*", 1)[0].split("?", 1)[0].split("[", 1)[0]
+            path = Path(os.path.realpath(Path(recipe.root) / fixed))
+            for name, directory in owned:
+                if path == directory or directory in path.parents:
+                    problems.append(f"{recipe.rel_file}: {where} {rel} is inside {name} {ws.display(directory)}, "
+                                    "whose content tpubuild deletes and rewrites; move one of them")
+                elif path in directory.parents:
+                    problems.append(f"{recipe.rel_file}: {name} {ws.display(directory)} is inside {where} {rel}, "
+                                    "so tpubuild would write into the recipe's input; move one of them")
+    return problems

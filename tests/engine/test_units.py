@@ -60,7 +60,8 @@ def test_publish_numbers_versions_and_prunes(tmp_path):
         (out / "f").write_text(str(n))
         entry = store.put(f"{n}" * 64, "s", out, {}, [], {}, cache)
         files = [(f, store.object_path(f.hash)) for f in entry.files]
-        assert publish(recipe_dir, files, {"content": entry.tree}, keep=2) == n + 1
+        manifest = {"recipe": "toy", "content": entry.tree, "files": {f.path: f.hash for f in entry.files}}
+        assert publish(recipe_dir, files, manifest, keep=2) == n + 1
     assert version_numbers(recipe_dir) == [3, 4]
     assert sorted(os.listdir(recipe_dir)) == ["3", "4"]
     assert (recipe_dir / "4" / "f").read_text() == "3"

@@ -13,26 +13,27 @@ from tpubuild.commands._common import recipes_from
 @click.argument("targets", nargs=-1)
 @click.pass_context
 def command(ctx: click.Context, targets: tuple[str, ...]) -> int:
-    """Remove `<output_dir>/<recipe>/` for TARGETs (names or globs; none = all).
+    """Remove the versions tpubuild published in `<output_dir>/<recipe>/` for TARGETs
+    (names or globs; none = all).
 
-    The cache is kept, so the next build republishes without running stages.
+    Only directories holding a tpubuild-manifest.json for that recipe, with exactly the
+    files it lists, are removed; anything else there is left and reported. The cache is
+    kept, so the next build republishes without running stages.
     """
-    import os
-    import shutil
-    import tempfile
-
+    from tpubuild.engine.versions import remove_published
     from tpubuild.engine.wslock import WorkspaceLock
+    from tpubuild.workspace import OutputOverlapError, check_output_overlap
 
     ws, recipes = recipes_from(ctx, targets)
+    problems = check_output_overlap(ws, recipes)
+    if problems:
+        raise OutputOverlapError(problems)
     with WorkspaceLock(ws.state_dir) as lock:
         lock.acquire(3600, notify=lambda m: click.echo(m, err=True))
         for recipe in recipes:
-            recipe_dir = ws.output_dir / recipe.name
-            if not recipe_dir.exists():
-                continue
-            # Renamed away first: a killed clean never leaves a half-deleted version.
-            trash = tempfile.mkdtemp(prefix=f".trash-{recipe.name}-", dir=ws.output_dir)
-            os.rename(recipe_dir, os.path.join(trash, "x"))
-            shutil.rmtree(trash, ignore_errors=True)
-            click.echo(f"removed {ws.display(recipe_dir)}")
+            removed, left = remove_published(ws.output_dir / recipe.name, recipe.name)
+            for path in removed:
+                click.echo(f"removed {ws.display(path)}")
+            for path, why in left:
+                click.echo(f"warning: {ws.display(path)}: {why}; left in place", err=True)
     return 0

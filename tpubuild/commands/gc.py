@@ -7,7 +7,7 @@ from tpubuild.commands._common import workspace_from
 
 @click.command(
     "gc",
-    short_help="Remove cache entries no lock file references.",
+    short_help="Remove cache entries no workspace references.",
     epilog="\b\nExamples:\n  tpubuild gc                   keep what lock files use, and 30 days of others\n"
     "  tpubuild gc --keep-days 0     keep only what lock files use\n"
     "  tpubuild gc --max-size 2G     drop least recently used entries until 2 GiB",
@@ -18,8 +18,9 @@ from tpubuild.commands._common import workspace_from
 def command(ctx: click.Context, keep_days: float | None, max_size: str | None) -> int:
     """Garbage-collect the workspace cache.
 
-    Stage outputs referenced by any recipe's lock file are always kept; published
-    versions are hardlinks and stay intact.
+    Stage outputs referenced by this workspace's lock files, or by any other existing
+    workspace that uses the same cache_dir, are always kept. Published versions are
+    never touched (they are copies, or hard links that stay intact).
     """
     from tpubuild.config.recipe import LOCK_SUFFIX, discover
     from tpubuild.engine.gc import collect, parse_size, referenced_keys
@@ -35,9 +36,13 @@ def command(ctx: click.Context, keep_days: float | None, max_size: str | None) -
         raise UsageError(f"--max-size: {max_size!r} is not a size like 500M or 2G") from None
     ws = workspace_from(ctx)
     locks = [p.with_name(p.name.rsplit(".", 1)[0] + LOCK_SUFFIX) for p in discover(ws)]
+    notify = lambda m: click.echo(m, err=True)  # noqa: E731
     with WorkspaceLock(ws.state_dir) as lock:
-        lock.acquire(3600, notify=lambda m: click.echo(m, err=True))
-        result = collect(Store(ws.cache_dir), referenced_keys(locks), keep_days, limit)
+        lock.acquire(3600, notify=notify)
+        store = Store(ws.cache_dir)
+        referenced = referenced_keys(locks)
+        store.register_workspace(ws.root, referenced, ws.file)  # its lock files are what it uses now
+        result = collect(store, referenced, keep_days, limit, notify=notify)
     click.echo(
         f"removed {result.entries_removed} stage entries and {result.objects_removed} objects "
         f"({result.bytes_freed} bytes); {result.bytes_kept} bytes kept"

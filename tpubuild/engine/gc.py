@@ -1,13 +1,21 @@
-"""Cache garbage collection: keep what lock files reference and what was used recently."""
+"""Cache garbage collection: keep what any workspace using the cache references, and what
+was used recently.
+
+A cache can be shared by several workspaces (`cache_dir` pointing to one directory), so
+the lock files of the workspace running `gc` are not enough: every workspace registers
+the stage keys it references in the store's index after each build (and at each `gc`),
+and `gc` keeps the keys of every registered workspace that still exists. It runs with
+the store held exclusively (`Store.exclusive`): no build using the cache is running.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from tpubuild.engine.store import Store
 
@@ -20,13 +28,29 @@ class GcResult:
     bytes_kept: int
 
 
-def collect(store: Store, referenced: set[str], keep_days: float | None, max_size: int | None) -> GcResult:
-    """Drop stage entries that no lock file references and that were not used within
-    `keep_days` (or, with `max_size`, the least recently used until the cache fits)."""
+def collect(
+    store: Store,
+    referenced: set[str],
+    keep_days: float | None,
+    max_size: int | None,
+    notify: Callable[[str], None] = lambda m: None,
+) -> GcResult:
+    """Drop stage entries that neither `referenced` (the current workspace's lock files)
+    nor any registered workspace references and that were not used within `keep_days`
+    (or, with `max_size`, the least recently used until the cache fits)."""
+    with store.exclusive(notify=notify):
+        for keys in store.workspace_references().values():
+            referenced = referenced | keys
+        return _collect(store, referenced, keep_days, max_size)
+
+
+def _collect(store: Store, referenced: set[str], keep_days: float | None, max_size: int | None) -> GcResult:
     entries = []  # (last used, key, path, object hashes)
     if store.stages.exists():
         for sub in os.listdir(store.stages):
             for name in os.listdir(store.stages / sub):
+                if not name.endswith(".json") or name.startswith("."):
+                    continue  # a temp file of an interrupted write
                 path = store.stages / sub / name
                 try:
                     data = json.loads(path.read_text())
@@ -58,18 +82,21 @@ def collect(store: Store, referenced: set[str], keep_days: float | None, max_siz
     live = {h for e in kept for h in e[3]}
     live_trees = {e[4] for e in kept}
     objects_removed = freed = 0
+    gone = set()
     for digest, size in sizes.items():
         if digest not in live:
             try:
                 os.unlink(store.object_path(digest))
                 objects_removed += 1
                 freed += size
+                gone.add(digest)
             except FileNotFoundError:
                 pass
     if store.trees.exists():
         for tree in os.listdir(store.trees):
             if tree not in live_trees:
-                shutil.rmtree(store.trees / tree, ignore_errors=True)
+                store.remove_dir(store.trees / tree)  # renamed away first: never half a checkout
+    store.forget(removed_keys, gone)
     return GcResult(len(removed_keys), objects_removed, freed, sum(sizes.get(h, 0) for h in live))
 
 

@@ -7,10 +7,13 @@ of algorithm or layout gets a new name instead of a permanent "legacy" store.
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 import blake3
+
+from tpubuild.errors import StageError
 
 SCHEME = "blake3-tree-v1"
 # Below this size the thread pool costs more than it saves.
@@ -56,17 +59,58 @@ def tree_digest(entries: list[FileEntry]) -> str:
     return hasher.hexdigest()
 
 
-def walk_files(root: Path) -> list[tuple[str, os.stat_result]]:
-    """Every regular file below `root` (symlinks followed) as (relative POSIX path, stat)."""
-    out: list[tuple[str, os.stat_result]] = []
+def walk_files(root: Path | str, symlinks: str = "inside") -> list[tuple[str, os.stat_result]]:
+    """Every regular file below `root` as (relative POSIX path, stat), sorted.
+
+    Never follows a link out of the tree: with `symlinks="inside"` (a user's SavedModel) a
+    symbolic link whose target is inside `root` is read as its target, one pointing
+    anywhere else is an error; with `symlinks="reject"` (a stage's output, which goes into
+    the store) every symbolic link is an error. FIFOs, sockets and devices are always
+    errors: reading one blocks or never ends. Errors name the path."""
     root_str = os.fspath(root)
-    for dirpath, dirnames, filenames in os.walk(root_str, followlinks=True):
-        dirnames.sort()
-        rel_dir = os.path.relpath(dirpath, root_str)
-        for name in filenames:
-            full = os.path.join(dirpath, name)
-            st = os.stat(full)
-            rel = name if rel_dir == "." else f"{rel_dir}/{name}".replace(os.sep, "/")
-            out.append((rel, st))
+    real_root = os.path.realpath(root_str)
+    out: list[tuple[str, os.stat_result]] = []
+    seen_dirs = {real_root}
+
+    def visit(directory: str, rel_dir: str) -> None:
+        with os.scandir(directory) as it:
+            items = sorted(it, key=lambda e: e.name)
+        for item in items:
+            rel = f"{rel_dir}{item.name}"
+            full = os.path.join(directory, item.name)
+            st = item.stat(follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                target = os.path.realpath(full)
+                if symlinks != "inside":
+                    raise StageError(f"{full}: a symbolic link (to {os.readlink(full)}); "
+                                     "stage outputs must be regular files")
+                if os.path.commonpath([real_root, target]) != real_root:
+                    raise StageError(f"{full}: a symbolic link to {target}, outside {root_str}")
+                try:
+                    st = os.stat(full)
+                except FileNotFoundError:
+                    raise StageError(f"{full}: a symbolic link to {target}, which does not exist") from None
+                if stat.S_ISDIR(st.st_mode):
+                    if target in seen_dirs:
+                        raise StageError(f"{full}: a symbolic link to {target}, which makes a cycle")
+                    seen_dirs.add(target)
+            if stat.S_ISDIR(st.st_mode):
+                visit(full, f"{rel}/")
+            elif stat.S_ISREG(st.st_mode):
+                out.append((rel, st))
+            else:
+                raise StageError(f"{full}: {_kind(st.st_mode)}, not a regular file")
+
+    visit(root_str, "")
     out.sort()
     return out
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device file"
+    return "a special file"

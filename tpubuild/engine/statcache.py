@@ -1,8 +1,22 @@
-"""The stat cache: (size, mtime_ns, inode) of a path -> its content hash.
+"""The stat cache: the stat of a path -> its content hash.
 
 Timestamps never decide a rebuild; they only say "this file is unchanged, reuse its
-hash". A file modified within RACY_NS of being hashed is not cached, because a second
-edit in the same clock tick would keep the same stat (git's "racy clean" problem).
+hash". The stat compared is (device, inode, size, mtime_ns, ctime_ns): mtime alone can be
+set back (tar, `SOURCE_DATE_EPOCH`, `touch -d`), but any write or rename also sets ctime,
+which no user call can set, and a file replaced on a reused inode or another device
+differs in those.
+
+Racy entries (git's "racy clean" problem): a file written in the same timestamp tick as
+it was hashed could change again without its stat changing. So a hash is remembered
+across commands only when the file's mtime and ctime are older than the racy window
+before the hash was taken. The window follows the file system's timestamp granularity,
+read from the file's own ctime (which no user call can set): a ctime on a whole second
+means a coarse file system (FAT's 2 s mtime, ext3, HFS+, many network file systems), so
+2 s; otherwise the timestamps are fine-grained but advance with the kernel's clock tick
+(at most 10 ms), so 100 ms. Fresher files are hashed again by the next command, once.
+
+Pruning: entries of files that no longer exist (or whose stat changed, so they would be
+rehashed anyway) are dropped when the cache is saved, so the file does not grow forever.
 """
 
 from __future__ import annotations
@@ -15,7 +29,23 @@ from pathlib import Path
 from tpubuild.atomic import write_text_atomic
 from tpubuild.engine.hashing import SCHEME, FileEntry, hash_file, tree_digest, walk_files
 
-RACY_NS = 50_000_000
+RACY_COARSE_NS = 2_000_000_000
+RACY_FINE_NS = 100_000_000
+FORMAT = 2  # entries: path -> [dev, ino, size, mtime_ns, ctime_ns, hash]
+
+
+def stat_key(st: os.stat_result) -> list[int]:
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def racy_window(ctime_ns: int) -> int:
+    """How long after its last change a file's stat cannot prove its content (above)."""
+    return RACY_COARSE_NS if ctime_ns % 1_000_000_000 == 0 else RACY_FINE_NS
+
+
+def is_racy(mtime_ns: int, ctime_ns: int, hashed_at: int) -> bool:
+    """Whether a hash read at `hashed_at` may miss a change made in the same tick."""
+    return max(mtime_ns, ctime_ns) + racy_window(ctime_ns) >= hashed_at
 
 
 class StatCache:
@@ -24,44 +54,45 @@ class StatCache:
     def __init__(self, path: Path | None):
         self.path = path
         self.entries: dict[str, list] = {}
+        self.seen: set[str] = set()  # paths looked up or recorded by this command
         self.dirty = False
         self.files_hashed = 0
         self.bytes_hashed = 0
-        self.racy: dict[str, tuple[list, str]] = {}  # hashed too soon after a write
         if path is not None:
             try:
                 data = json.loads(path.read_text())
-                if data.get("scheme") == SCHEME:
+                if data.get("scheme") == SCHEME and data.get("format") == FORMAT:
                     self.entries = data["entries"]
-            except (OSError, ValueError, KeyError):
+            except (OSError, ValueError, KeyError, AttributeError):
                 pass  # a missing or damaged cache only costs rehashing
 
     def file_hash(self, path: str, st: os.stat_result | None = None) -> str:
         """The content hash of `path` (absolute), from the cache when its stat is unchanged."""
         if st is None:
             st = os.stat(path)
-        stat_key = [st.st_size, st.st_mtime_ns, st.st_ino]
+        self.seen.add(path)
         cached = self.entries.get(path)
-        if cached is not None and cached[:3] == stat_key:
-            return cached[3]
+        if cached is not None and cached[:5] == stat_key(st):
+            return cached[5]
+        started = time.time_ns()
         digest = hash_file(path, st.st_size)
         self.files_hashed += 1
         self.bytes_hashed += st.st_size
-        self.record(path, st, digest)
+        self.record(path, st, digest, started)
         return digest
 
-    def record(self, path: str, st: os.stat_result, digest: str) -> None:
-        """Remember that `path` with stat `st` has content `digest` (unless racy)."""
-        stat_key = [st.st_size, st.st_mtime_ns, st.st_ino]
-        cached = self.entries.get(path)
-        if time.time_ns() - st.st_mtime_ns > RACY_NS:
-            self.entries[path] = [*stat_key, digest]
-            self.dirty = True
-        else:
-            self.racy[path] = (stat_key, digest)
-            if cached is not None:
-                self.entries.pop(path, None)
+    def record(self, path: str, st: os.stat_result, digest: str, hashed_at: int | None = None) -> None:
+        """Remember that `path` with stat `st` has content `digest`, unless `st` is too
+        fresh to prove it (`hashed_at`: when the content was read; default now)."""
+        self.seen.add(path)
+        hashed_at = time.time_ns() if hashed_at is None else hashed_at
+        if not is_racy(st.st_mtime_ns, st.st_ctime_ns, hashed_at):
+            entry = [*stat_key(st), digest]
+            if self.entries.get(path) != entry:
+                self.entries[path] = entry
                 self.dirty = True
+        elif self.entries.pop(path, None) is not None:
+            self.dirty = True
 
     def tree(self, root: Path) -> tuple[str, list[FileEntry]]:
         """(Merkle hash, entries) of the directory `root`."""
@@ -72,26 +103,32 @@ class StatCache:
             entries.append(FileEntry(rel, self.file_hash(full, st), st.st_size))
         return tree_digest(entries), entries
 
-    def settle(self) -> None:
-        """Once the racy window has passed, rehash the files that were too fresh to cache
-        (git's answer to "racy clean" entries), so the next command finds them cached."""
-        if not self.racy:
-            return
-        newest = max(stat_key[1] for stat_key, _ in self.racy.values())
-        time.sleep(max(0.0, (newest + RACY_NS - time.time_ns()) / 1e9))
-        for path, (stat_key, digest) in self.racy.items():
-            try:
-                st = os.stat(path)
-                if [st.st_size, st.st_mtime_ns, st.st_ino] == stat_key and hash_file(path, st.st_size) == digest:
-                    self.entries[path] = [*stat_key, digest]
-                    self.dirty = True
-            except OSError:
+    def prune(self) -> int:
+        """Drop the entries of files that are gone or changed (not looked at by this
+        command, so unchecked): one lstat each, no hashing. Returns how many."""
+        gone = []
+        for path, entry in self.entries.items():
+            if path in self.seen:
                 continue
-        self.racy.clear()
+            try:
+                if stat_key(os.stat(path)) != entry[:5]:
+                    gone.append(path)
+            except OSError:
+                gone.append(path)
+        for path in gone:
+            del self.entries[path]
+        if gone:
+            self.dirty = True
+        return len(gone)
 
     def save(self) -> None:
-        self.settle()
+        """Write the cache if it changed. It is only an optimization: a failed write (a
+        full disk, a read-only state dir) costs rehashing next time, never the command."""
+        self.prune()
         if self.dirty and self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(self.path, json.dumps({"scheme": SCHEME, "entries": self.entries}))
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                write_text_atomic(self.path, json.dumps({"scheme": SCHEME, "format": FORMAT, "entries": self.entries}))
+            except OSError:
+                return
             self.dirty = False

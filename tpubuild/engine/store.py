@@ -1,32 +1,54 @@
-"""The content-addressed store under the workspace cache dir (layout `v1/`).
+"""The content-addressed store under `cache_dir` (layout `v1/`), safe to share by several
+workspaces and concurrent builds on one machine.
 
 - `v1/objects/ab/cdef...`: file contents by BLAKE3 hash, read-only.
 - `v1/stages/ab/<key>.json`: per stage key, the output tree (path -> object), the stage's
   summary and warnings, and the key record (what `explain` diffs).
 - `v1/trees/<tree hash>/`: a checkout of a tree as hardlinks to objects: the input
-  directory of the next stage.
-- `v1/tmp/`: stage working directories; whatever is left there after a crash is garbage.
-Every entry appears by an atomic rename, so a killed build leaves no half entry behind.
+  directory of the next stage. Never trusted because it exists: each use compares every
+  file with its (verified) object and replaces a wrong one by a temp link + rename, so a
+  reader of the old file is never disturbed and a partial checkout is repaired.
+- `v1/tmp/<session>/` + `v1/tmp/<session>.lock`: one directory per build process, holding
+  its stage work dirs and checkout temps, with a flock the process holds for its whole
+  life. `clean_tmp` removes only sessions whose flock is free, i.e. whose owner is dead.
+- `v1/lock`: the store lock (filelock). Taken briefly to open a session and to clean
+  sessions; `gc` and `verify-cache` hold it and wait for every live session to end, so
+  nothing is collected from under a running build.
+- `v1/index.sqlite`: objects, stage records, and the workspaces that use this cache with
+  the stage keys each references; `gc` keeps everything a still-existing registered
+  workspace references.
+
+Durability: every file is fsynced before the rename that publishes it, and the directory
+holding the new name after it; a killed process leaves no half entry, object or checkout.
 """
 
 from __future__ import annotations
 
-import errno
+import atexit
 import json
 import os
 import shutil
 import tempfile
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from tpubuild.atomic import write_text_atomic
+from tpubuild.engine.fsutil import fsync_path, fsync_tree, place_file, replace_file
 from tpubuild.engine.hashing import SCHEME, FileEntry, hash_file, tree_digest, walk_files
-from tpubuild.engine.statcache import StatCache
-from tpubuild.errors import StageError
+from tpubuild.engine.statcache import StatCache, stat_key
+from tpubuild.errors import StageError, UsageError
+
+if TYPE_CHECKING:
+    import sqlite3
+
+    from filelock import FileLock
 
 LAYOUT = "v1"
+WORKSPACE_FILE = "tpubuild.yaml"
 
 
 @dataclass
@@ -74,6 +96,236 @@ class Store:
         self.stages = self.root / "stages"
         self.trees = self.root / "trees"
         self.tmp = self.root / "tmp"
+        self.lock_path = self.root / "lock"
+        self.index_path = self.root / "index.sqlite"
+        self._guard = threading.RLock()  # filelock is reentrant per process, not per thread
+        self._session: Path | None = None
+        self._session_lock: FileLock | None = None
+        self._db: sqlite3.Connection | None = None
+        # Objects this process hashed itself, with the stat they had: trusted while the
+        # stat is unchanged (the stat cache cannot keep them: they are too fresh).
+        self._verified: dict[str, list[int]] = {}
+
+    # --- the store lock and per-process sessions -------------------------------------
+    def _store_lock(self) -> FileLock:
+        self.root.mkdir(parents=True, exist_ok=True)
+        return _lock(self.lock_path)
+
+    def session_dir(self) -> Path:
+        """This process's private temp directory, made on first use. Its flock tells other
+        processes that it is alive; gc waits for it, `clean_tmp` leaves it alone."""
+        with self._guard:
+            if self._session is not None:
+                return self._session
+            self.tmp.mkdir(parents=True, exist_ok=True)
+            name = f"{os.getpid()}-{os.urandom(4).hex()}"
+            with self._store_lock():  # never while gc collects; never raced by clean_tmp
+                lock = _lock(self.tmp / f"{name}.lock")
+                lock.acquire()
+                (self.tmp / name).mkdir()
+            self._session, self._session_lock = self.tmp / name, lock
+            atexit.register(self.close)
+            return self._session
+
+    new_build_tmp = session_dir
+
+    def close(self) -> None:
+        """End this process's session: its temp directory goes, its flock is dropped."""
+        with self._guard:
+            if self._session is None or self._session_lock is None:
+                return
+            shutil.rmtree(self._session, ignore_errors=True)
+            try:
+                os.unlink(f"{self._session}.lock")
+            except OSError:
+                pass
+            self._session_lock.release()
+            self._session = self._session_lock = None
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+    def clean_tmp(self) -> list[str]:
+        """Remove the sessions of dead processes (their flock is free) and leftovers of
+        older layouts. Skipped while gc holds the store (it cleans up itself). Returns the
+        names removed."""
+        from filelock import Timeout
+
+        if not self.tmp.exists():
+            return []
+        lock = self._store_lock()
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            return []
+        try:
+            return self._clean_dead_sessions()
+        finally:
+            lock.release()
+
+    def _clean_dead_sessions(self) -> list[str]:
+        from filelock import Timeout
+
+        removed = []
+        own = self._session.name if self._session is not None else None
+        names = set(os.listdir(self.tmp)) if self.tmp.exists() else set()
+        for name in sorted(names):
+            base = name.removesuffix(".lock")
+            if base == own or (name == base and f"{name}.lock" in names):
+                continue
+            if name.endswith(".lock"):
+                owner = _lock(self.tmp / name)
+                try:
+                    owner.acquire(timeout=0)
+                except Timeout:
+                    continue  # alive
+                try:
+                    self.remove_dir(self.tmp / base)
+                    os.unlink(self.tmp / name)
+                except OSError:
+                    pass
+                finally:
+                    owner.release()
+            else:  # no lock file: a crash before the lock existed, or an older layout
+                self.remove_dir(self.tmp / name)
+            removed.append(base)
+        if self.trees.exists():  # checkout temps of older versions lived here
+            for name in os.listdir(self.trees):
+                if name.startswith("."):
+                    shutil.rmtree(self.trees / name, ignore_errors=True)
+        return removed
+
+    def live_sessions(self) -> list[Path]:
+        """The lock files of sessions whose owner is alive (other processes)."""
+        from filelock import Timeout
+
+        live = []
+        own = self._session.name if self._session is not None else None
+        for name in sorted(os.listdir(self.tmp)) if self.tmp.exists() else []:
+            if not name.endswith(".lock") or name.removesuffix(".lock") == own:
+                continue
+            probe = _lock(self.tmp / name)
+            try:
+                probe.acquire(timeout=0)
+                probe.release()
+            except Timeout:
+                live.append(self.tmp / name)
+        return live
+
+    @contextmanager
+    def exclusive(self, wait: float = 3600.0, notify: Callable[[str], None] = lambda m: None) -> Iterator[None]:
+        """Hold the store alone: no session can start, and every running one has ended
+        (gc, verify-cache). Waits up to `wait` seconds."""
+        from filelock import Timeout
+
+        lock = self._store_lock()
+        deadline = time.monotonic() + wait
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            notify(f"waiting for another tpubuild command that holds the cache {self.root.parent}")
+            try:
+                lock.acquire(timeout=wait)
+            except Timeout:
+                raise UsageError(f"the cache {self.root.parent} stayed busy; gave up after {wait:g} s") from None
+        try:
+            live = self.live_sessions()
+            if live:
+                notify(f"waiting for {len(live)} running tpubuild build(s) using the cache {self.root.parent}")
+            for path in live:
+                owner = _lock(path)
+                try:
+                    owner.acquire(timeout=max(0.0, deadline - time.monotonic()))
+                    owner.release()
+                except Timeout:
+                    raise UsageError(
+                        f"a tpubuild build is still using the cache {self.root.parent}; gave up after {wait:g} s"
+                    ) from None
+            self._clean_dead_sessions()
+            yield
+        finally:
+            lock.release()
+
+    # --- the index ---------------------------------------------------------------------
+    def _index(self) -> sqlite3.Connection:
+        if self._db is None:
+            self.root.mkdir(parents=True, exist_ok=True)
+            import sqlite3  # here: planning commands never open the index
+
+            db = sqlite3.connect(self.index_path, timeout=60, check_same_thread=False, isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            db.executescript(
+                "CREATE TABLE IF NOT EXISTS objects(hash TEXT PRIMARY KEY, size INTEGER NOT NULL);"
+                "CREATE TABLE IF NOT EXISTS stages(key TEXT PRIMARY KEY, stage TEXT, tree TEXT, created REAL);"
+                "CREATE TABLE IF NOT EXISTS workspaces(root TEXT PRIMARY KEY, file TEXT, registered REAL);"
+                "CREATE TABLE IF NOT EXISTS refs(root TEXT, recipe TEXT, key TEXT, PRIMARY KEY(root, recipe, key));"
+            )
+            self._db = db
+        return self._db
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._guard:
+            db = self._index()
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+    def register_workspace(self, root: Path, keys: set[str] | dict[str, set[str]], file: Path | None = None) -> None:
+        """Record which stage keys the workspace at `root` references (gc keeps them while
+        the workspace exists). A set replaces all of the workspace's references; a dict
+        {recipe: keys} replaces those recipes' only (a build of some recipes)."""
+        root_s = os.fspath(Path(root).resolve())
+        file_s = os.fspath(file or Path(root_s) / WORKSPACE_FILE)
+        with self._transaction() as db:
+            db.execute("INSERT OR REPLACE INTO workspaces VALUES (?, ?, ?)", (root_s, file_s, time.time()))
+            if isinstance(keys, dict):
+                for recipe, recipe_keys in keys.items():
+                    db.execute("DELETE FROM refs WHERE root = ? AND recipe = ?", (root_s, recipe))
+                    db.executemany("INSERT OR IGNORE INTO refs VALUES (?, ?, ?)",
+                                   [(root_s, recipe, k) for k in recipe_keys])
+            else:
+                db.execute("DELETE FROM refs WHERE root = ?", (root_s,))
+                db.executemany("INSERT OR IGNORE INTO refs VALUES (?, '', ?)", [(root_s, k) for k in keys])
+
+    def workspace_references(self, forget_missing: bool = True) -> dict[str, set[str]]:
+        """Registered workspace root -> the keys it references. Workspaces whose file no
+        longer exists are dropped from the index (`forget_missing`)."""
+        with self._transaction() as db:
+            rows = db.execute("SELECT root, file FROM workspaces").fetchall()
+            out: dict[str, set[str]] = {}
+            for root, file in rows:
+                if not os.path.isfile(file):
+                    if forget_missing:
+                        db.execute("DELETE FROM workspaces WHERE root = ?", (root,))
+                        db.execute("DELETE FROM refs WHERE root = ?", (root,))
+                    continue
+                out[root] = {k for (k,) in db.execute("SELECT key FROM refs WHERE root = ?", (root,))}
+            return out
+
+    def _index_entry(self, entry: StageEntry) -> None:
+        """Add a new entry and its objects to the index. The files on disk are the truth
+        (gc scans them), so an index that cannot be written does not fail the stage."""
+        import sqlite3
+
+        try:
+            with self._transaction() as db:
+                db.executemany("INSERT OR REPLACE INTO objects VALUES (?, ?)", [(f.hash, f.size) for f in entry.files])
+                db.execute("INSERT OR REPLACE INTO stages VALUES (?, ?, ?, ?)",
+                           (entry.key, entry.stage, entry.tree, time.time()))
+        except sqlite3.Error:
+            pass
+
+    def forget(self, keys: set[str], objects: set[str]) -> None:
+        """Drop removed stage entries and objects from the index (gc)."""
+        with self._transaction() as db:
+            db.executemany("DELETE FROM stages WHERE key = ?", [(k,) for k in keys])
+            db.executemany("DELETE FROM objects WHERE hash = ?", [(h,) for h in objects])
 
     # --- stage entries -------------------------------------------------------------
     def entry_path(self, key: str) -> Path:
@@ -101,8 +353,8 @@ class Store:
             pass
 
     def new_workdir(self, label: str) -> Path:
-        self.tmp.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f"{label}-", dir=self.tmp))
+        """A work directory inside this process's session (no other build deletes it)."""
+        return Path(tempfile.mkdtemp(prefix=f"{label}-", dir=self.session_dir()))
 
     def put(
         self,
@@ -114,22 +366,32 @@ class Store:
         record: dict,
         stat_cache: StatCache | None = None,
     ) -> StageEntry:
-        """Move the files of `out_dir` into the store and record them under `key`."""
+        """Move the files of `out_dir` into the store and record them under `key`.
+        Symbolic links and special files in the output are a StageError naming them."""
+        self.session_dir()
         entries = []
-        for rel, st in walk_files(out_dir):
+        parents: set[Path] = set()
+        for rel, st in walk_files(out_dir, symlinks="reject"):
             src = os.path.join(out_dir, rel)
             digest = hash_file(src, st.st_size)
             entries.append(FileEntry(rel, digest, st.st_size))
             obj = self.object_path(digest)
-            if not os.path.exists(obj):
-                obj.parent.mkdir(parents=True, exist_ok=True)
-                os.chmod(src, 0o444)
-                os.replace(src, obj)  # same file system: cache_dir holds tmp/ too
-                if stat_cache is not None:
-                    stat_cache.record(os.fspath(obj), os.stat(obj), digest)
+            if self._object_ok(digest, stat_cache):
+                continue
+            obj.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(src, 0o444)
+            fsync_path(src)
+            os.replace(src, obj)  # same file system: cache_dir holds tmp/ too
+            self._verified[digest] = stat_key(os.stat(obj))
+            parents.add(obj.parent)
+        for parent in parents:
+            fsync_path(parent)
         entry = StageEntry(key, stage, tree_digest(entries), entries, summary, warnings, record)
-        self.entry_path(key).parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(self.entry_path(key), json.dumps(entry.to_json(), sort_keys=True))
+        path = self.entry_path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, json.dumps(entry.to_json(), sort_keys=True))
+        fsync_path(path.parent)
+        self._index_entry(entry)
         shutil.rmtree(out_dir, ignore_errors=True)
         return entry
 
@@ -137,69 +399,135 @@ class Store:
     def object_path(self, digest: str) -> Path:
         return self.objects / digest[:2] / digest[2:]
 
+    def _object_ok(self, digest: str, stat_cache: StatCache | None) -> bool:
+        """Whether the object exists with the right content (trusted when this process
+        verified it and its stat did not change since; else hashed via the stat cache)."""
+        obj = os.fspath(self.object_path(digest))
+        try:
+            st = os.stat(obj)
+        except FileNotFoundError:
+            return False
+        if self._verified.get(digest) == stat_key(st):
+            return True
+        actual = (stat_cache or StatCache(None)).file_hash(obj, st)
+        if actual == digest:
+            self._verified[digest] = stat_key(st)
+            return True
+        return False
+
     def verify(self, entry: StageEntry, stat_cache: StatCache) -> bool:
         """Whether every object of `entry` exists with the right content; a corrupted object
-        is deleted so the stage is rebuilt (never used)."""
+        is deleted so the stage is rebuilt (never used). Checkouts are left alone: each
+        use of one compares it with the objects (`checkout`)."""
+        self.session_dir()  # from here on, gc waits for this build
         ok = True
         for f in entry.files:
-            obj = self.object_path(f.hash)
-            try:
-                actual = stat_cache.file_hash(os.fspath(obj))
-            except FileNotFoundError:
-                ok = False
-                continue
-            if actual != f.hash:
+            if not self._object_ok(f.hash, stat_cache):
                 self.discard_object(f.hash)
                 ok = False
         return ok
 
+    def all_objects(self) -> list[str]:
+        digests = []
+        for sub in sorted(os.listdir(self.objects)) if self.objects.exists() else []:
+            digests += [sub + name for name in sorted(os.listdir(self.objects / sub)) if not name.startswith(".")]
+        return digests
+
+    def verify_all(self, progress: Callable[[str], None] = lambda digest: None) -> list[str]:
+        """Rehash every object, whatever its stat says (`verify-cache`; call under
+        `exclusive`); a corrupted one is removed, so the next build rebuilds its stage.
+        Returns the removed digests."""
+        bad = []
+        for digest in self.all_objects():
+            progress(digest)
+            obj = self.object_path(digest)
+            try:
+                ok = hash_file(obj) == digest
+            except OSError:
+                ok = False
+            if ok:
+                self._verified[digest] = stat_key(os.stat(obj))
+            else:
+                self.discard_object(digest)
+                bad.append(digest)
+        return bad
+
     def discard_object(self, digest: str) -> None:
-        """Remove a bad object and every checkout that could share its inode."""
+        """Remove a bad object. Only the object: a concurrent build reading a checkout keeps
+        its open files, and the next use of that checkout relinks the rebuilt object."""
+        self._verified.pop(digest, None)
         try:
             os.unlink(self.object_path(digest))
         except FileNotFoundError:
             pass
-        if self.trees.exists():
-            for tree in os.listdir(self.trees):
-                self._remove_dir(self.trees / tree)
 
-    def ingest_copies(self, files: list[FileEntry], src_root: Path) -> None:
+    def ingest_copies(self, files: list[FileEntry], src_root: Path, stat_cache: StatCache | None = None) -> None:
         """Copy files of a user directory (a source SavedModel) into the store, so what is
-        published never shares an inode with the user's files."""
+        published never shares an inode with the user's files. With `stat_cache`, an
+        existing object is verified (and replaced when damaged), not trusted."""
+        work = None
         for f in files:
             obj = self.object_path(f.hash)
-            if os.path.exists(obj):
+            present = self._object_ok(f.hash, stat_cache) if stat_cache is not None else obj.exists()
+            if present:
                 continue
+            work = work or self.new_workdir("ingest")
+            tmp = os.path.join(work, f.hash)
+            place_file(os.path.join(src_root, f.path), tmp, "copy")
+            if hash_file(tmp) != f.hash:
+                raise StageError(f"{os.path.join(src_root, f.path)} changed while it was being read")
             obj.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".ingest-", dir=obj.parent)
-            os.close(fd)
-            try:
-                shutil.copyfile(os.path.join(src_root, f.path), tmp)
-                if hash_file(tmp) != f.hash:
-                    raise StageError(f"{os.path.join(src_root, f.path)} changed while it was being read")
-                os.chmod(tmp, 0o444)
-                os.replace(tmp, obj)
-            except BaseException:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-                raise
+            os.replace(tmp, obj)
+            fsync_path(obj.parent)
+            self._verified[f.hash] = stat_key(os.stat(obj))
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
 
     # --- checkouts -----------------------------------------------------------------
     def checkout(self, entry: StageEntry) -> Path:
-        """The tree of `entry` as a directory of read-only hardlinks (made once)."""
+        """The tree of `entry` as a directory of read-only hardlinks to its objects (which
+        the caller verified). An existing checkout is checked file by file against the
+        objects' inodes and repaired in place; a new one appears by a rename."""
         dest = self.trees / entry.tree
-        if dest.is_dir():
+        if dest.is_dir() and self._repair_checkout(entry, dest):
             return dest
         self.trees.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".checkout-", dir=self.trees))
-        self.materialize(entry.files, tmp)
+        work = self.new_workdir("checkout")
+        self.materialize(entry.files, work / "tree")
+        fsync_tree(work / "tree")
+        if dest.is_dir():  # a checkout too damaged to repair: set it aside, readers keep it
+            os.rename(dest, work / "old")
         try:
-            os.rename(tmp, dest)
-        except OSError as exc:
-            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            os.rename(work / "tree", dest)
+        except OSError:
+            if not (dest.is_dir() and self._repair_checkout(entry, dest)):  # another build's
                 raise
-            shutil.rmtree(tmp, ignore_errors=True)  # another build made the same checkout
+        fsync_path(self.trees)
+        shutil.rmtree(work, ignore_errors=True)
         return dest
+
+    def _repair_checkout(self, entry: StageEntry, dest: Path) -> bool:
+        """Make `dest` hold exactly `entry`'s files, each the object's inode; False when it
+        cannot be repaired in place (a directory where a file should be, a link...)."""
+        expected = {f.path: f for f in entry.files}
+        try:
+            present = dict(walk_files(dest, symlinks="reject"))
+        except (StageError, OSError):
+            return False
+        try:
+            for rel in present.keys() - expected.keys():
+                os.unlink(dest / rel)  # a stage must not write into its input; undo it
+            for rel, f in expected.items():
+                obj = self.object_path(f.hash)
+                st = present.get(rel)
+                if st is not None and (st.st_dev, st.st_ino) == _dev_ino(obj):
+                    continue
+                target = dest / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                replace_file(obj, target, "hardlink")
+        except OSError:
+            return False
+        return True
 
     def materialize(self, files: list[FileEntry], dest: Path, prefix: str = "") -> None:
         """Hardlink the objects of `files` into `dest` (copy when linking is impossible)."""
@@ -212,35 +540,40 @@ class Store:
                 made.add(parent)
             link_or_copy(self.object_path(f.hash), target)
 
-    def _remove_dir(self, path: Path) -> None:
+    def remove_dir(self, path: Path) -> None:
+        """Rename away first, then delete: never a half-deleted directory under its name."""
+        if not os.path.lexists(path):
+            return
         try:
-            trash = Path(tempfile.mkdtemp(prefix=".trash-", dir=self.tmp if self.tmp.exists() else path.parent))
+            trash = Path(tempfile.mkdtemp(prefix=".trash-", dir=path.parent))
             os.rename(path, trash / "x")
             shutil.rmtree(trash, ignore_errors=True)
         except OSError:
             pass
 
-    def clean_tmp(self) -> None:
-        """Drop work directories left by killed builds (call under the workspace lock)."""
-        if self.tmp.exists():
-            shutil.rmtree(self.tmp, ignore_errors=True)
-        if self.trees.exists():
-            for name in os.listdir(self.trees):
-                if name.startswith("."):
-                    shutil.rmtree(self.trees / name, ignore_errors=True)
+
+def _lock(path: Path) -> FileLock:
+    """A filelock (flock) on `path`, one per process rather than per thread (sessions
+    are per process; threads share them under `Store._guard`). Imported here, so that
+    planning commands (explain, --dry-run) never pay for it."""
+    from filelock import FileLock
+
+    return FileLock(path, thread_local=False)
 
 
-def link_or_copy(src: Path | str, dst: str) -> None:
+def _dev_ino(path: Path) -> tuple[int, int] | None:
     try:
-        os.link(src, dst)
-    except OSError as exc:
-        if exc.errno == errno.EEXIST:
-            os.unlink(dst)
-            os.link(src, dst)
-        elif exc.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
-            shutil.copyfile(src, dst)
-            os.chmod(dst, 0o444)
-        elif exc.errno == errno.ENOSPC:
-            raise StageError(f"no space left on device while writing {dst}") from None
-        else:
-            raise
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def link_or_copy(src: Path | str, dst: str, link_type: str = "hardlink") -> None:
+    """Place `src` at `dst` (replacing it) as a hard link, or a reflink/copy when
+    `link_type` is "copy" or linking is impossible."""
+    try:
+        os.unlink(dst)
+    except FileNotFoundError:
+        pass
+    place_file(src, dst, link_type, durable=False)

@@ -1,8 +1,22 @@
 """Published versions: `<output_dir>/<recipe>/<N>/`, TF Serving's numbered layout.
 
-A version is assembled in a hidden temp directory beside the numbered ones and renamed
-into place, so the highest number (what TF Serving serves) is always complete. A new
-number appears only when the content differs from the newest version's.
+A version is assembled in a hidden temp directory beside the numbered ones, fsynced and
+renamed into place, so the highest number (what TF Serving serves) is always complete.
+A new number appears only when the content differs from the newest version's.
+
+Publishing modes (workspace `link_type`):
+- `copy` (default): each file is a reflink of the cache object where the file system
+  supports it (btrfs, XFS, ...), else a copy. Either way it is its own inode: writing
+  into `out/alpha/1/x` (even as root, or after `chmod u+w`) can change neither the cache
+  nor another recipe's or version's files.
+- `hardlink`: each file is a hard link to the cache object: instant and no extra space,
+  but the cache object and every published file with the same content are one inode.
+  A damaged file is detected at the next build (its stat changes, so it is rehashed) and
+  restored in place from a rebuilt object.
+
+What tpubuild deletes (`clean`, pruning): only a directory `<recipe>/<N>/` holding a
+`tpubuild-manifest.json` that names that recipe and lists exactly the files there.
+Anything else in the output directory is the user's: it is left and reported.
 """
 
 from __future__ import annotations
@@ -13,11 +27,11 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from tpubuild.engine.hashing import FileEntry
+from tpubuild.engine.fsutil import fsync_path, place_file, replace_file
+from tpubuild.engine.hashing import FileEntry, hash_file
 from tpubuild.engine.statcache import StatCache
-from tpubuild.engine.store import link_or_copy
 from tpubuild.errors import StageError
 
 MANIFEST = "tpubuild-manifest.json"
@@ -33,32 +47,64 @@ def version_numbers(recipe_dir: Path) -> list[int]:
 
 def read_manifest(version_dir: Path) -> dict[str, Any] | None:
     try:
-        return json.loads((version_dir / MANIFEST).read_text())
+        data = json.loads((version_dir / MANIFEST).read_text())
     except (OSError, ValueError):
         return None
+    return data if isinstance(data, dict) else None
+
+
+def damaged_files(version_dir: Path, manifest: dict[str, Any], stat_cache: StatCache) -> list[str]:
+    """The files of a published version whose content is not what its manifest lists."""
+    bad = []
+    for rel, digest in sorted(manifest.get("files", {}).items()):
+        try:
+            if stat_cache.file_hash(os.path.join(version_dir, rel)) != digest:
+                bad.append(rel)
+        except OSError:
+            bad.append(rel)
+    return bad
 
 
 def intact(version_dir: Path, manifest: dict[str, Any], stat_cache: StatCache) -> bool:
     """Whether the files of a published version still have the content its manifest lists."""
-    for rel, digest in manifest.get("files", {}).items():
-        try:
-            if stat_cache.file_hash(os.path.join(version_dir, rel)) != digest:
-                return False
-        except OSError:
-            return False
-    return True
+    return not damaged_files(version_dir, manifest, stat_cache)
 
 
-def newest_matching(recipe_dir: Path, content: str, stat_cache: StatCache) -> int | None:
-    """The newest version's number if it holds `content`, intact; else None."""
+def newest_matching(
+    recipe_dir: Path,
+    content: str,
+    stat_cache: StatCache,
+    files: list[tuple[FileEntry, Path]] | None = None,
+    link_type: str = "copy",
+    restored: list[Path] | None = None,
+) -> int | None:
+    """The newest version's number if it holds `content`, intact; else None.
+
+    With `files` ((entry, object path) pairs of that content, objects verified), damaged
+    files of that version are restored in place (fresh copy or link + rename) instead of
+    publishing a new N; their paths are appended to `restored`."""
     numbers = version_numbers(recipe_dir)
     if not numbers:
         return None
     version_dir = recipe_dir / str(numbers[-1])
     manifest = read_manifest(version_dir)
-    if manifest and manifest.get("content") == content and intact(version_dir, manifest, stat_cache):
+    if not manifest or manifest.get("content") != content:
+        return None
+    bad = damaged_files(version_dir, manifest, stat_cache)
+    if not bad:
         return numbers[-1]
-    return None
+    if files is None:
+        return None
+    objects = {entry.path: (entry, obj) for entry, obj in files}
+    if any(rel not in objects for rel in bad):
+        return None
+    for rel in bad:
+        entry, obj = objects[rel]
+        replace_file(obj, version_dir / rel, link_type)
+        stat_cache.record(os.fspath(version_dir / rel), os.stat(version_dir / rel), entry.hash)
+        if restored is not None:
+            restored.append(version_dir / rel)
+    return numbers[-1]
 
 
 def publish(
@@ -67,18 +113,24 @@ def publish(
     manifest: dict[str, Any],
     keep: int | None,
     stat_cache: StatCache | None = None,
+    link_type: str = "copy",
+    warn: Callable[[str], None] | None = None,
 ) -> int:
-    """Write a new version from (entry, object path) pairs and the manifest; returns N."""
+    """Write a new version from (entry, object path) pairs and the manifest; returns N.
+    `link_type`: "copy" (reflink or copy, the default) or "hardlink" (module docstring)."""
     try:
         recipe_dir.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=recipe_dir))
     except OSError as exc:
         raise StageError(f"cannot write the output directory {recipe_dir}: {exc.strerror}") from None
     try:
+        made = {tmp}
         for entry, obj in files:
             target = tmp / entry.path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            link_or_copy(obj, os.fspath(target))
+            if target.parent not in made:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                made.add(target.parent)
+            place_file(obj, target, link_type)
         number = (version_numbers(recipe_dir) or [0])[-1] + 1
         manifest = dict(manifest, version=number)
         with open(tmp / MANIFEST, "w") as f:
@@ -87,30 +139,138 @@ def publish(
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o755)
+        for directory in sorted(made, key=lambda p: -len(p.parts)):
+            fsync_path(directory)
         os.rename(tmp, recipe_dir / str(number))
-        if stat_cache is not None:  # hardlinks of objects whose hashes are known
+        fsync_path(recipe_dir)
+        if stat_cache is not None:  # files whose hashes are known
             for entry, _ in files:
                 path = os.path.join(recipe_dir, str(number), entry.path)
                 stat_cache.record(path, os.stat(path), entry.hash)
-    except OSError as exc:
+    except (OSError, StageError) as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, StageError):
+            raise
         if exc.errno == errno.ENOSPC:
             raise StageError(f"no space left on device while publishing to {recipe_dir}") from None
         raise StageError(f"cannot write the output directory {recipe_dir}: {exc.strerror}") from None
     if keep:
-        prune(recipe_dir, keep)
+        prune(recipe_dir, keep, warn)
     return number
 
 
-def prune(recipe_dir: Path, keep: int) -> list[int]:
-    """Remove all but the newest `keep` versions: renamed away first, so never half-deleted."""
+def published_versions(output_dir: Path) -> list[Path]:
+    """Every `<output_dir>/<recipe>/<N>/` whose manifest names that recipe."""
+    found = []
+    for name in sorted(os.listdir(output_dir)) if output_dir.is_dir() else []:
+        recipe_dir = output_dir / name
+        for number in version_numbers(recipe_dir):
+            manifest = read_manifest(recipe_dir / str(number))
+            if manifest is not None and manifest.get("recipe") == name:
+                found.append(recipe_dir / str(number))
+    return found
+
+
+def repair_version(version_dir: Path, object_path: Callable[[str], Path], link_type: str = "copy"
+                   ) -> tuple[list[Path], list[Path]]:
+    """Rehash every file of a published version against its manifest (whatever its stat
+    says); restore a damaged one from its object when the object exists (the caller
+    verified the objects). Returns (restored, damaged and not restorable)."""
+    manifest = read_manifest(version_dir) or {}
+    restored, lost = [], []
+    for rel, digest in sorted(manifest.get("files", {}).items()):
+        path = version_dir / rel
+        try:
+            if hash_file(path) == digest:
+                continue
+        except OSError:
+            pass
+        obj = object_path(digest)
+        if obj.is_file():
+            replace_file(obj, path, link_type)
+            restored.append(path)
+        else:
+            lost.append(path)
+    return restored, lost
+
+
+def not_published_reason(version_dir: Path, recipe: str) -> str | None:
+    """None when `version_dir` is a version tpubuild published for `recipe` (its manifest
+    names the recipe and lists exactly the files there); else why it is not."""
+    if version_dir.is_symlink() or not version_dir.is_dir():
+        return "not a directory tpubuild published"
+    manifest = read_manifest(version_dir)
+    if manifest is None:
+        return f"no readable {MANIFEST}"
+    if manifest.get("recipe") != recipe:
+        return f"its {MANIFEST} is for recipe {manifest.get('recipe')!r}, not {recipe!r}"
+    listed = set(manifest.get("files", {})) | {MANIFEST}
+    present = set()
+    for dirpath, dirnames, filenames in os.walk(version_dir):
+        rel_dir = os.path.relpath(dirpath, version_dir)
+        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            present.add(name if rel_dir == "." else Path(rel_dir, name).as_posix())
+    if present != listed:
+        extra = sorted(present - listed)
+        what = f"files its {MANIFEST} does not list ({', '.join(extra[:3])})" if extra else \
+            f"fewer files than its {MANIFEST} lists"
+        return f"holds {what}"
+    return None
+
+
+def _delete(path: Path) -> None:
+    """Rename away first, then delete: a killed command never leaves half a version."""
+    trash = Path(tempfile.mkdtemp(prefix=".trash-", dir=path.parent))
+    os.rename(path, trash / "v")
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def prune(recipe_dir: Path, keep: int, warn: Callable[[str], None] | None = None) -> list[int]:
+    """Remove all but the newest `keep` versions tpubuild published; a numbered directory
+    that is not one of them is left (and reported through `warn`)."""
     removed = []
     for number in version_numbers(recipe_dir)[:-keep]:
-        trash = Path(tempfile.mkdtemp(prefix=".trash-", dir=recipe_dir))
-        os.rename(recipe_dir / str(number), trash / "v")
-        shutil.rmtree(trash, ignore_errors=True)
+        version_dir = recipe_dir / str(number)
+        reason = not_published_reason(version_dir, recipe_dir.name)
+        if reason is not None:
+            if warn is not None:
+                warn(f"{version_dir}: {reason}; left in place")
+            continue
+        _delete(version_dir)
         removed.append(number)
     return removed
+
+
+def remove_published(recipe_dir: Path, recipe: str) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """`tpubuild clean`: delete the versions of `recipe` in `recipe_dir`, then the directory
+    when nothing else is left. Returns (paths removed, [(path left, why)])."""
+    removed: list[Path] = []
+    left: list[tuple[Path, str]] = []
+    if recipe_dir.is_symlink() or not recipe_dir.is_dir():
+        if os.path.lexists(recipe_dir):
+            left.append((recipe_dir, "not a directory tpubuild published"))
+        return removed, left
+    names = sorted(os.listdir(recipe_dir))
+    reasons = {name: not_published_reason(recipe_dir / name, recipe) for name in names if name.isdigit()}
+    if None not in reasons.values():  # nothing here is ours: one line for the directory
+        left.append((recipe_dir, f"holds no version tpubuild published for recipe {recipe!r}"))
+        return removed, left
+    clean_temp(recipe_dir)
+    for name in sorted(os.listdir(recipe_dir)):
+        path = recipe_dir / name
+        reason = reasons.get(name, "not a version tpubuild published")
+        if reason is not None:
+            left.append((path, reason))
+            continue
+        _delete(path)
+        removed.append(path)
+    if not left:
+        try:
+            os.rmdir(recipe_dir)
+            removed = [recipe_dir]
+        except OSError:
+            pass
+    return removed, left
 
 
 def clean_temp(recipe_dir: Path) -> None:

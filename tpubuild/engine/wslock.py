@@ -1,16 +1,18 @@
-"""The workspace lock: one `tpubuild build` at a time writes a workspace's cache and outputs.
+"""The workspace lock: one `tpubuild build` at a time writes a workspace's outputs and lock
+files (the store has its own lock in `cache_dir`, see store.py).
 
-An flock on `.tpubuild/build.lock`: the kernel drops it when the holder dies, even by
-SIGKILL, so a killed build never leaves a stale lock behind.
+A `filelock` lock (an flock) on `.tpubuild/build.lock`: the kernel drops it when the
+holder dies, even by SIGKILL, so a killed build never leaves a stale lock behind. The
+holder writes its pid into the file, for the message of whoever waits.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
-import time
 from pathlib import Path
 from typing import Callable
+
+from filelock import FileLock, Timeout
 
 from tpubuild.errors import UsageError
 
@@ -18,38 +20,29 @@ from tpubuild.errors import UsageError
 class WorkspaceLock:
     def __init__(self, state_dir: Path):
         self.path = Path(state_dir) / "build.lock"
-        self.fd: int | None = None
+        self.lock: FileLock | None = None
 
     def acquire(self, wait: float, notify: Callable[[str], None] = lambda m: None) -> None:
         """Take the lock, waiting up to `wait` seconds for another build to finish."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        deadline = time.monotonic() + wait
-        told = False
-        while True:
+        lock = FileLock(self.path, thread_local=False, on_acquired=_write_pid)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            notify(f"waiting for another tpubuild build of this workspace ({_holder(self.path)})")
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if not told:
-                    notify(f"waiting for another tpubuild build of this workspace ({_holder(fd)})")
-                    told = True
-                if time.monotonic() >= deadline:
-                    holder = _holder(fd)
-                    os.close(fd)
-                    raise UsageError(
-                        f"another tpubuild build is running in this workspace ({holder}); "
-                        f"gave up after {wait:g} s"
-                    ) from None
-                time.sleep(0.05)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()}\n".encode())
-        self.fd = fd
+                lock.acquire(timeout=wait)
+            except Timeout:
+                raise UsageError(
+                    f"another tpubuild build is running in this workspace ({_holder(self.path)}); "
+                    f"gave up after {wait:g} s"
+                ) from None
+        self.lock = lock
 
     def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # closing drops the flock
-            self.fd = None
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     def __enter__(self) -> WorkspaceLock:
         return self
@@ -58,9 +51,14 @@ class WorkspaceLock:
         self.release()
 
 
-def _holder(fd: int) -> str:
+def _write_pid(fd: int) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()}\n".encode(), 0)
+
+
+def _holder(path: Path) -> str:
     try:
-        text = os.pread(fd, 64, 0).decode().strip()
+        text = path.read_text()[:64].strip()
     except OSError:
         text = ""
     return text or "pid unknown"
