@@ -180,3 +180,18 @@ def test_output_dir_holding_the_recipes_is_an_error_and_clean_deletes_nothing(ma
         "whose content tpubuild deletes and rewrites; move one of them\n"
     )
     assert sorted(p.relative_to(ws) for p in ws.rglob("*") if ".tpubuild" not in p.parts) == before
+
+
+def test_hardlink_mode_detects_and_restores_a_damaged_output(built_workspace):
+    ws = built_workspace
+    with open(ws / "tpubuild.yaml", "a") as f:
+        f.write("link_type: hardlink\n")
+    _republish(ws)
+    toy = ws / "out" / "toy" / "1" / VARIABLES
+    digest = hash_file(toy)
+    assert os.stat(toy).st_ino == os.stat(_object(ws, digest)).st_ino
+    _flip_byte(toy)  # one inode: the cache object and out/other/1 are damaged too
+    build_json(ws)
+    for recipe in ("toy", "other"):
+        assert hash_file(_newest_intact(ws, recipe) / VARIABLES) == digest
+        assert version_numbers(ws / "out" / recipe) == [1]  # restored in place, no new N

@@ -14,6 +14,11 @@ def workspace_from(ctx: click.Context) -> Workspace:
 def recipes_from(ctx: click.Context, targets: tuple[str, ...] | list[str]):
     """(workspace, recipes matching targets; all when none are given)."""
     from tpubuild.config import load_recipes
+    from tpubuild.workspace import OutputOverlapError, check_output_overlap
 
     ws = workspace_from(ctx)
-    return ws, load_recipes(ws, list(targets) or None)
+    recipes = load_recipes(ws, list(targets) or None)
+    problems = check_output_overlap(ws, recipes)
+    if problems:
+        raise OutputOverlapError(problems)
+    return ws, recipes

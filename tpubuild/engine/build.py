@@ -19,7 +19,14 @@ from tpubuild import __version__
 from tpubuild.engine.hashing import FileEntry, hash_file, tree_digest
 from tpubuild.engine.keys import toolchain, worker_env
 from tpubuild.engine.lockfile import lock_document, write_lock
-from tpubuild.engine.resolve import Output, Pending, RecipeRun, Resolver, changed_inputs, new_runs
+from tpubuild.engine.resolve import (
+    Output,
+    Pending,
+    RecipeRun,
+    Resolver,
+    changed_inputs,
+    new_runs,
+)
 from tpubuild.engine.statcache import StatCache
 from tpubuild.engine.store import StageEntry, Store
 from tpubuild.errors import StageError
@@ -63,6 +70,7 @@ class Engine:
         self.state_lock = threading.RLock()  # resolver, stat cache and store index are shared by doit threads
         self.pending: dict[tuple[str, str], Pending] = {}
         self.timeout = float(getattr(ws, "stage_timeout", None) or DEFAULT_STAGE_TIMEOUT)
+        self.link_type = getattr(ws, "link_type", None) or "copy"
 
     # --- doit: the up-to-date test and the action of one (recipe, stage) task --------
     def uptodate(self, run: RecipeRun, planned: PlannedStage) -> bool:
@@ -209,8 +217,17 @@ class Engine:
 
     # --- publish and lock -----------------------------------------------------------
     def _publish_uptodate(self, run: RecipeRun, start: float) -> bool:
+        from tpubuild.engine import versions
+
         files = self.resolver.publish_files(run)
-        content, number = self.resolver.published(run)
+        content = tree_digest(files)
+        restored: list[Path] = []
+        number = versions.newest_matching(
+            Path(self.ws.output_dir) / run.name, content, self.stat,
+            [(f, self.store.object_path(f.hash)) for f in files], self.link_type, restored,
+        )
+        for path in restored:
+            self.errors(f"{run.recipe.rel_file}: restored {self.ws.display(path)} (it no longer matched its manifest)")
         run.outputs["publish"] = Output("publish", self.resolver.publish_key(run, content), content,
                                         Path(self.ws.output_dir) / run.name, files)
         if number is None:
@@ -228,7 +245,8 @@ class Engine:
             manifest = self.manifest(run, out.tree)
             paths = [(f, self.store.object_path(f.hash)) for f in out.files]
             run.version = versions.publish(out.directory, paths, manifest, self.ws.keep_versions, self.stat,
-                                           **_link_type(self.ws))
+                                           link_type=self.link_type,
+                                           warn=lambda m: self.errors(f"warning: {m}"))
 
     def manifest(self, run: RecipeRun, content: str) -> dict[str, Any]:
         """What a published version says of itself; the recipe-specific part of the
@@ -251,11 +269,6 @@ class Engine:
 
     def write_lock(self, run: RecipeRun) -> None:
         write_lock(run.recipe.lock_file, lock_for(run))
-
-
-def _link_type(ws: Any) -> dict[str, Any]:
-    link_type = getattr(ws, "link_type", None)
-    return {"link_type": link_type} if link_type else {}
 
 
 def run_inputs(run: RecipeRun) -> dict[str, str]:
@@ -360,9 +373,10 @@ def build(
                     _skip_rest(engine, run)
                 else:
                     engine.write_lock(run)
-        _register(engine, runs)
+            _register(engine, todo)  # a no-op build never opens the store's index
         engine.stat.save()
     finally:
+        engine.store.close()
         lock.release()
     return runs, engine
 
@@ -375,17 +389,11 @@ def _skip_rest(engine: Engine, run: RecipeRun) -> None:
 
 
 def _register(engine: Engine, runs: list[RecipeRun]) -> None:
-    """Tell a shared store which records this workspace references (gc keeps them)."""
-    register = getattr(engine.store, "register_workspace", None)
-    if register is None:
-        return
-    from tpubuild.engine.lockfile import read_lock
-
-    keys: set[str] = set()
-    for run in runs:
-        lock = read_lock(run.recipe.lock_file) or {}
-        keys.update(s["key"] for s in lock.get("stages", []) if s.get("key"))
-    register(Path(engine.ws.root), keys)
+    """Tell the (possibly shared) store which records each built recipe of this workspace
+    references, so a `gc` run from any workspace keeps them."""
+    keys = {run.name: {out.key for name, out in run.outputs.items() if name != "publish"}
+            for run in runs if not run.failed}
+    engine.store.register_workspace(Path(engine.ws.root), keys, getattr(engine.ws, "file", None))
 
 
 def _result(out: Output) -> dict[str, Any]:
