@@ -95,8 +95,9 @@ def main(argv: list[str] | None = None) -> None:
         for line in exc.lines():
             click.echo(line, err=True)
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        click.echo("tpubuild: aborted", err=True)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        # The build's workers were killed on the way out (engine.build's finally).
+        click.echo("tpubuild: interrupted", err=True)
         sys.exit(130)
     except click.ClickException as exc:
         exc.show()

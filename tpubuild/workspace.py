@@ -26,6 +26,7 @@ class Workspace:
     cache_dir: Path | None = None
     keep_versions: int | None = None
     link_type: str = "copy"  # how versions are published: copy (reflink or copy) | hardlink
+    stage_timeout: float = 3600.0  # seconds before a stage's worker is killed
     defaults: dict[str, Any] = field(default_factory=dict)
     defaults_marks: Marks = field(default_factory=Marks)
 
@@ -91,6 +92,7 @@ def load_workspace(start: Path | None = None, override: Path | None = None) -> W
         cache_dir=root / data.get("cache_dir", f"{STATE_DIR}/cache"),
         keep_versions=data.get("keep_versions"),
         link_type=data.get("link_type", "copy"),
+        stage_timeout=float(data.get("stage_timeout", 3600.0)),
         defaults=defaults,
         defaults_marks=defaults_marks,
     )
