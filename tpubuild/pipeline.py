@@ -143,7 +143,11 @@ STAGES: dict[str, StageSpec] = {
             "quantize",
             "tpubuild.stages.quantize:run",
             1,
-            lambda r: {"tags": _tags(r), **_converter(r)["quantization_options"]},
+            # tpu_functions: functions placed by alias or concrete name are kept by name.
+            lambda r: {
+                "tags": _tags(r), **_converter(r)["quantization_options"],
+                "tpu_functions": _converter(r)["tpu_functions"],
+            },
             _quantize_files,
         ),
         StageSpec(
