@@ -138,7 +138,9 @@ def test_alias_keeps_an_int8_tpu_function(build: Callable[..., dict[str, Any]], 
     assert_int8_tpu_function(built["placed"], name)
     [placed] = built["tpu"].summary["placed"]
     assert (placed["function"], placed["alias"]) == (name, "tpu_func")
-    assert built["quantize"].summary["layers"] == {"MatMul": {"quantized": 2, "total": 2}} or method == "WEIGHT_ONLY"
+    # WEIGHT_ONLY prints no quantization summary (docs/quality.md).
+    layers = {} if method == "WEIGHT_ONLY" else {"MatMul": {"quantized": 2, "total": 2}}
+    assert built["quantize"].summary["layers"] == layers
     assert list(built["quantize"].summary["functions"]) == ["tpu_func"]
     summary = verify(built)
     assert summary["passed"] is True

@@ -42,7 +42,7 @@ from tensorflow.python.framework import op_def_registry
 
 from tpubuild.errors import ConversionError
 from tpubuild.savedmodel import quantization
-from tpubuild.savedmodel.fnedit import control_inputs, data_inputs, fill_default_attrs
+from tpubuild.savedmodel.fnedit import arg_shape, control_inputs, data_inputs, fill_default_attrs
 from tpubuild.savedmodel.model import GRAPH, SavedModel, attr_functions
 from tpubuild.savedmodel.resolve import resolve_tpu_functions
 
@@ -158,7 +158,7 @@ def standalone_model(model: SavedModel, fn: str, chain: CallChain, dst: Path) ->
             continue
         placeholder = graph.node.add(name=f"{ARG_PREFIX}{index}", op="Placeholder")
         placeholder.attr["dtype"].type = arg.type
-        shape = _arg_shape(fdef, index)
+        shape = arg_shape(fdef, index)
         if shape is not None:
             placeholder.attr["shape"].shape.CopyFrom(shape)
         call.input.append(placeholder.name)
@@ -180,14 +180,6 @@ def standalone_model(model: SavedModel, fn: str, chain: CallChain, dst: Path) ->
     return names
 
 
-def _arg_shape(fdef: FunctionDef, index: int):
-    if index in fdef.arg_attr and "_output_shapes" in fdef.arg_attr[index].attr:
-        shapes = fdef.arg_attr[index].attr["_output_shapes"].list.shape
-        if shapes:
-            return shapes[0]
-    return None
-
-
 # -- 2. calibration samples at the call sites ----------------------------------------------
 
 
@@ -197,7 +189,6 @@ def call_site_samples(
 ) -> list[dict[str, Any]]:
     """Run the source model on each signature's samples; the data inputs of each call of `fn`."""
     import tensorflow as tf
-    from tensorflow.python.framework.function_def_to_graph import function_def_to_graph_def
 
     data_indexes = data_argument_indexes(model.functions[fn])
     captured: list[dict[str, Any]] = []
@@ -207,7 +198,7 @@ def call_site_samples(
         for chain in chains:
             if chain.signature not in samples:
                 continue
-            inputs = _chain_inputs(graph, model, chain, function_def_to_graph_def)
+            inputs = _chain_inputs(graph, model, chain)
             fetches = [inputs[i] for i in data_indexes]
             feeds = model.meta_graph.signature_def[chain.signature].inputs
             for sample in samples[chain.signature]:
@@ -217,15 +208,21 @@ def call_site_samples(
     return captured
 
 
-def _chain_inputs(graph: Any, model: SavedModel, chain: CallChain, to_graph_def: Any) -> list[Any]:
-    """Tensors of the session graph feeding each input of the chain's last call node."""
-    top = chain.links[0].node
-    tensors = [graph.get_tensor_by_name(_graph_tensor(ref)) for ref in data_inputs(top)]
-    import tensorflow as tf
+def _chain_inputs(graph: Any, model: SavedModel, chain: CallChain) -> list[Any]:
+    """Tensors of the session graph feeding each input of the chain's last call node.
 
+    Each function body on the chain is imported with its arguments mapped to the tensors
+    its caller passes; `function_def_to_graph_def` (tensorflow/python/framework/
+    function_def_to_graph.py) names each argument's placeholder after the argument and
+    maps FunctionDef references (`node:out:i`) to graph tensor names.
+    """
+    import tensorflow as tf
+    from tensorflow.python.framework.function_def_to_graph import function_def_to_graph_def
+
+    tensors = [graph.get_tensor_by_name(_graph_tensor(ref)) for ref in data_inputs(chain.links[0].node)]
     for link in chain.links[1:]:
         fdef = model.functions[link.holder]
-        graph_def, flat = to_graph_def(fdef)
+        graph_def, flat = function_def_to_graph_def(fdef)
         args = {arg.name: tensors[i] for i, arg in enumerate(fdef.signature.input_arg)}
         refs = data_inputs(link.node)
         inner = [ref for ref in refs if ref not in args]
@@ -249,8 +246,8 @@ def flatten_signature(quantized: saved_model_pb2.SavedModel, tags: list[str], ar
     """The quantized `serving_default` as one FunctionDef body with every call inlined.
 
     Its arguments are named `arg_names` (the kept function's data arguments, in order)
-    and its outputs are `output_<i>`; functions the body still names (not through a
-    call op) come along in the returned FunctionDef's `attr["_tpubuild_library"]`.
+    and its outputs are `output_<i>`. Functions the body still names other than through
+    a call op (e.g. If branches) are found by `referenced_library`.
     """
     meta_graph = _meta_graph(quantized, tags)
     sig = meta_graph.signature_def[STANDALONE_KEY]
@@ -397,8 +394,14 @@ def graft(model: SavedModel, fn: str, body: FunctionDef, library: Iterable[Funct
         new.ret[arg.name] = _rename_arg(body.ret[body.signature.output_arg[index].name], renamed)
     model.functions[fn].CopyFrom(new)
     for fdef in library:
-        if fdef.signature.name not in model.functions:
+        present = model.functions.get(fdef.signature.name)
+        if present is None:
             model.add_function(fdef)
+        elif present != fdef:
+            raise ConversionError(
+                f"function {fn}: its quantized body calls {fdef.signature.name}, a different function "
+                "of the same name exists in the model"
+            )
     _drop_call_inputs(model, fn, old, keep)
     _drop_bound_inputs(model, fn, old, keep)
     model.invalidate()
