@@ -188,3 +188,49 @@ def test_unknown_alias_is_one_line_naming_the_recipe(tmp_path: Path, exported: d
         'toy: quantization (DYNAMIC_RANGE): tpu_functions[0]: unknown function alias "tpu_fnc" '
         '(did you mean "tpu_func"?); aliases: "tpu_func"'
     )
+
+
+class Nested(tf.Module):
+    """Two aliased functions, `outer` calling `inner` directly (the converter allows that)."""
+
+    def __init__(self) -> None:
+        rng = np.random.default_rng(1)
+        self.w1 = tf.Variable(rng.standard_normal((FEATURES, FEATURES)).astype(np.float32) * 0.1)
+        self.w2 = tf.Variable(rng.standard_normal((FEATURES, 32)).astype(np.float32) * 0.1)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, FEATURES], tf.float32)])
+    def inner(self, x):
+        return tf.nn.relu(tf.matmul(x, self.w1))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, FEATURES], tf.float32)])
+    def outer(self, x):
+        return tf.matmul(self.inner(x), self.w2)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, FEATURES], tf.float32, name="x")])
+    def serve(self, x):
+        return {"y": self.outer(x)}
+
+
+def test_a_kept_function_calling_another_absorbs_it_with_a_warning(tmp_path: Path) -> None:
+    module = Nested()
+    tf.saved_model.save(
+        module, str(tmp_path / "src"), signatures={"serving_default": module.serve},
+        options=tf.saved_model.SaveOptions(function_aliases={"inner": module.inner, "outer": module.outer}),
+    )
+    runner = Runner(tmp_path, tmp_path / "out")
+    runner.inputs["source"] = tmp_path / "src"
+    entries = [{"function_alias": "outer"}, {"function_alias": "inner"}]
+    out, result = runner.run(
+        "quantize", tmp_path / "src", {**quantize_options("DYNAMIC_RANGE", entries[0]), "tpu_functions": entries}
+    )
+    assert result.warnings == [
+        "toy: quantization (DYNAMIC_RANGE): tpu function outer calls tpu function inner; quantized, outer "
+        "holds inner's int8 body inline and no longer calls it"
+    ]
+    model = SavedModel.load(out, TAGS)
+    by_alias = {alias: name for name, alias in model.aliases.items()}
+    outer = model.functions[by_alias["outer"]]
+    int8 = [n for n in outer.node_def if n.op == "Const" and n.attr["dtype"].type == tf.int8.as_datatype_enum]
+    assert sorted(elements(n) for n in int8) == [FEATURES * 32, FEATURES * FEATURES]
+    assert by_alias["inner"] not in model.callees(by_alias["outer"])
+    assert result.summary["layers"] == {"MatMul": {"quantized": 3, "total": 3}}  # inner counted twice

@@ -474,6 +474,15 @@ def referenced_library(body: FunctionDef, quantized: saved_model_pb2.SavedModel,
 # -- the whole procedure -------------------------------------------------------------------
 
 
+def absorbed(model: SavedModel, functions: dict[str, str]) -> list[tuple[str, str]]:
+    """(caller label, callee label) for kept functions that call other kept functions."""
+    return sorted(
+        (functions[caller], functions[callee])
+        for caller in functions for callee in functions
+        if callee != caller and callee in model.reachable(caller)
+    )
+
+
 def quantize_functions(
     src: Path, dst: Path, tags: list[str], functions: dict[str, str], method: str, op_set: str,
     samples: dict[str, list[dict[str, Any]]],
@@ -483,39 +492,53 @@ def quantize_functions(
     `samples` are the representative samples by signature key (STATIC_RANGE only).
     Returns the quantizer's summary per function label.
     """
-    from tpubuild.savedmodel.datasets import write_tfrecord
-
+    # Every function is cut out of the untouched source: the quantizer never sees another
+    # function's int8 body (a kept function calling another absorbs its float body).
+    source = SavedModel.load(src, tags)
     model = SavedModel.load(src, tags)
     summaries = {}
     with tempfile.TemporaryDirectory(prefix="tpubuild-quantize-functions-") as scratch:
         for index, (fn, label) in enumerate(sorted(functions.items(), key=lambda item: item[1])):
-            where = Path(scratch) / str(index)
-            chains = call_chains(model, fn, model.meta_graph.signature_def.keys())
-            if not chains:
-                raise ConversionError(
-                    f"function {model.describe(fn)} is not called through a call op from any signature; "
-                    "cannot quantize it on its own"
-                )
-            names = standalone_model(model, fn, chains[0], where / "standalone")
-            datasets = {}
-            if method == "STATIC_RANGE":
-                captured = call_site_samples(src, tags, model, fn, chains, samples, names)
-                if not captured:
-                    raise ConversionError(
-                        f"function {model.describe(fn)}: no representative sample reaches it "
-                        f"(signatures with datasets: {', '.join(sorted(samples)) or 'none'})"
-                    )
-                datasets[STANDALONE_KEY] = where / "calibration.tfrecord"
-                write_tfrecord(datasets[STANDALONE_KEY], STANDALONE_KEY, captured)
-            options = quantization.build_options(method, tags, [STANDALONE_KEY], op_set, datasets)
-            try:
-                log = quantization.run_quantizer(where / "standalone", where / "quantized", options)
-            except quantization.QuantizerFailed as exc:
-                raise quantization.QuantizerFailed(f"function {label}: {exc.line}", exc.log) from None
-            quantized = saved_model_pb2.SavedModel.FromString((where / "quantized" / "saved_model.pb").read_bytes())
+            quantized, names, summary = _quantize_one(
+                source, fn, label, Path(scratch) / str(index), method, op_set, samples
+            )
             body = flatten_signature(quantized, tags, names)
             graft(model, fn, body, referenced_library(body, quantized, tags))
-            summaries[label] = {**quantization.parse_summary(log), "calibration_samples": len(captured) if datasets else 0}
+            summaries[label] = summary
     dst.mkdir(parents=True, exist_ok=True)
     model.save(dst)
     return summaries
+
+
+def _quantize_one(
+    source: SavedModel, fn: str, label: str, where: Path, method: str, op_set: str,
+    samples: dict[str, list[dict[str, Any]]],
+) -> tuple[saved_model_pb2.SavedModel, list[str], dict[str, Any]]:
+    """Steps 1-3 for one function: its quantized standalone model, input names, summary."""
+    from tpubuild.savedmodel.datasets import write_tfrecord
+
+    tags = list(source.meta_graph.meta_info_def.tags)
+    chains = call_chains(source, fn, source.meta_graph.signature_def.keys())
+    if not chains:
+        raise ConversionError(
+            f"function {source.describe(fn)} is not called through a call op from any signature; "
+            "cannot quantize it on its own"
+        )
+    names = standalone_model(source, fn, chains[0], where / "standalone")
+    datasets, captured = {}, []
+    if method == "STATIC_RANGE":
+        captured = call_site_samples(source.path, tags, source, fn, chains, samples, names)
+        if not captured:
+            raise ConversionError(
+                f"function {source.describe(fn)}: no representative sample reaches it "
+                f"(signatures with datasets: {', '.join(sorted(samples)) or 'none'})"
+            )
+        datasets[STANDALONE_KEY] = where / "calibration.tfrecord"
+        write_tfrecord(datasets[STANDALONE_KEY], STANDALONE_KEY, captured)
+    options = quantization.build_options(method, tags, [STANDALONE_KEY], op_set, datasets)
+    try:
+        log = quantization.run_quantizer(where / "standalone", where / "quantized", options)
+    except quantization.QuantizerFailed as exc:
+        raise quantization.QuantizerFailed(f"function {label}: {exc.line}", exc.log) from None
+    quantized = saved_model_pb2.SavedModel.FromString((where / "quantized" / "saved_model.pb").read_bytes())
+    return quantized, names, {**quantization.parse_summary(log), "calibration_samples": len(captured)}

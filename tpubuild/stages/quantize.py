@@ -27,7 +27,7 @@ def dataset_paths(options: dict[str, Any], context: StageContext) -> dict[str, P
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
     from tpubuild.savedmodel import datasets, quantization
     from tpubuild.savedmodel.model import SavedModel
-    from tpubuild.savedmodel.quantize_functions import kept_functions
+    from tpubuild.savedmodel.quantize_functions import absorbed, kept_functions
 
     method = options["method"]
     where = f"{context.recipe_name}: quantization ({method})"
@@ -61,6 +61,12 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
         kept = kept_functions(model, options.get("tpu_functions", []))
         if kept:
             summary = _quantize_kept(input_dir, output_dir, options, kept, samples)
+            for caller, callee in absorbed(model, kept):
+                # TF's quantizer inlines the callee into the caller's standalone model.
+                warnings.append(
+                    f"{where}: tpu function {caller} calls tpu function {callee}; quantized, {caller} "
+                    f"holds {callee}'s int8 body inline and no longer calls it"
+                )
         else:
             quant_options = quantization.build_options(
                 method, options["tags"], options["signature_keys"], options["op_set"],
