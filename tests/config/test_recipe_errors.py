@@ -247,14 +247,3 @@ def test_workspace_file_errors_are_located(ws):
         "tpubuild.yaml:3:1: output: unknown key 'output' (did you mean 'output_dir'?)",
     ]
 
-
-def test_quantized_models_cannot_place_functions_by_alias(ws):
-    text = (
-        MODEL + "converter:\n  tpu_functions: [{function_alias: f}, {signature_name: serving_default}]\n"
-        "  quantization_options: {method: WEIGHT_ONLY}\n"
-    )
-    assert errors_of(ws, text) == [
-        "recipes/r.yaml:3:36: converter.tpu_functions[0].function_alias: cannot place a function by "
-        "function_alias in a quantized model: TF's quantizer inlines functions into their signatures; "
-        "place the signature (signature_name) instead"
-    ]

@@ -172,17 +172,6 @@ class Checker:
         if options is None:
             return
         path = ("converter", "quantization_options")
-        # Quantization runs before placement, and TF's quantizer inlines every function
-        # into its signature: aliases and concrete names no longer exist afterwards.
-        entries = self.data.get("converter", {}).get("tpu_functions", [])
-        for index, entry in enumerate(entries):
-            for kind in ("function_alias", "concrete_function_name"):
-                if kind in entry:
-                    self.error(
-                        ("converter", "tpu_functions", index, kind),
-                        f"cannot place a function by {kind} in a quantized model: TF's quantizer "
-                        "inlines functions into their signatures; place the signature (signature_name) instead",
-                    )
         keys = options.get("signature_keys", DEFAULT_SIGNATURE_KEYS)
         datasets = options.get("representative_datasets", {})
         for key, source in datasets.items():

@@ -67,6 +67,21 @@ def captured_stderr() -> Iterator[list[str]]:
             lines.extend(sink.read().decode("utf-8", "replace").splitlines())
 
 
+def run_quantizer(src: Path, dst: Path, options: Any) -> list[str]:
+    """Run TF's quantizer on `src`, writing its (TF1-style) output to `dst`; returns its log."""
+    with captured_stderr() as log:
+        try:
+            tf.quantization.experimental.quantize_saved_model(
+                str(src), str(dst), quantization_options=options, overwrite_output_directory=True
+            )
+            failure = None
+        except Exception as exc:  # the quantizer raises ValueError, RuntimeError, OpError...
+            failure = exc
+    if failure is not None:
+        raise QuantizerFailed(_first_line(failure), "\n".join(log)) from failure
+    return log
+
+
 def quantize(src: Path, dst: Path, options: Any) -> dict[str, Any]:
     """Quantize `src` into the empty directory `dst`; return the parsed quantization summary.
 
@@ -75,16 +90,7 @@ def quantize(src: Path, dst: Path, options: Any) -> dict[str, Any]:
     """
     with tempfile.TemporaryDirectory(prefix="tpubuild-quantize-") as scratch:
         raw = Path(scratch) / "quantized"
-        with captured_stderr() as log:
-            try:
-                tf.quantization.experimental.quantize_saved_model(
-                    str(src), str(raw), quantization_options=options, overwrite_output_directory=True
-                )
-                failure = None
-            except Exception as exc:  # the quantizer raises ValueError, RuntimeError, OpError...
-                failure = exc
-        if failure is not None:
-            raise QuantizerFailed(_first_line(failure), "\n".join(log)) from failure
+        log = run_quantizer(src, raw, options)
         loaded = tf.saved_model.load(str(raw), tags=list(options.tags))
         tf.saved_model.save(loaded, str(dst), signatures=dict(loaded.signatures))
     return parse_summary(log)

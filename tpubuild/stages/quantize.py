@@ -16,7 +16,10 @@ from tpubuild.stages.base import DATASET, MODEL, StageSpec
 
 SPEC = StageSpec(
     "quantize",
-    options=lambda r: {"tags": slices.tags(r), **slices.converter(r)["quantization_options"]},
+    # tpu_functions: the functions named by alias or concrete name are quantized one by
+    # one and keep their identity (savedmodel/quantize_functions.py).
+    options=lambda r: {"tags": slices.tags(r), "tpu_functions": slices.converter(r)["tpu_functions"],
+                       **slices.converter(r)["quantization_options"]},
     files=lambda r: slices.tfrecord_files(slices.dataset_sources(r)),
     consumes=(MODEL, DATASET),
 )
@@ -36,6 +39,7 @@ def dataset_paths(options: dict[str, Any], context: StageContext) -> dict[str, P
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
     from tpubuild.savedmodel import datasets, quantization
     from tpubuild.savedmodel.model import SavedModel
+    from tpubuild.savedmodel.quantize_functions import absorbed, kept_functions
 
     method = options["method"]
     where = f"quantization ({method})"
@@ -43,13 +47,15 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     model = SavedModel.load(input_dir, options["tags"])
     warnings = []
     sample_counts = {}
+    samples: dict[str, list[dict[str, Any]]] = {}
     for key, path in paths.items():
         specs = datasets.signature_inputs(model, key)
         label = f"{where}: representative_datasets.{key}: {path.name}"
-        count = 0
-        for count, sample in enumerate(datasets.read_tfrecord(path, label), start=1):
-            datasets.check_sample(sample, specs, f"{label}: sample {count - 1}")
-        sample_counts[key] = count
+        samples[key] = [
+            datasets.check_sample(sample, specs, f"{label}: sample {index}")
+            for index, sample in enumerate(datasets.read_tfrecord(path, label))
+        ]
+        count = sample_counts[key] = len(samples[key])
         if count < datasets.RECOMMENDED_SAMPLES and method == "STATIC_RANGE":
             warnings.append(
                 f"{label}: only {count} samples; the converter recommends at least "
@@ -61,18 +67,32 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
             raise StageError(f"{where}: signature {missing[0]!r} has no representative dataset; STATIC_RANGE calibrates on one")
     for key in options["signature_keys"]:
         datasets.signature_inputs(model, key)  # a clear error for an unknown signature key
-    quant_options = quantization.build_options(
-        method, options["tags"], options["signature_keys"], options["op_set"],
-        paths if method == "STATIC_RANGE" else {},
-    )
     try:
-        summary = quantization.quantize(input_dir, output_dir, quant_options)
+        # Functions placed later by alias or concrete name are quantized one by one, so they
+        # survive under their own names (savedmodel/quantize_functions.py explains how).
+        kept = kept_functions(model, options.get("tpu_functions", []))
+        if kept:
+            summary = _quantize_kept(input_dir, output_dir, options, kept, samples)
+            for caller, callee in absorbed(model, kept):
+                # TF's quantizer inlines the callee into the caller's standalone model.
+                warnings.append(
+                    f"{where}: tpu function {caller} calls tpu function {callee}; quantized, {caller} "
+                    f"holds {callee}'s int8 body inline and no longer calls it"
+                )
+        else:
+            quant_options = quantization.build_options(
+                method, options["tags"], options["signature_keys"], options["op_set"],
+                paths if method == "STATIC_RANGE" else {},
+            )
+            summary = quantization.quantize(input_dir, output_dir, quant_options)
     except quantization.QuantizerFailed as exc:
         raise ConversionError(f"{where}: TensorFlow's quantizer failed: {exc.line}") from None
+    except ConversionError as exc:
+        raise ConversionError(f"{where}: {exc}") from None
     from tpubuild.savedmodel.params import parameters
 
     weights = parameters(SavedModel.load(output_dir, options["tags"]))["total"]
-    if model.aliases:
+    if model.aliases and not kept:
         # TF's quantizer inlines every function into its signature; aliases cannot survive.
         names = ", ".join(sorted(model.aliases.values()))
         warnings.append(f"{where}: the quantized model has one function per signature; function aliases ({names}) are gone")
@@ -85,3 +105,34 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
         },
         warnings=warnings,
     )
+
+
+def _quantize_kept(
+    input_dir: Path, output_dir: Path, options: dict[str, Any], kept: dict[str, str],
+    samples: dict[str, list[dict[str, Any]]],
+) -> dict[str, Any]:
+    """Quantize each kept function on its own; the summary adds up the per-function ones."""
+    from tpubuild.savedmodel import quantization
+    from tpubuild.savedmodel.quantize_functions import quantize_functions
+
+    # TF1 session loading logs deprecation notices; they belong in the log, not the terminal.
+    with quantization.captured_stderr():
+        per_function = quantize_functions(
+            input_dir, output_dir, options["tags"], kept, options["method"], options["op_set"],
+            {key: samples[key] for key in options["signature_keys"] if key in samples},
+        )
+    total: dict[str, Any] = {"layers": {}, "counts": {}, "text": [], "functions": {}}
+    for label, summary in per_function.items():
+        total["functions"][label] = {k: v for k, v in summary.items() if k != "text"}
+        total["text"].extend(summary["text"])
+        for op, row in summary["layers"].items():
+            seen = total["layers"].setdefault(op, {"quantized": 0, "total": 0})
+            seen["quantized"] += row["quantized"]
+            seen["total"] += row["total"]
+        for key, value in summary["counts"].items():
+            before = total["counts"].get(key)
+            if isinstance(value, list):
+                total["counts"][key] = [a + b for a, b in zip(before or [0, 0], value)]
+            else:
+                total["counts"][key] = (before or 0) + value
+    return total
