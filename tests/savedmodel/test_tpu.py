@@ -48,7 +48,18 @@ def assert_tpu_function(model: SavedModel, fn: str, cluster: str) -> None:
     body = model.functions[fn]
     (meta,) = [n for n in body.node_def if n.op == "TPUReplicateMetadata"]
     assert meta.attr["num_replicas"].i == 1
-    assert {n.attr["_tpu_replicate"].s.decode() for n in body.node_def} == {cluster}
+    tagged = [n for n in body.node_def if "_tpu_replicate" in n.attr]
+    assert {n.attr["_tpu_replicate"].s.decode() for n in tagged} == {cluster}
+    # Only each output's host side is untagged: TPUReplicatedOutput -> Identity -> return.
+    host = [n for n in body.node_def if "_tpu_replicate" not in n.attr]
+    assert sorted(n.op for n in host) == sorted(["TPUReplicatedOutput", "Identity"] * len(body.signature.output_arg))
+    nodes = {n.name: n for n in body.node_def}
+    for ref in body.ret.values():
+        shard = nodes[ref.split(":")[0]]
+        replicated = nodes[shard.input[0].split(":")[0]]
+        inner = nodes[replicated.input[0].split(":")[0]]
+        assert (shard.op, replicated.op, replicated.attr["num_replicas"].i) == ("Identity", "TPUReplicatedOutput", 1)
+        assert inner.attr["_tpu_output_identity"].b and inner.attr["_tpu_replicate"].s.decode() == cluster
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +86,12 @@ def test_call_sites_go_through_tpu_partitioned_call(zoo, placed_one):
     summary = result.summary["placed"]
     assert [(p["function"], p["alias"]) for p in summary] == [(tpu_func, "tpu_func")]
     assert sorted(s["caller"] for s in summary[0]["call_sites"]) == callers
-    assert result.warnings == []
+    # The recipe's topology is checked against the serving host, never read for its mesh.
+    assert result.warnings == [
+        "xla_sharding_options.topology: the TPU runtime ignores mesh_shape [1, 1, 1, 2] and checks "
+        "the 2 device coordinates against the serving host's TPU system (1 task with 2 TPU devices); "
+        "on another host every TPU call fails"
+    ]
 
 
 def test_metadata_carries_sharding_and_topology(placed_one):
