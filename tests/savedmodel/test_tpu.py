@@ -12,6 +12,7 @@ from tensorflow.core.protobuf.tpu.topology_pb2 import TopologyProto
 from sm_models import ALIASES, SIGNATURES, run_signature
 from tpubuild.errors import ConversionError
 from tpubuild.savedmodel.model import SavedModel
+from tpubuild.savedmodel.tpu_runtime_rules import check_tpu_runtime_rules
 from tpubuild.savedmodel.twin import make_cpu_twin
 from tpubuild.stages.base import StageContext
 from tpubuild.stages.tpu import run
@@ -144,10 +145,16 @@ def test_tpu_function_calling_another_directly(zoo, tmp_path, inputs):
     place(zoo, out, [{"function_alias": "outer_direct"}, {"function_alias": "inner"}])
     model = SavedModel.load(out)
     names = {a: n for n, a in model.aliases.items()}
-    # Inside the TPU function outer_direct, the call to inner is a TPU call too (tagged).
-    (call,) = [n for n in model.functions[names["outer_direct"]].node_def if n.op == "TPUPartitionedCall"]
-    assert call.attr["f"].func.name == names["inner"]
+    # Inside the TPU function outer_direct, inner is already on the TPU: it is called directly,
+    # through an untagged copy of its body (a TPUPartitionedCall has no XLA kernel, and
+    # inner's own cluster would be a second one in outer_direct's computation).
+    body = model.functions[names["outer_direct"]]
+    assert "TPUPartitionedCall" not in ops(model, names["outer_direct"])
+    (call,) = [n for n in body.node_def if n.attr["f"].func.name.startswith(names["inner"])]
+    assert call.attr["f"].func.name == f"{names['inner']}_in_tpu"
     assert call.attr["_tpu_replicate"].s == b"cluster_outer_direct"
+    assert not any("_tpu_replicate" in n.attr for n in model.functions[f"{names['inner']}_in_tpu"].node_def)
+    assert check_tpu_runtime_rules(model) == []
     # middle (CPU) also calls inner: that call site goes through the TPU as well.
     assert "TPUPartitionedCall" in ops(model, names["middle"])
     assert_twin_matches(zoo, out, tmp_path, inputs)

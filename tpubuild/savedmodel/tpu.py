@@ -92,11 +92,22 @@ def place_on_tpu(
             # signature's function keeps its name and calls a TPU copy of its body.
             placement.wrapper = fn.name
             placement.function = split_wrapper(model, fn.name)
+        placements.append(placement)
+    # Code already on the TPU calls TPU functions directly: a TPUPartitionedCall has no XLA
+    # kernel, and a callee carrying its own cluster and metadata would be a second cluster
+    # inside the computation. Those call sites get an untagged copy of the body.
+    targets = {p.function for p in placements}
+    plain = _plain_copies(model, targets)
+    tpu_code = set(plain.values()).union(targets, *(model.reachable(t) for t in targets))
+    for placement in placements:
         target = placement.function
         for caller, node in model.call_sites(target):
+            if caller in tpu_code and node.attr["f"].func.name == target:
+                node.attr["f"].func.name = plain[target]
+                continue
             if node.op not in CALL_OPS or node.attr["f"].func.name != target:
                 warnings.append(
-                    f"tpu function {model.describe(fn.name)}: node '{node.name}' (op {node.op}) in "
+                    f"tpu function {model.describe(placement.wrapper or target)}: node '{node.name}' (op {node.op}) in "
                     f"{caller} refers to it but is not a function call; left on the CPU"
                 )
                 continue
@@ -104,15 +115,36 @@ def place_on_tpu(
             placement.call_sites.append({"caller": caller, "node": node.name})
         if not placement.call_sites:
             warnings.append(
-                f"tpu function {model.describe(fn.name)} has no call site in any function; "
-                "nothing calls it through the TPU"
+                f"tpu function {model.describe(placement.wrapper or target)} has no call site in any "
+                "function; nothing calls it through the TPU"
             )
-        placements.append(placement)
     # Tag bodies last so the ordinal selectors added inside TPU functions are tagged too.
     for placement in placements:
         _mark_body(model.functions[placement.function], placement.cluster, metadata)
     model.invalidate()
     return placements, warnings
+
+
+def _plain_copies(model: SavedModel, targets: set[str]) -> dict[str, str]:
+    """{TPU function: an untagged copy of its body}, for the targets that TPU code calls."""
+    snapshot = {t: model.functions[t] for t in targets}
+    reached = set(targets).union(*(model.reachable(t) for t in targets))
+    called_inside = {t for t in targets if model.callers(t) & reached}
+    names = {t: model.unique_name(f"{t}_in_tpu") for t in sorted(called_inside)}
+    for target, name in names.items():
+        copy = FunctionDef()
+        copy.CopyFrom(snapshot[target])
+        copy.signature.name = name
+        if "_XlaMustCompile" in copy.attr:
+            del copy.attr["_XlaMustCompile"]  # compiled as part of the computation that calls it
+        model.add_function(copy)
+    # The copies call each other's copies, never the TPU bodies.
+    for name in names.values():
+        for node in model.functions[name].node_def:
+            if node.op in CALL_OPS and node.attr["f"].func.name in names:
+                node.attr["f"].func.name = names[node.attr["f"].func.name]
+    model.invalidate()
+    return names
 
 
 def cluster_name(label: str) -> str:

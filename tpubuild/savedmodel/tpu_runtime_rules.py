@@ -275,3 +275,20 @@ def _graph_variable(model: SavedModel, fn: str, arg: str) -> bool:
         if index < len(data) and getattr(graph.get(_source(data[index])), "op", "") == "VarHandleOp":
             return True
     return False
+
+
+def enforce(model: SavedModel, bridge: bool = True) -> list[str]:
+    """The tpu stage's post-condition: raise ConversionError naming every error; return warnings."""
+    from tpubuild.errors import ConversionError
+
+    findings = check_tpu_runtime_rules(model)
+    if bridge and not any(f.severity == ERROR for f in findings):
+        from tpubuild.savedmodel.mlir_bridge import bridge_findings
+
+        findings += bridge_findings(model)
+    errors = [str(f) for f in findings if f.severity == ERROR]
+    if len(errors) == 1:
+        raise ConversionError(errors[0])
+    if errors:
+        raise ConversionError(f"{len(errors)} TPU runtime rule violations: " + "; ".join(errors))
+    return [str(f) for f in findings if f.severity == WARNING]
