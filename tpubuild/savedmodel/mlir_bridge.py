@@ -55,7 +55,8 @@ def check_body(model: SavedModel, fn: str) -> Finding | None:
             added.append(fdef.signature.name)
         text = tf.mlir.experimental.convert_function(SimpleNamespace(function_def=copies[0]), pass_pipeline=PIPELINE)
     except Exception as exc:  # the bridge's refusal is the finding
-        return Finding(ERROR, "mlir-bridge", fn, None, f"TensorFlow's MLIR clustering bridge refuses it: {_first_error(exc)}")
+        node, message = _first_error(exc)
+        return Finding(ERROR, "mlir-bridge", fn, node, f"TensorFlow's MLIR clustering bridge refuses it: {message}")
     finally:
         for name in added:
             ctx.remove_function(name)
@@ -72,10 +73,19 @@ def check_body(model: SavedModel, fn: str) -> Finding | None:
     return None
 
 
-def _first_error(exc: Exception) -> str:
-    text = str(getattr(exc, "message", exc))
-    match = re.search(r"error: (.*)", text)
-    return (match.group(1) if match else text.strip().splitlines()[0] if text.strip() else type(exc).__name__).strip()
+def _first_error(exc: Exception) -> tuple[str | None, str]:
+    """(node, message) of the bridge's first diagnostic, without MLIR's location syntax."""
+    lines = [line.strip() for line in str(getattr(exc, "message", exc)).splitlines() if line.strip()]
+    line = next((line for line in lines if "error: " in line or line.startswith("loc(")), lines[0] if lines else "")
+    node = None
+    location = re.match(r'loc\((?:fused\[)?"[^"]*"(?:, "([^"]+)")?', line)
+    if location:
+        node = location.group(1)
+    if "error: " in line:
+        line = line.split("error: ", 1)[1]
+    elif line.startswith("loc(") and "): " in line:
+        line = line.split("): ", 1)[1]
+    return node, line or type(exc).__name__
 
 
 def _renamed_copy(fdef: FunctionDef, renamed: dict[str, str]) -> FunctionDef:

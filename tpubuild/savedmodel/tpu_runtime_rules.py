@@ -103,14 +103,17 @@ def _source(ref: str) -> str:
 def structure_findings(fdef: FunctionDef) -> list[Finding]:
     """Encapsulate's edge rule, GetClusterName's one-cluster rule, exactly one metadata node."""
     fn = fdef.signature.name
-    nodes = {n.name: n for n in fdef.node_def}
     tagged = {n.name for n in fdef.node_def if REPLICATE_ATTR in n.attr}
     findings = []
-    clusters = sorted({nodes[n].attr[REPLICATE_ATTR].s.decode() for n in tagged})
+    # In node order, like GetClusterName: the first tagged node names the cluster, the first
+    # node with another name is the offender.
+    clusters: dict[str, str] = {}
+    for node in fdef.node_def:
+        if node.name in tagged:
+            clusters.setdefault(node.attr[REPLICATE_ATTR].s.decode(), node.name)
     if len(clusters) > 1:
-        first = {c: next(n.name for n in fdef.node_def if n.attr[REPLICATE_ATTR].s.decode() == c) for c in clusters}
         findings.append(Finding(
-            ERROR, "one-cluster", fn, first[clusters[1]],
+            ERROR, "one-cluster", fn, list(clusters.values())[1],
             f"{len(clusters)} _tpu_replicate clusters ({', '.join(clusters)}); TPUPartitionedCall "
             "allows one (GetClusterName)",
         ))
@@ -246,13 +249,13 @@ def resource_argument_findings(model: SavedModel, fn: str) -> list[Finding]:
         others = [k for k in kinds if k != "variable"]
         if others:
             findings.append(Finding(
-                ERROR, "resource-argument", fn, arg,
+                ERROR, "resource-argument", fn, None,
                 f"resource argument {arg} is a {others[0]}, not a variable; the TPU runtime copies "
                 "only variables to the TPU (LookupResource<Var>)",
             ))
         elif not kinds and not _graph_variable(model, fn, arg):
             findings.append(Finding(
-                WARNING, "resource-argument", fn, arg,
+                WARNING, "resource-argument", fn, None,
                 f"resource argument {arg}: tpubuild cannot tell whether it is a variable; the TPU "
                 "runtime accepts only variables",
             ))
@@ -277,15 +280,21 @@ def _graph_variable(model: SavedModel, fn: str, arg: str) -> bool:
     return False
 
 
-def enforce(model: SavedModel, bridge: bool = True) -> list[str]:
-    """The tpu stage's post-condition: raise ConversionError naming every error; return warnings."""
-    from tpubuild.errors import ConversionError
-
+def all_findings(model: SavedModel, bridge: bool = True) -> list[Finding]:
+    """The rules' findings, then (when they found no error) the MLIR bridge's second opinion."""
     findings = check_tpu_runtime_rules(model)
     if bridge and not any(f.severity == ERROR for f in findings):
         from tpubuild.savedmodel.mlir_bridge import bridge_findings
 
         findings += bridge_findings(model)
+    return findings
+
+
+def enforce(model: SavedModel, bridge: bool = True) -> list[str]:
+    """The tpu stage's post-condition: raise ConversionError naming every error; return warnings."""
+    from tpubuild.errors import ConversionError
+
+    findings = all_findings(model, bridge)
     errors = [str(f) for f in findings if f.severity == ERROR]
     if len(errors) == 1:
         raise ConversionError(errors[0])
