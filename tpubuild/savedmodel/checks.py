@@ -103,7 +103,7 @@ def check_xla_kernels(model: SavedModel, name: str, who: str) -> None:
         raise ConversionError(f"{who}: {gaps[0]} has no XLA kernel and cannot run on the TPU")
     if gaps:
         raise ConversionError(
-            f"{who}: {len(gaps)} ops have no XLA kernel and cannot run on the TPU: {', '.join(gaps)}"
+            f"{who}: {len(gaps)} ops: {', '.join(gaps)}; each has no XLA kernel and cannot run on the TPU"
         )
 
 
