@@ -43,6 +43,8 @@ def check_body(model: SavedModel, fn: str) -> Finding | None:
     import tensorflow as tf
     from tensorflow.python.eager import context
 
+    from tpubuild.savedmodel.quantization import captured_stderr
+
     names = [fn, *sorted(model.reachable(fn) & set(model.functions))]
     suffix = f"_tpubuild_bridge_{next(_COUNTER)}"
     renamed = {name: name + suffix for name in names}
@@ -53,7 +55,12 @@ def check_body(model: SavedModel, fn: str) -> Finding | None:
         for fdef in reversed(copies):  # callees first
             ctx.add_function_def(fdef)
             added.append(fdef.signature.name)
-        text = tf.mlir.experimental.convert_function(SimpleNamespace(function_def=copies[0]), pass_pipeline=PIPELINE)
+        # The bridge's passes log progress lines from C++; its verdict comes back as the
+        # exception or the module text, so those lines are dropped.
+        with captured_stderr():
+            text = tf.mlir.experimental.convert_function(
+                SimpleNamespace(function_def=copies[0]), pass_pipeline=PIPELINE
+            )
     except Exception as exc:  # the bridge's refusal is the finding
         node, message = _first_error(exc)
         return Finding(ERROR, "mlir-bridge", fn, node, f"TensorFlow's MLIR clustering bridge refuses it: {message}")
