@@ -285,7 +285,8 @@ def test_inspect_reports_a_converted_tpu_function_as_placed(placed):
     assert entry["xla"] == {"compilable": True}
     assert entry["tpu"] == {"clusters": ["cluster_tpu_func"], "findings": []}
     text = to_text(info)
-    assert "TPUReplicateMetadata ... cannot run" not in text and "not XLA-compilable: op 'TPUReplicateMetadata'" not in text
+    # The TPU plumbing is no reason to call the function not XLA-compilable (issue 13 item 12).
+    assert [line for line in text.splitlines() if "TPUReplicateMetadata'" in line] == []
     assert "    placed on the TPU (cluster cluster_tpu_func); TPU runtime rules: OK" in text.splitlines()
 
 
