@@ -118,7 +118,7 @@ def place_on_tpu(
                 f"tpu function {model.describe(placement.wrapper or target)} has no call site in any "
                 "function; nothing calls it through the TPU"
             )
-    # Tag bodies last so the ordinal selectors added inside TPU functions are tagged too.
+    # Tag bodies last: the untagged copies above are taken from the bodies as exported.
     for placement in placements:
         _mark_body(model.functions[placement.function], placement.cluster, metadata)
     model.invalidate()

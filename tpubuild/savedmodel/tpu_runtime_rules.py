@@ -35,6 +35,7 @@ from tpubuild.savedmodel.tpu import METADATA, REPLICATE_ATTR, REPLICATED_OUTPUT,
 
 ERROR = "error"
 WARNING = "warning"
+OUTSIDE_COMPILATION_ATTR = "_xla_outside_compilation"  # kOutsideCompilationAttr
 
 T = types_pb2
 # kTpuAllTypes, tensorflow/core/tpu/tpu_defs.h
@@ -124,14 +125,16 @@ def structure_findings(fdef: FunctionDef) -> list[Finding]:
     elif len(metadata) > 1:
         findings.append(Finding(ERROR, "metadata", fn, metadata[1],
                                 f"{len(metadata)} TPUReplicateMetadata nodes ({', '.join(metadata)}); one is needed"))
+    # Outside-compilation nodes run on the host; Encapsulate lets their outputs leave.
+    sources = {n.name for n in fdef.node_def if n.name in tagged and OUTSIDE_COMPILATION_ATTR not in n.attr}
     for node in fdef.node_def:
         if node.name in tagged or node.op == REPLICATED_OUTPUT:
             continue
         for ref in node.input:
-            if not ref.startswith("^") and _source(ref) in tagged:
+            if not ref.startswith("^") and _source(ref) in sources:
                 findings.append(_undeclared(fn, _source(ref), f"node {node.name} ({node.op}), which is not in the cluster"))
     for key, ref in sorted(fdef.ret.items()):
-        if _source(ref) in tagged:
+        if _source(ref) in sources:
             findings.append(_undeclared(fn, _source(ref), f"return value {key} without TPUReplicatedOutput"))
     for node in fdef.node_def:
         if node.op == TPU_CALL and node.name in tagged:
