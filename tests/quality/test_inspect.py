@@ -98,9 +98,14 @@ def test_inspect_names_the_op_that_xla_cannot_compile(example_models: dict[str, 
 
 def test_inspect_shows_tpu_and_batch_ops_of_a_converted_model(two_tpu_placed: Path) -> None:
     info = inspect(two_tpu_placed)
-    assert info["tpu_and_batch_ops"] == {"TPUOrdinalSelector": 2, "TPUPartitionedCall": 2, "TPUReplicateMetadata": 2}
+    # One TPUReplicatedOutput per output of each TPU body (tpu.py's output chain).
+    assert info["tpu_and_batch_ops"] == {
+        "TPUOrdinalSelector": 2, "TPUPartitionedCall": 2, "TPUReplicateMetadata": 2, "TPUReplicatedOutput": 2
+    }
     text = CliRunner().invoke(cli, ["inspect", str(two_tpu_placed)]).output
-    assert text.splitlines()[-1] == "TPU / batch ops: TPUOrdinalSelector x2, TPUPartitionedCall x2, TPUReplicateMetadata x2"
+    assert text.splitlines()[-1] == (
+        "TPU / batch ops: TPUOrdinalSelector x2, TPUPartitionedCall x2, TPUReplicateMetadata x2, TPUReplicatedOutput x2"
+    )
 
 
 def test_inspect_of_a_directory_without_a_model_is_one_line(tmp_path: Path, capsys) -> None:

@@ -17,6 +17,8 @@ from tpubuild.pipeline import stage_names
 from tpubuild.savedmodel.compare import compare_models, default_tolerances
 from tpubuild.savedmodel.datasets import random_samples, signature_inputs
 from tpubuild.savedmodel.model import SavedModel
+from tpubuild.savedmodel.mlir_bridge import bridge_findings
+from tpubuild.savedmodel.tpu_runtime_rules import check_tpu_runtime_rules
 from tpubuild.savedmodel.twin import make_cpu_twin
 from tpubuild.workspace import load_workspace
 
@@ -135,6 +137,11 @@ def test_every_example_recipe_converts(recipe_file, tmp_path, capsys):
         variables = [n.variable for n in model.meta_graph.object_graph_def.nodes if n.WhichOneof("kind") == "variable"]
         assert any(v.dtype == tf.bfloat16.as_datatype_enum for v in variables)
 
+    if "tpu" in stages:
+        # The TPU runtime's rules and TF's MLIR clustering bridge hold after every later
+        # stage too (bfloat16 and io_shape edit the TPU bodies).
+        assert [str(f) for f in check_tpu_runtime_rules(model) if f.severity == "error"] == []
+        assert [str(f) for f in bridge_findings(model)] == []
     make_cpu_twin(out, twin)
     _, rtol, atol = default_tolerances(stages)
     source = SavedModel.load(src)

@@ -16,13 +16,14 @@ from tpubuild.savedmodel import casts
 from tpubuild.savedmodel.casts import BF16, F32
 from tpubuild.savedmodel.model import GRAPH, SavedModel, node_functions
 from tpubuild.savedmodel.resources import VariableSources
+from tpubuild.savedmodel.tpu import host_side_nodes
 
 # Ops left alone whatever their dtype: constants keep their float32 value (a Cast follows),
 # Casts are what the rewrite itself adds, and calls keep their callee's signature.
 NEVER = frozenset(
     {"Const", "Cast", "Placeholder", "PartitionedCall", "StatefulPartitionedCall",
      "TPUPartitionedCall", "BatchFunction", "If", "StatelessIf", "While", "StatelessWhile",
-     "Case", "StatelessCase", "IdentityN"}
+     "Case", "StatelessCase", "IdentityN", "TPUReplicatedOutput", "TPUReplicatedInput"}
 )
 
 
@@ -117,8 +118,13 @@ def convert(model: SavedModel, scope: set[str], filterlist: Iterable[str]) -> Bf
     sources = VariableSources(model)
     plan.variables = _variables_to_convert(model, sources, scope)
     for fn in sorted(scope):
+        # A TPU body's untagged nodes (its outputs' host side, after TPUReplicatedOutput)
+        # stay float32: a Cast there would be a tagged node feeding the return value,
+        # which the TPU runtime refuses (tpu.py).
+        host_side = host_side_nodes(model.functions[fn])
         for node in model.functions[fn].node_def:
-            _convert_node(node, filtered, plan)
+            if node.name not in host_side:
+                _convert_node(node, filtered, plan)
     converted = set(plan.variables)
     touched = set(scope)
     for fn, fdef in model.functions.items():

@@ -97,23 +97,38 @@ def _type_specs(value: Any) -> list[Any]:
 
 
 def check_xla_kernels(model: SavedModel, name: str, who: str) -> None:
-    """Every op in the function and its callees must have an XLA kernel."""
-    _register_xla_kernels()
+    """Every op in the function and its callees must have an XLA kernel; names them all at once."""
+    gaps = xla_kernel_gaps(model, name)
+    if len(gaps) == 1:
+        raise ConversionError(f"{who}: {gaps[0]} has no XLA kernel and cannot run on the TPU")
+    if gaps:
+        raise ConversionError(
+            f"{who}: {len(gaps)} ops: {', '.join(gaps)}; each has no XLA kernel and cannot run on the TPU"
+        )
+
+
+# TPU plumbing that the TPU runtime removes before XLA sees the computation.
+PLUMBING_OPS = frozenset({"TPUReplicateMetadata", "TPUReplicatedOutput", "TPUReplicatedInput"})
+
+
+def xla_kernel_gaps(model: SavedModel, name: str) -> list[str]:
+    """"op 'X' (node n[ in f])" for each node of `name` and its callees without an XLA kernel."""
+    register_xla_kernels()
+    gaps = []
     for fn in [name, *sorted(model.reachable(name))]:
         for node in model.functions[fn].node_def:
-            if node.op in model.functions or _has_xla_kernel(node.op):
+            if node.op in model.functions or node.op in PLUMBING_OPS or _has_xla_kernel(node.op):
                 continue
             where = f"node {node.name}" + ("" if fn == name else f" in {fn}")
-            raise ConversionError(
-                f"{who}: op '{node.op}' ({where}) has no XLA kernel and cannot run on the TPU"
-            )
+            gaps.append(f"op '{node.op}' ({where})")
+    return gaps
 
 
 _KERNELS: dict[str, bool] = {}
 _REGISTERED = False
 
 
-def _register_xla_kernels() -> None:
+def register_xla_kernels() -> None:
     """XLA registers its JIT kernels on first use; compile a trivial function once to list them."""
     global _REGISTERED
     if not _REGISTERED:

@@ -36,10 +36,18 @@ def tag_sets(path: Path) -> list[list[str]]:
 
 
 def inspect(path: Path, tags: list[str] | None = None) -> dict[str, Any]:
-    """Tags, signatures with specs, aliases, functions with callers / XLA-compilability, TPU and batch ops."""
+    """Tags, signatures with specs, aliases, functions with callers / XLA-compilability, TPU and batch ops.
+
+    Functions a TPUPartitionedCall runs are reported as placed on the TPU, with the TPU
+    runtime's rule findings (tpu_runtime_rules.py, then TF's MLIR clustering bridge), on any
+    SavedModel, converted by tpubuild or elsewhere.
+    """
     from tpubuild.savedmodel.checks import check_xla_kernels
+    from tpubuild.savedmodel.tpu_runtime_rules import all_findings, tpu_bodies
 
     model = SavedModel.load(Path(path), tags)
+    bodies = set(tpu_bodies(model))
+    findings = all_findings(model) if bodies else []
     signature_functions = model.signatures
     signatures = {}
     for key, sig in sorted(model.meta_graph.signature_def.items()):
@@ -70,6 +78,9 @@ def inspect(path: Path, tags: list[str] | None = None) -> dict[str, Any]:
             "callers": sorted(model.callers(name)),
             "signatures": sorted(k for k, fn in signature_functions.items() if fn == name),
             "xla": xla,
+            "tpu": _tpu_placement(model.functions[name], [f for f in findings if f.function == name])
+            if name in bodies
+            else None,
         })
     for node in model.meta_graph.graph_def.node:
         if node.op in TPU_OPS or node.op in BATCH_OPS:
@@ -83,6 +94,22 @@ def inspect(path: Path, tags: list[str] | None = None) -> dict[str, Any]:
         "functions": functions,
         "tpu_and_batch_ops": dict(sorted(ops.items())),
     }
+
+
+def _tpu_placement(fdef: Any, findings: list[Any]) -> dict[str, Any]:
+    from tpubuild.savedmodel.tpu import REPLICATE_ATTR
+
+    clusters = sorted({n.attr[REPLICATE_ATTR].s.decode() for n in fdef.node_def if REPLICATE_ATTR in n.attr})
+    return {"clusters": clusters, "findings": [f.to_json() | {"text": str(f)} for f in findings]}
+
+
+def _tpu_text(tpu: dict[str, Any]) -> list[str]:
+    clusters = ", ".join(tpu["clusters"]) or "none"
+    errors = [f for f in tpu["findings"] if f["severity"] == "error"]
+    state = f"{len(errors)} TPU runtime rule violation(s)" if errors else "TPU runtime rules: OK"
+    lines = [f"    placed on the TPU (cluster {clusters}); {state}"]
+    lines += [f"      {f['severity']}: {f['text']}" for f in tpu["findings"]]
+    return lines
 
 
 def to_text(info: dict[str, Any]) -> str:
@@ -104,6 +131,8 @@ def to_text(info: dict[str, Any]) -> str:
         xla = "XLA-compilable" if fn["xla"]["compilable"] else f"not XLA-compilable: {fn['xla']['reason']}"
         lines.append(f"  {fn['name']}" + (f" ({', '.join(tags)})" if tags else ""))
         lines.append(f"    called by: {', '.join(fn['callers']) or 'the graph / no function'}; {xla}")
+        if fn.get("tpu"):
+            lines += _tpu_text(fn["tpu"])
     ops = info["tpu_and_batch_ops"]
     lines.append("TPU / batch ops: " + (", ".join(f"{op} x{n}" for op, n in ops.items()) or "none (not converted)"))
     return "\n".join(lines) + "\n"

@@ -18,7 +18,7 @@ from tensorflow.core.framework.node_def_pb2 import NodeDef
 from tensorflow.core.framework.tensor_shape_pb2 import TensorShapeProto
 from tensorflow.python.framework import tensor_util
 
-from tpubuild.savedmodel import fnedit
+from tpubuild.savedmodel import fnedit, tpu
 from tpubuild.savedmodel.batch_checks import output_dims
 from tpubuild.savedmodel.casts import CLUSTER_ATTR
 from tpubuild.savedmodel.model import SavedModel
@@ -136,9 +136,11 @@ def make_wrapper(model: SavedModel, plan: FunctionPlan) -> str:
     for index, layout in plan.outputs.items():
         arg = fdef.signature.output_arg[index]
         wire = _batch_free(layout.wire)
-        nodes, ref = _reshape(fdef, fdef.ret[arg.name], wire, arg.type, arg.name, cluster)
+        # Inside the computation, before TPUReplicatedOutput (tpu.py's output chain).
+        value = tpu.computation_output(fdef, arg.name)
+        nodes, ref = _reshape(fdef, value, wire, arg.type, arg.name, cluster)
         fdef.node_def.extend(nodes)
-        fdef.ret[arg.name] = ref
+        tpu.set_computation_output(fdef, arg.name, ref)
     model.add_function(fdef)
     return fdef.signature.name
 

@@ -13,9 +13,26 @@ from tensorflow.core.framework.function_pb2 import FunctionDef
 from tensorflow.core.framework.node_def_pb2 import NodeDef
 
 from tpubuild.savedmodel.model import SavedModel
-from tpubuild.savedmodel.tpu import METADATA, ORDINAL_SELECTOR, REPLICATE_ATTR, TPU_CALL
+from tpubuild.savedmodel.tpu import (
+    COMPILATION_RESULT,
+    METADATA,
+    ORDINAL_SELECTOR,
+    OUTPUT_IDENTITY_ATTR,
+    OUTPUT_SHARD_ATTR,
+    REPLICATE_ATTR,
+    REPLICATED_INPUT,
+    REPLICATED_OUTPUT,
+    TPU_CALL,
+)
 
-DROPPED_OPS = (ORDINAL_SELECTOR, METADATA)
+DROPPED_OPS = (ORDINAL_SELECTOR, METADATA, COMPILATION_RESULT)
+# Single-replica pass-throughs that have no CPU kernel: on CPU they are Identity ops.
+# {op: (name of its output arg, attrs Identity does not have)}
+PASS_THROUGH = {
+    REPLICATED_OUTPUT: ("outputs", ("num_replicas",)),
+    REPLICATED_INPUT: ("output", ("N", "is_mirrored_variable", "index", "is_packed")),
+}
+TPU_ONLY_ATTRS = (REPLICATE_ATTR, OUTPUT_IDENTITY_ATTR, OUTPUT_SHARD_ATTR)
 
 
 def make_cpu_twin(src: Path, dst: Path, tags: list[str] | None = None) -> dict[str, int]:
@@ -51,9 +68,13 @@ def _untpu_nodes(holder: GraphDef | FunctionDef, counts: dict[str, int]) -> set[
     dropped = {n.name for n in nodes if n.op in DROPPED_OPS}
     keep = [n for n in nodes if n.name not in dropped]
     counts["dropped"] += len(dropped)
+    renamed: dict[str, str] = {}
     for node in keep:
-        if REPLICATE_ATTR in node.attr:
-            del node.attr[REPLICATE_ATTR]
+        for attr in TPU_ONLY_ATTRS:
+            if attr in node.attr:
+                del node.attr[attr]
+        if node.op in PASS_THROUGH:
+            renamed.update(_to_identity(node))
         if node.op == TPU_CALL:
             # The device ordinal is the last data input, whatever produces it.
             data = [i for i in node.input if not i.startswith("^")]
@@ -65,11 +86,30 @@ def _untpu_nodes(holder: GraphDef | FunctionDef, counts: dict[str, int]) -> set[
             counts["calls"] += 1
         # Control edges from dropped nodes (metadata) go too.
         node.input[:] = [i for i in node.input if _source(i) not in dropped]
+    if renamed:
+        for node in keep:
+            node.input[:] = [renamed.get(i, i) for i in node.input]
+        if isinstance(holder, FunctionDef):
+            for key, ref in list(holder.ret.items()):
+                holder.ret[key] = renamed.get(ref, ref)
     if dropped:
         kept = [_copy(n) for n in keep]
         del nodes[:]
         nodes.extend(kept)
     return dropped
+
+
+def _to_identity(node: NodeDef) -> dict[str, str]:
+    """Turn a one-replica TPUReplicatedOutput/Input into Identity; returns the output refs it renames."""
+    output_arg, attrs = PASS_THROUGH[node.op]
+    count = node.attr["num_replicas"].i if node.op == REPLICATED_OUTPUT else node.attr["N"].i
+    if count != 1:
+        raise ValueError(f"node {node.name}: {node.op} with {count} replicas has no CPU equivalent")
+    node.op = "Identity"
+    for attr in attrs:
+        if attr in node.attr:
+            del node.attr[attr]
+    return {f"{node.name}:{output_arg}:0": f"{node.name}:output:0"}
 
 
 def _source(tensor: str) -> str:

@@ -25,17 +25,21 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     from tpubuild.savedmodel.model import SavedModel
     from tpubuild.savedmodel.resolve import resolve_tpu_functions
     from tpubuild.savedmodel.tpu import place_on_tpu
+    from tpubuild.savedmodel.tpu_runtime_rules import enforce
 
     model = SavedModel.load(Path(input_dir), options.get("tags"))
     functions = resolve_tpu_functions(model, options["tpu_functions"])
     # Checks run on the untouched model and before anything is written.
     warnings = check_tpu_functions(model, functions)
     placements, place_warnings = place_on_tpu(model, functions, options.get("xla_sharding_options"))
+    # Post-condition: the TPU runtime's rules (structure, types, resources) and TF's MLIR
+    # clustering bridge accept every TPU body; a violation fails the stage before writing.
+    rule_warnings = enforce(model)
     model.save(Path(output_dir))
     for placement in placements:
         sites = ", ".join(f"{s['caller']}/{s['node']}" for s in placement.call_sites) or "none"
         context.log(f"tpu: placed {placement.alias or placement.function} (call sites: {sites})")
     return StageResult(
         summary={"placed": [p.to_json() for p in placements]},
-        warnings=[*warnings, *place_warnings],
+        warnings=[*warnings, *place_warnings, *rule_warnings],
     )
