@@ -234,8 +234,32 @@ class SavedModel:
             if entry.name in (SAVED_MODEL_PB, "saved_model.pbtxt", FINGERPRINT_PB):
                 continue
             _link_tree(entry, output_dir / entry.name)
+        prepare_for_older_runtimes(self.meta_graph)
         write_atomic(output_dir / SAVED_MODEL_PB, self.proto.SerializeToString(deterministic=True))
         _write_fingerprint(output_dir)
+
+
+def prepare_for_older_runtimes(meta_graph: MetaGraphDef) -> None:
+    """Strip default-valued attributes and list the ops used, as TensorFlow's saver does.
+
+    A NodeDef that names an attribute its consumer's op registry does not know is
+    rejected, so a serving binary built before an attribute existed (BatchFunction's
+    `batch_padding_policy`, ...) refuses a model that spells out its default. TF's own
+    stripper does the work: tensorflow/python/framework/meta_graph.py
+    `strip_graph_default_valued_attrs` (graph nodes and every library function's nodes,
+    nodes calling a library function left alone; the C++ twin is `StripDefaultAttributes`
+    in tensorflow/core/framework/graph_def_util.cc). It also sets
+    `meta_info_def.stripped_default_attrs`, which tells loaders to add the defaults back.
+    `stripped_op_list` is recomputed because stages add ops (BatchFunction, TPU ops) the
+    exporter never listed; tensorflow/python/saved_model/save.py fills it the same way.
+    """
+    from tensorflow.python.framework import meta_graph as tf_meta_graph
+
+    tf_meta_graph.strip_graph_default_valued_attrs(meta_graph)
+    meta_graph.meta_info_def.ClearField("stripped_op_list")
+    meta_graph.meta_info_def.stripped_op_list.MergeFrom(
+        tf_meta_graph.stripped_op_list_for_graph(meta_graph.graph_def)
+    )
 
 
 def _select(proto: saved_model_pb2.SavedModel, path: Path, tags: list[str] | None) -> MetaGraphDef:
