@@ -1,11 +1,15 @@
 """The oldest TensorFlow release whose op registry accepts a SavedModel.
 
-A consumer rejects a NodeDef whose op it does not register, or that names an attribute
-its OpDef lacks (attributes starting with "_" are exempt: tensorflow/core/framework/
-graph_def_util.cc, RemoveNewDefaultAttrsFromNodeDef). tpubuild strips default-valued
-attributes on every write (model.prepare_for_older_runtimes), so what is left is what
-the model really uses; each op and attribute is dated by `tf_op_history` (generated from
-the op wrappers of each tensorflow-cpu release by scripts/tf_op_history.py).
+A consumer fails on a node whose op it does not register ("Op type not registered").
+An attribute its OpDef lacks is, in the releases read here, logged as an error and
+ignored (tensorflow/core/framework/node_def_util.cc, ValidateNodeDef: "NodeDef mentions
+attribute ... Unknown attributes will be ignored"), so a value other than the newer
+default is silently lost; attributes starting with "_" are exempt from both
+(graph_def_util.cc, RemoveNewDefaultAttrsFromNodeDef). Either way the release does not
+run the model as built, so both count. tpubuild strips default-valued attributes on
+every write (model.prepare_for_older_runtimes), so what is left is what the model really
+uses; each op and attribute is dated by `tf_op_history` (generated from the op wrappers
+of each tensorflow-cpu release by scripts/tf_op_history.py).
 
 The attributes tpubuild's own rewrites set, and when they appeared (from that history):
   BatchFunction: f, num_batch_threads, max_batch_size, batch_timeout_micros,
