@@ -16,6 +16,7 @@ import click
 
 from tpubuild import __version__
 from tpubuild.errors import TpubuildError
+from tpubuild.quiet import quiet_tensorflow
 
 # verb -> module under tpubuild.commands exporting `command`, in --help order.
 VERBS = {
@@ -51,9 +52,10 @@ class LazyGroup(click.Group):
 class Options:
     """Global options every verb receives through click's context object."""
 
-    def __init__(self, workspace: Path | None, debug: bool):
+    def __init__(self, workspace: Path | None, debug: bool, verbose: bool = False):
         self.workspace = workspace
         self.debug = debug
+        self.verbose = verbose
 
 
 @click.group(
@@ -69,16 +71,20 @@ class Options:
     help="The workspace (a directory holding tpubuild.yaml, or the file itself). "
     "Default: the nearest tpubuild.yaml in this directory or above.",
 )
-@click.option("--debug", is_flag=True, help="Show Python tracebacks for errors.")
+@click.option("--debug", is_flag=True, help="Show Python tracebacks for errors, and TensorFlow's own log.")
+@click.option("--verbose", "-v", is_flag=True, help="Show TensorFlow's own log lines (hidden by default).")
 @click.pass_context
-def cli(ctx: click.Context, workspace: Path | None, debug: bool) -> None:
+def cli(ctx: click.Context, workspace: Path | None, debug: bool, verbose: bool) -> None:
     """tpubuild: build TPU-ready TensorFlow SavedModels from YAML recipes.
 
     Each model in the workspace has a recipe (recipes/*.yaml) whose `converter:`
     section mirrors the Cloud TPU Inference Converter's ConverterOptions. tpubuild
     rebuilds only the stages whose inputs changed and publishes numbered versions.
     """
-    ctx.obj = Options(workspace, debug)
+    ctx.obj = Options(workspace, debug, verbose)
+    if not (debug or verbose):
+        # Before any verb imports TensorFlow; it imports nothing itself (planning stays light).
+        quiet_tensorflow()
 
 
 def main(argv: list[str] | None = None) -> None:
