@@ -220,43 +220,44 @@ def recompilation_warnings(model: SavedModel) -> list[str]:
     a dynamic dimension 0 gets every request's own size.
     """
     governing = _batch_nodes_by_function(model)
-    warnings = []
+    warnings: list[str] = []
     for caller in sorted(model.functions):
         for node in model.functions[caller].node_def:
             if node.op != TPU_CALL:
                 continue
-            where = f'TPU call "{node.name}" in {caller}'
-            callee = node.attr["f"].func.name
+            fn = model.describe(node.attr["f"].func.name)
             if caller in governing:
-                batch = governing[caller]
+                batch_caller, batch = governing[caller]
                 if not _allowed_sizes(batch):
-                    limit = batch.attr["max_batch_size"].i
-                    warnings.append(
-                        f"{where} is batched with empty allowed_batch_sizes: batches of every "
-                        f"size from 1 to max_batch_size ({limit}) reach it and {PER_SHAPE}; "
-                        "list a few sizes in allowed_batch_sizes so that batches are padded "
-                        "up to one of them"
+                    warning = (
+                        f'TPU call of {fn} batched by "{batch.name}" in {batch_caller} has empty '
+                        "allowed_batch_sizes: batches of every size from 1 to max_batch_size "
+                        f"({batch.attr['max_batch_size'].i}) reach it and {PER_SHAPE}; list a few "
+                        "sizes in allowed_batch_sizes so that batches are padded up to one of them"
                     )
+                    if warning not in warnings:
+                        warnings.append(warning)
                 continue
-            dynamic = _dynamic_inputs(model, node, callee)
+            dynamic = _dynamic_inputs(model, node, node.attr["f"].func.name)
             if dynamic:
                 warnings.append(
-                    f"{where} is not batched and {model.describe(callee)} input {dynamic} has a "
-                    f"dynamic dimension 0: every request size reaches it and {PER_SHAPE}; "
-                    "batch the call (batch_options with allowed_batch_sizes) or fix dimension 0"
+                    f'TPU call of {fn} ("{node.name}" in {caller}) is not batched and its input '
+                    f"{dynamic} has a dynamic dimension 0: every request size reaches it and "
+                    f"{PER_SHAPE}; batch the call (batch_options with allowed_batch_sizes) or fix "
+                    "dimension 0"
                 )
     return warnings
 
 
-def _batch_nodes_by_function(model: SavedModel) -> dict[str, NodeDef]:
-    """Function name -> the BatchFunction node whose batches run it (directly or nested)."""
-    found = {}
-    for fdef in model.functions.values():
-        for node in fdef.node_def:
+def _batch_nodes_by_function(model: SavedModel) -> dict[str, tuple[str, NodeDef]]:
+    """Function name -> (caller, BatchFunction node) whose batches run it, directly or nested."""
+    found: dict[str, tuple[str, NodeDef]] = {}
+    for caller in sorted(model.functions):
+        for node in model.functions[caller].node_def:
             if node.op == "BatchFunction":
                 body = node.attr["f"].func.name
                 for name in {body} | model.reachable(body):
-                    found.setdefault(name, node)
+                    found.setdefault(name, (caller, node))
     return found
 
 
