@@ -81,7 +81,9 @@ def model_digest(sm: SavedModel) -> str:
     BatchFunctionKernel::ComputeAsync, LookupOrCreate): two models loaded into one server
     whose nodes carry the same name share one queue, with the options of whichever
     created it, and a batch mixing their requests runs the function of its last request
-    (BatchResource::ProcessFuncBatchImpl uses last_task.fhandle) on all of them. Two
+    (BatchResource::ProcessFuncBatchImpl uses last_task.fhandle) on all of them. C++
+    loaders keep shared_name as written (Python's loader appends a per-load suffix:
+    fix_node_def in tensorflow/python/saved_model/function_deserialization.py). Two
     fine-tunes of one network have identical graphs, so the weights count too; they are
     represented by variables.index, which records a CRC32C of every tensor's bytes
     (tensorflow/core/protobuf/tensor_bundle.proto, BundleEntryProto.crc32c), so the digest
