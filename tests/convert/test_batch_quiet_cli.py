@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 # What TensorFlow's logging looks like: absl/glog-style C++ lines ("I0000 00:00:... port.cc:153]"),
 # the absl banner, the timestamped tsl format ("2026-01-01 ...: I tensorflow/..."), and the
@@ -18,16 +19,11 @@ TF_LINE = re.compile(
     r"oneDNN|cuda|This TensorFlow binary|AutoGraph|^WARNING:tensorflow|^INFO:tensorflow",
     re.IGNORECASE,
 )
-OPTIONS = """\
-tpu_functions:
-  - function_alias: tpu_func
-batch_options:
-  - num_batch_threads: 2
-    max_batch_size: 8
-    batch_timeout_micros: 1000
-    allowed_batch_sizes: [4, 8]
-    max_enqueued_batches: 10
-"""
+CONVERTER = {
+    "tpu_functions": [{"function_alias": "tpu_func"}],
+    "batch_options": [{"num_batch_threads": 2, "max_batch_size": 8, "batch_timeout_micros": 1000,
+                       "allowed_batch_sizes": [4, 8], "max_enqueued_batches": 10}],
+}
 
 
 def _tpubuild(*args: str) -> subprocess.CompletedProcess:
@@ -43,7 +39,7 @@ def _tf_lines(done: subprocess.CompletedProcess) -> list[str]:
 @pytest.fixture(scope="module")
 def converted(models, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     root = tmp_path_factory.mktemp("quiet")
-    (root / "converter.yaml").write_text(OPTIONS)
+    (root / "converter.yaml").write_text(yaml.safe_dump(CONVERTER))
     out = root / "out"
     done = _tpubuild("convert", str(models["toy"]), str(out), "--options-file", str(root / "converter.yaml"))
     return out, done

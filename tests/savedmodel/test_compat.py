@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.framework.node_def_pb2 import NodeDef
 from tensorflow.python.framework import op_def_registry
+from tensorflow.python.framework.meta_graph import stripped_op_list_for_graph
 
 from tpubuild.savedmodel import compat, tf_op_history
 from tpubuild.savedmodel.model import SavedModel
@@ -97,9 +98,10 @@ def test_every_write_strips_default_valued_attributes(converted, stage):
     found = {f"{n.name}.{a}": n.op for n in _nodes(model) for a in _default_valued(n)}
     assert found == {}
     assert model.meta_graph.meta_info_def.stripped_default_attrs is True
+    # The op list is recomputed as tf.saved_model.save computes it, new ops included.
     listed = {op.name for op in model.meta_graph.meta_info_def.stripped_op_list.op}
-    used = {n.op for n in _nodes(model)} - set(model.functions)
-    assert listed == used
+    assert listed == {op.name for op in stripped_op_list_for_graph(model.meta_graph.graph_def).op}
+    assert {"batch": "BatchFunction", "tpu": "TPUPartitionedCall"}[stage] in listed
 
 
 def test_stripped_batch_function_keeps_what_differs_from_the_defaults(converted):
@@ -162,3 +164,20 @@ def test_op_history_agrees_with_this_tensorflow():
         op_def = op_def_registry.get(op)
         names = {a.name for a in op_def.attr} | {a.name for a in op_def.input_arg}
         assert name in names, (op, name)
+
+
+def test_report_stage_records_min_tensorflow(converted, tmp_path):
+    import json
+
+    from tpubuild.stages import report
+
+    context = StageContext(
+        workspace=tmp_path, recipe_name="t", recipe_file=tmp_path / "t.yaml", inputs={"source": converted["source"]}
+    )
+    result = report.run(converted["batch"], tmp_path, {"tags": ["serve"]}, context)
+    written = json.loads((tmp_path / "tpubuild-report.json").read_text())
+    assert result.summary["min_tensorflow"] == written["min_tensorflow"] == {
+        "version": "2.15",
+        "reason": 'attribute debug_name of VarHandleOp (node "w" in the graph) first appears in '
+        "TensorFlow 2.15 (not in 2.14)",
+    }

@@ -242,32 +242,27 @@ class SavedModel:
 def prepare_for_older_runtimes(meta_graph: MetaGraphDef) -> None:
     """Strip default-valued attributes and list the ops used, as TensorFlow's saver does.
 
-    A NodeDef that names an attribute its consumer's op registry does not know is
-    rejected, so a serving binary built before an attribute existed (BatchFunction's
-    `batch_padding_policy`, ...) refuses a model that spells out its default. TF's own
+    A TensorFlow older than an attribute does not know it: it logs "NodeDef mentions
+    attribute ... Unknown attributes will be ignored" for the node and drops it
+    (ValidateNodeDef, tensorflow/core/framework/node_def_util.cc). Spelling out defaults
+    (BatchFunction's `batch_padding_policy`, ...) only makes such logs and raises the
+    oldest release that understands the model (tpubuild.savedmodel.compat). TF's own
     stripper does the work: tensorflow/python/framework/meta_graph.py
     `strip_graph_default_valued_attrs` (graph nodes and every library function's nodes,
     nodes calling a library function left alone; the C++ twin is `StripDefaultAttributes`
-    in tensorflow/core/framework/graph_def_util.cc). It also sets
-    `meta_info_def.stripped_default_attrs`, which tells loaders to add the defaults back.
+    in tensorflow/core/framework/graph_def_util.cc); it sets
+    `meta_info_def.stripped_default_attrs`, and loaders fill defaults from their registry.
     tf.saved_model.save does both (tensorflow/python/saved_model/save.py,
     `_fill_meta_graph_def`), but stages add nodes with every default filled in, and ops
-    (BatchFunction, TPU ops) the exporter never listed, so each write does it again.
-    The op list covers every library function: TF's `ops_used_by_graph_def` follows only
-    (Stateful)PartitionedCall, so it would miss the bodies of TPUPartitionedCall and
-    BatchFunction, and C++'s RemoveNewDefaultAttrsFromGraphDef fails on a node whose op
-    the producer's list lacks.
+    (BatchFunction, TPU ops) the exporter never listed, so each write does it again, with
+    the same functions: a model no stage changed is written back byte for byte.
     """
-    from tensorflow.core.framework.op_def_pb2 import OpList
     from tensorflow.python.framework import meta_graph as tf_meta_graph
-    from tensorflow.python.framework import op_def_registry
 
     tf_meta_graph.strip_graph_default_valued_attrs(meta_graph)
-    graph = meta_graph.graph_def
-    functions = {f.signature.name for f in graph.library.function}
-    used = {n.op for n in graph.node} | {n.op for f in graph.library.function for n in f.node_def}
-    op_defs = [op_def_registry.get(op) for op in sorted(used - functions)]
-    meta_graph.meta_info_def.stripped_op_list.CopyFrom(OpList(op=[o for o in op_defs if o]))
+    meta_graph.meta_info_def.stripped_op_list.CopyFrom(
+        tf_meta_graph.stripped_op_list_for_graph(meta_graph.graph_def)
+    )
 
 
 def _select(proto: saved_model_pb2.SavedModel, path: Path, tags: list[str] | None) -> MetaGraphDef:
