@@ -143,7 +143,9 @@ def main() -> int:
     parser.add_argument("--work", type=Path, help="keep the models here (default: a temp dir)")
     args = parser.parse_args()
 
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    from tpubuild.quiet import quiet_tensorflow
+
+    quiet_tensorflow()  # this environment's TensorFlow stays quiet; the older one is watched
     import numpy as np
     import tensorflow as tf
 

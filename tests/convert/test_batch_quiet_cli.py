@@ -54,14 +54,21 @@ def test_convert_prints_tpubuild_lines_only(converted, models):
     assert [line for line in done.stderr.splitlines() if not line.startswith(stages)] == []
 
 
-def test_inspect_is_quiet_and_debug_shows_tensorflows_log(converted):
-    out, _ = converted
-    quiet = _tpubuild("inspect", str(out))
-    assert quiet.returncode == 0, quiet.stderr
-    assert (_tf_lines(quiet), quiet.stderr) == ([], "")
-    # The same command with --debug: TensorFlow's lines come back, so the pattern above
-    # really matches what TensorFlow prints on this machine.
-    loud = _tpubuild("--debug", "inspect", str(out))
+@pytest.fixture(scope="module")
+def quiet_inspect(converted) -> subprocess.CompletedProcess:
+    return _tpubuild("inspect", str(converted[0]))
+
+
+def test_inspect_is_quiet(quiet_inspect):
+    assert quiet_inspect.returncode == 0, quiet_inspect.stderr
+    assert (_tf_lines(quiet_inspect), quiet_inspect.stderr) == ([], "")
+
+
+@pytest.mark.parametrize("flag", ["--debug", "-v"])
+def test_debug_or_verbose_shows_tensorflows_log(converted, quiet_inspect, flag):
+    # TensorFlow's lines come back, so the pattern above really matches what TensorFlow
+    # prints on this machine; tpubuild's own output is the same.
+    loud = _tpubuild(flag, "inspect", str(converted[0]))
     assert loud.returncode == 0
     assert _tf_lines(loud) != []
-    assert loud.stdout == quiet.stdout
+    assert loud.stdout == quiet_inspect.stdout
