@@ -14,6 +14,7 @@ from tensorflow.core.framework.node_def_pb2 import NodeDef
 from tensorflow.core.protobuf import struct_pb2
 
 from tpubuild.savedmodel import fnedit
+from tpubuild.savedmodel.batching import TPU_CALL
 from tpubuild.savedmodel.model import SavedModel
 
 SCALAR = "Batching input tensors must have at least one dimension"
@@ -208,7 +209,6 @@ def _inferred_output_dims(fdef: FunctionDef, count: int) -> list[list[int] | Non
 # functions on GetInputHash (every input's number of elements) and the core, and a cache
 # miss rewrites the function and compiles a new TPU program. Every distinct request or
 # batch size therefore costs one compilation (and a slow first call) and one cached program.
-TPU_CALL = "TPUPartitionedCall"
 PER_SHAPE = "the TPU compiles a new program for each input shape it sees"
 
 
