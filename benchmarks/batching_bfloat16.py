@@ -12,6 +12,7 @@ import argparse
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -84,6 +85,34 @@ def throughput(model_dir: Path, seconds: float) -> float:
     return sum(counts) / (time.perf_counter() - began)
 
 
+@dataclass
+class Built:
+    """The exported MLP, its TPU-placed and batched conversions, and their CPU twins."""
+
+    params: int
+    src: Path
+    placed: Path
+    batched: Path
+    plain_twin: Path
+    batched_twin: Path
+
+
+def build(root: Path) -> Built:
+    mlp = Mlp()
+    src = root / "src"
+    tf.saved_model.save(
+        mlp, str(src), signatures={"serving_default": mlp.serve},
+        options=tf.saved_model.SaveOptions(function_aliases={"tpu_func": mlp.tpu_func}),
+    )
+    placed = stage(tpu.run, src, root, "tpu", {"xla_sharding_options": None})
+    batched = stage(batch.run, placed, root, "batch", {"batch_options": [BATCH]})
+    plain_twin, batched_twin = root / "plain_twin", root / "batched_twin"
+    make_cpu_twin(placed, plain_twin)
+    make_cpu_twin(batched, batched_twin)
+    params = sum(int(np.prod(w.shape)) for w in mlp.layers)
+    return Built(params, src, placed, batched, plain_twin, batched_twin)
+
+
 def size(path: Path) -> int:
     return sum(f.stat().st_size for f in (path / "variables").iterdir())
 
@@ -94,24 +123,14 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        mlp = Mlp()
-        params = sum(int(np.prod(w.shape)) for w in mlp.layers)
-        src = root / "src"
-        tf.saved_model.save(
-            mlp, str(src), signatures={"serving_default": mlp.serve},
-            options=tf.saved_model.SaveOptions(function_aliases={"tpu_func": mlp.tpu_func}),
-        )
-        placed = stage(tpu.run, src, root, "tpu", {"xla_sharding_options": None})
-        batched = stage(batch.run, placed, root, "batch", {"batch_options": [BATCH]})
+        built = build(root)
+        params, src = built.params, built.src
         bf16 = stage(
-            bfloat16.run, placed, root, "bf16",
+            bfloat16.run, built.placed, root, "bf16",
             {"bfloat16_optimization_options": {"scope": "TPU", "skip_safety_checks": False, "filterlist": []}},
         )
-        plain_twin, batched_twin = root / "plain_twin", root / "batched_twin"
-        make_cpu_twin(placed, plain_twin)
-        make_cpu_twin(batched, batched_twin)
-        plain = throughput(plain_twin, args.seconds)
-        grouped = throughput(batched_twin, args.seconds)
+        plain = throughput(built.plain_twin, args.seconds)
+        grouped = throughput(built.batched_twin, args.seconds)
         print(f"MLP {params / 1e6:.2f}M parameters, {CALLERS} concurrent callers, 1 row per request")
         print(f"  unbatched: {plain:8.1f} requests/s")
         print(f"  batched:   {grouped:8.1f} requests/s  (max_batch_size 32, timeout 2 ms)")

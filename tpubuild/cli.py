@@ -17,6 +17,7 @@ import click
 
 from tpubuild import __version__
 from tpubuild.errors import TpubuildError
+from tpubuild.quiet import quiet_tensorflow
 
 # verb -> module under tpubuild.commands exporting `command`, in --help order.
 VERBS = {
@@ -53,9 +54,10 @@ class LazyGroup(click.Group):
 class Options:
     """Global options every verb receives through click's context object."""
 
-    def __init__(self, workspace: Path | None, debug: bool):
+    def __init__(self, workspace: Path | None, debug: bool, verbose: bool = False):
         self.workspace = workspace
         self.debug = debug
+        self.verbose = verbose
 
 
 @click.group(
@@ -71,9 +73,10 @@ class Options:
     help="The workspace (a directory holding tpubuild.yaml, or the file itself). "
     "Default: the nearest tpubuild.yaml in this directory or above.",
 )
-@click.option("--debug", is_flag=True, help="Show Python tracebacks for errors.")
+@click.option("--debug", is_flag=True, help="Show Python tracebacks for errors, and TensorFlow's own log.")
+@click.option("--verbose", "-v", is_flag=True, help="Show TensorFlow's own log lines (hidden by default).")
 @click.pass_context
-def cli(ctx: click.Context, workspace: Path | None, debug: bool) -> None:
+def cli(ctx: click.Context, workspace: Path | None, debug: bool, verbose: bool) -> None:
     """tpubuild: build TPU-ready TensorFlow SavedModels from YAML recipes.
 
     Each model in the workspace has a recipe (recipes/*.yaml) whose `converter:`
@@ -82,7 +85,10 @@ def cli(ctx: click.Context, workspace: Path | None, debug: bool) -> None:
     """
     if debug:  # workers and the engine show full tracebacks of stage errors
         os.environ["TPUBUILD_DEBUG"] = "1"
-    ctx.obj = Options(workspace, debug)
+    ctx.obj = Options(workspace, debug, verbose)
+    if not (debug or verbose):
+        # Before any verb imports TensorFlow; it imports nothing itself (planning stays light).
+        quiet_tensorflow()
 
 
 def main(argv: list[str] | None = None) -> None:

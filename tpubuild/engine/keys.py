@@ -40,7 +40,7 @@ ENV_ALLOWLIST = (
 # export imports from the workspace is discovered and hashed; modules from outside it are
 # installed packages, like TensorFlow (README: "What is hashed").
 ENV_PASSTHROUGH = ("HOME", "LANG", "LC_ALL", "LC_CTYPE", "PATH", "PYTHONPATH", "TMPDIR", "VIRTUAL_ENV",
-                   "SYSTEMROOT", "TPUBUILD_DEBUG")
+                   "SYSTEMROOT", "TPUBUILD_DEBUG", "TPUBUILD_QUIET_TENSORFLOW")
 TOOLCHAIN_PACKAGES = {"tensorflow": ("tensorflow", "tensorflow-cpu", "tf-nightly"), "numpy": ("numpy",),
                       "protobuf": ("protobuf",)}
 

@@ -204,6 +204,9 @@ def handle(request: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     _die_with_parent()
+    from tpubuild.quiet import quiet_from_environment
+
+    quiet_from_environment()  # before any stage imports TensorFlow: its log stays out of the worker log too
     record_root = os.environ.get("TPUBUILD_RECORD_IMPORTS")
     if record_root:
         from tpubuild.engine import imports

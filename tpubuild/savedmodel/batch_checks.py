@@ -10,9 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tensorflow.core.framework.function_pb2 import FunctionDef
+from tensorflow.core.framework.node_def_pb2 import NodeDef
 from tensorflow.core.protobuf import struct_pb2
 
 from tpubuild.savedmodel import fnedit
+from tpubuild.savedmodel.batching import TPU_CALL
 from tpubuild.savedmodel.model import SavedModel
 
 SCALAR = "Batching input tensors must have at least one dimension"
@@ -84,18 +86,24 @@ def check_specs(what: str, inputs: list[Spec], outputs: list[Spec]) -> Findings:
 def function_specs(model: SavedModel, fn: str, batched: list[int]) -> tuple[list[Spec], list[Spec]]:
     """Specs of a batched call's inputs (positions `batched`) and outputs of function `fn`."""
     fdef = model.functions[fn]
+    outputs = [
+        Spec(arg.name, dims) for arg, dims in zip(fdef.signature.output_arg, output_dims(model, fn))
+    ]
+    return input_specs(model, fn, batched), outputs
+
+
+def input_specs(model: SavedModel, fn: str, positions: list[int]) -> list[Spec]:
+    """Specs of function `fn`'s inputs at `positions`, named as the user named them."""
+    fdef = model.functions[fn]
     names = fnedit.arg_names(fdef)
     sparse = _sparse_positions(model, fn)
     inputs = []
-    for index in batched:
+    for index in positions:
         name = _user_name(fdef, index) or names[index]
         spec = Spec(name, fnedit.dims(fnedit.arg_shape(fdef, index)), index in sparse)
         if not any(spec.sparse and seen.name == name for seen in inputs):
             inputs.append(spec)  # one report per SparseTensor, not per component
-    outputs = [
-        Spec(arg.name, dims) for arg, dims in zip(fdef.signature.output_arg, output_dims(model, fn))
-    ]
-    return inputs, outputs
+    return inputs
 
 
 def signature_specs(model: SavedModel, key: str) -> tuple[list[Spec], list[Spec]]:
@@ -193,3 +201,76 @@ def _inferred_output_dims(fdef: FunctionDef, count: int) -> list[list[int] | Non
         else:
             out.append([-1 if d is None else d for d in tensor.shape.as_list()])
     return out
+
+
+# -- TPU programs per input shape --------------------------------------------------------
+# A TPU program is compiled for static shapes: TPUPartitionedCallOp::ComputeAsync
+# (tensorflow/core/tpu/kernels/tpu_functional_ops.cc) keys its cache of rewritten
+# functions on GetInputHash (every input's number of elements) and the core, and a cache
+# miss rewrites the function and compiles a new TPU program. Every distinct request or
+# batch size therefore costs one compilation (and a slow first call) and one cached program.
+PER_SHAPE = "the TPU compiles a new program for each input shape it sees"
+
+
+def recompilation_warnings(model: SavedModel) -> list[str]:
+    """Warnings for TPU calls whose dimension 0 can take any size at serving time.
+
+    A call batched with empty allowed_batch_sizes gets batches of every size from 1 to
+    max_batch_size (batches are padded only to an allowed size); an unbatched call with
+    a dynamic dimension 0 gets every request's own size.
+    """
+    governing = _batch_nodes_by_function(model)
+    warnings: list[str] = []
+    for caller in sorted(model.functions):
+        for node in model.functions[caller].node_def:
+            if node.op != TPU_CALL:
+                continue
+            fn = model.describe(node.attr["f"].func.name)
+            if caller in governing:
+                batch_caller, batch = governing[caller]
+                if not _allowed_sizes(batch):
+                    warning = (
+                        f'TPU call of {fn} batched by "{batch.name}" in {batch_caller} has empty '
+                        "allowed_batch_sizes: batches of every size from 1 to max_batch_size "
+                        f"({batch.attr['max_batch_size'].i}) reach it and {PER_SHAPE}; list a few "
+                        "sizes in allowed_batch_sizes so that batches are padded up to one of them"
+                    )
+                    if warning not in warnings:
+                        warnings.append(warning)
+                continue
+            dynamic = _dynamic_inputs(model, node, node.attr["f"].func.name)
+            if dynamic:
+                warnings.append(
+                    f'TPU call of {fn} ("{node.name}" in {caller}) is not batched and its input '
+                    f"{dynamic} has a dynamic dimension 0: every request size reaches it and "
+                    f"{PER_SHAPE}; batch the call (batch_options with allowed_batch_sizes) or fix "
+                    "dimension 0"
+                )
+    return warnings
+
+
+def _batch_nodes_by_function(model: SavedModel) -> dict[str, tuple[str, NodeDef]]:
+    """Function name -> (caller, BatchFunction node) whose batches run it, directly or nested."""
+    found: dict[str, tuple[str, NodeDef]] = {}
+    for caller in sorted(model.functions):
+        for node in model.functions[caller].node_def:
+            if node.op == "BatchFunction":
+                body = node.attr["f"].func.name
+                for name in {body} | model.reachable(body):
+                    found.setdefault(name, (caller, node))
+    return found
+
+
+def _allowed_sizes(node: NodeDef) -> list[int]:
+    # Absent once default-valued attributes are stripped (the default is the empty list).
+    return list(node.attr["allowed_batch_sizes"].list.i) if "allowed_batch_sizes" in node.attr else []
+
+
+def _dynamic_inputs(model: SavedModel, node: NodeDef, callee: str) -> str | None:
+    """`"name" (shape [None, 4])` for the first tensor input whose dimension 0 is dynamic."""
+    tin = list(node.attr["Tin"].list.type)
+    positions = [i for i, t in enumerate(tin) if t not in fnedit.UNBATCHABLE]
+    for spec in input_specs(model, callee, positions):
+        if spec.dims and spec.dims[0] < 0:
+            return f'"{spec.name}" (shape {_shape_text(spec.dims)})'
+    return None

@@ -73,9 +73,34 @@ def batch_attrs(options: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _shared_name(caller: str, node: str) -> str:
-    # One queue per call site: the hash keeps the name short and stable across rebuilds.
-    digest = hashlib.blake2b(f"{caller}/{node}".encode(), digest_size=8).hexdigest()
+def model_digest(sm: SavedModel) -> str:
+    """A digest of the model being batched: its graph and the checksums of its weights.
+
+    BatchFunction's queue is a resource looked up by (container, shared_name) in the
+    process's ResourceMgr (tensorflow/core/kernels/batch_kernels.cc,
+    BatchFunctionKernel::ComputeAsync, LookupOrCreate): two models loaded into one server
+    whose nodes carry the same name share one queue, with the options of whichever
+    created it, and a batch mixing their requests runs the function of its last request
+    (BatchResource::ProcessFuncBatchImpl uses last_task.fhandle) on all of them. C++
+    loaders keep shared_name as written (Python's loader appends a per-load suffix:
+    fix_node_def in tensorflow/python/saved_model/function_deserialization.py). Two
+    fine-tunes of one network have identical graphs, so the weights count too; they are
+    represented by variables.index, which records a CRC32C of every tensor's bytes
+    (tensorflow/core/protobuf/tensor_bundle.proto, BundleEntryProto.crc32c), so the digest
+    costs kilobytes of reading, not gigabytes. Same input, same digest: builds stay
+    deterministic.
+    """
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(sm.meta_graph.SerializeToString(deterministic=True))
+    index = sm.path / "variables" / "variables.index"
+    if index.is_file():
+        digest.update(index.read_bytes())
+    return digest.hexdigest()
+
+
+def shared_name(model: str, caller: str, node: str) -> str:
+    """The queue name of one call site of one model (`model` is `model_digest`'s value)."""
+    digest = hashlib.blake2b(f"{model}/{caller}/{node}".encode(), digest_size=8).hexdigest()
     return f"tpubuild_batch_{digest}"
 
 
@@ -110,8 +135,11 @@ def _wrapper(sm: SavedModel, site: BatchSite) -> FunctionDef:
     return wrapper
 
 
-def batch_site(sm: SavedModel, site: BatchSite, options: dict[str, Any]) -> BatchedSite:
-    """Replace the call node by a BatchFunction whose function makes the same call."""
+def batch_site(sm: SavedModel, site: BatchSite, options: dict[str, Any], model: str) -> BatchedSite:
+    """Replace the call node by a BatchFunction whose function makes the same call.
+
+    `model` is `model_digest(sm)` taken before the first site was batched.
+    """
     old = site.node
     tin, batched, captured = site.tin, site.batched, site.captured
     wrapper = sm.add_function(_wrapper(sm, site))
@@ -133,7 +161,7 @@ def batch_site(sm: SavedModel, site: BatchSite, options: dict[str, Any]) -> Batc
             batch.attr[key].b = value
         else:
             batch.attr[key].i = value
-    shared = _shared_name(site.caller, old.name)
+    shared = shared_name(model, site.caller, old.name)
     batch.attr["shared_name"].s = shared.encode()
     batch.attr["batching_queue"].s = shared.encode()
     fnedit.fill_default_attrs(batch)

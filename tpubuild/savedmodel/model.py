@@ -234,8 +234,35 @@ class SavedModel:
             if entry.name in (SAVED_MODEL_PB, "saved_model.pbtxt", FINGERPRINT_PB):
                 continue
             _link_tree(entry, output_dir / entry.name)
+        prepare_for_older_runtimes(self.meta_graph)
         write_atomic(output_dir / SAVED_MODEL_PB, self.proto.SerializeToString(deterministic=True))
         _write_fingerprint(output_dir)
+
+
+def prepare_for_older_runtimes(meta_graph: MetaGraphDef) -> None:
+    """Strip default-valued attributes and list the ops used, as TensorFlow's saver does.
+
+    A TensorFlow older than an attribute does not know it: it logs "NodeDef mentions
+    attribute ... Unknown attributes will be ignored" for the node and drops it
+    (ValidateNodeDef, tensorflow/core/framework/node_def_util.cc). Spelling out defaults
+    (BatchFunction's `batch_padding_policy`, ...) only makes such logs and raises the
+    oldest release that understands the model (tpubuild.savedmodel.compat). TF's own
+    stripper does the work: tensorflow/python/framework/meta_graph.py
+    `strip_graph_default_valued_attrs` (graph nodes and every library function's nodes,
+    nodes calling a library function left alone; the C++ twin is `StripDefaultAttributes`
+    in tensorflow/core/framework/graph_def_util.cc); it sets
+    `meta_info_def.stripped_default_attrs`, and loaders fill defaults from their registry.
+    tf.saved_model.save does both (tensorflow/python/saved_model/save.py,
+    `_fill_meta_graph_def`), but stages add nodes with every default filled in, and ops
+    (BatchFunction, TPU ops) the exporter never listed, so each write does it again, with
+    the same functions: a model no stage changed is written back byte for byte.
+    """
+    from tensorflow.python.framework import meta_graph as tf_meta_graph
+
+    tf_meta_graph.strip_graph_default_valued_attrs(meta_graph)
+    meta_graph.meta_info_def.stripped_op_list.CopyFrom(
+        tf_meta_graph.stripped_op_list_for_graph(meta_graph.graph_def)
+    )
 
 
 def _select(proto: saved_model_pb2.SavedModel, path: Path, tags: list[str] | None) -> MetaGraphDef:

@@ -67,7 +67,9 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
             findings.errors += found.errors
             findings.warnings += found.warnings
         _raise(findings)
-    done = [batching.batch_site(model, site, entry) for site in sites]
+    digest = batching.model_digest(model)  # before any edit: the input decides the queue names
+    done = [batching.batch_site(model, site, entry, digest) for site in sites]
+    warnings = findings.warnings + batch_checks.recompilation_warnings(model)
     model.save(Path(output_dir))
     summary = {
         "mode": mode,
@@ -77,7 +79,7 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     }
     for d in done:
         context.log(f"batch: {d.caller}/{d.node} -> BatchFunction({d.callee})")
-    return StageResult(summary=summary, warnings=findings.warnings)
+    return StageResult(summary=summary, warnings=warnings)
 
 
 def _raise(findings: Any) -> None:

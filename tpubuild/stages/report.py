@@ -31,7 +31,7 @@ STAGE_SECTIONS = ("dataset", "tpu", "bfloat16", "io_shape", "batch")
 
 
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
-    from tpubuild.savedmodel import cost, hlo, params
+    from tpubuild.savedmodel import compat, cost, hlo, params
     from tpubuild.savedmodel.model import SavedModel
     from tpubuild.savedmodel.report_format import REPORT_SCHEMA, to_json, to_markdown
 
@@ -52,6 +52,7 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
         "quantization": context.results.get("quantize"),
         "stages": {name: context.results[name] for name in STAGE_SECTIONS if name in context.results},
         "hlo": {},
+        "min_tensorflow": _min_tensorflow(compat.required_version(artifact.meta_graph)),
     }
     tpu_names = [row["function"] for row in report["cost"]["tpu_functions"]]
     if tpu_names:
@@ -97,8 +98,15 @@ def _summary(report: dict[str, Any]) -> dict[str, Any]:
         "cost": {k: report["cost"][k] for k in ("total", "tpu", "cpu")},
         "size": {"source": report["size"]["source"]["total"], "artifact": report["size"]["artifact"]["total"]},
         "max_abs_error": verify.get("max_abs_error"),
+        "min_tensorflow": report["min_tensorflow"],
         "files": [REPORT_JSON, REPORT_MD] + [e["file"] for e in report["hlo"].values() if "file" in e],
     }
+
+
+def _min_tensorflow(found: tuple[str, str]) -> dict[str, str]:
+    """The oldest TensorFlow release whose op registry accepts the artifact, and why."""
+    version, reason = found
+    return {"version": version, "reason": reason}
 
 
 def _write(path: Path, text: str) -> None:
