@@ -145,9 +145,16 @@ def _title(report: dict[str, Any], prefix: str) -> str:
     return prefix + report["recipe"] if report.get("recipe") else "Conversion report"
 
 
+def _compat_lines(report: dict[str, Any]) -> list[str]:
+    found = report.get("min_tensorflow")
+    if not found:
+        return []
+    return [f"Oldest TensorFlow that loads it: {found['version']} ({found['reason']})"]
+
+
 def to_text(report: dict[str, Any]) -> str:
     lines = [_title(report, "Conversion report for "), *cost_lines(report["cost"])]
-    lines += _size_lines(report) + _verify_lines(report["verify"]) + _quantization_lines(report["quantization"])
+    lines += _compat_lines(report) + _size_lines(report) + _verify_lines(report["verify"]) + _quantization_lines(report["quantization"])
     lines += _stage_lines(report) + _hlo_lines(report)
     return "\n".join(lines) + "\n"
 
@@ -156,6 +163,7 @@ def to_markdown(report: dict[str, Any]) -> str:
     cost = report["cost"]
     out = ["# " + _title(report, "Conversion report: "), "", "## Compute cost", "", "```", *cost_lines(cost), "```", ""]
     out += [f"Unit: {cost['unit']} (static model from op types and shapes).", ""]
+    out += [*_compat_lines(report), ""] if _compat_lines(report) else []
     out += ["## Size", "", "| | source | artifact | ratio |", "|---|---:|---:|---:|"]
     for key in ("graph", "variables", "total"):
         s, a = report["size"]["source"][key], report["size"]["artifact"][key]

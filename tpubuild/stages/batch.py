@@ -70,6 +70,10 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     digest = batching.model_digest(model)  # before any edit: the input decides the queue names
     done = [batching.batch_site(model, site, entry, digest) for site in sites]
     warnings = findings.warnings + batch_checks.recompilation_warnings(model)
+    # The TPU runtime's rules hold after every rewrite of a TPU body, not only after placement.
+    from tpubuild.savedmodel.tpu_runtime_rules import enforce
+
+    rule_warnings = enforce(model)
     model.save(Path(output_dir))
     summary = {
         "mode": mode,
@@ -79,7 +83,7 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     }
     for d in done:
         context.log(f"batch: {d.caller}/{d.node} -> BatchFunction({d.callee})")
-    return StageResult(summary=summary, warnings=warnings)
+    return StageResult(summary=summary, warnings=warnings + rule_warnings)
 
 
 def _raise(findings: Any) -> None:

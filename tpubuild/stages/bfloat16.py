@@ -35,6 +35,10 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
         bfloat16.check_no_bfloat16(model, scope)
     plan = bfloat16.convert(model, scope, settings.get("filterlist", []))
     keys = checkpoint.checkpoint_keys(model, set(plan.variables))
+    # The TPU runtime's rules hold after every rewrite of a TPU body, not only after placement.
+    from tpubuild.savedmodel.tpu_runtime_rules import enforce
+
+    rule_warnings = enforce(model)
     model.save(Path(output_dir))
     if keys:
         checkpoint.write_bfloat16(Path(input_dir), Path(output_dir), keys)
@@ -43,7 +47,7 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
         f"bfloat16: {sum(plan.converted_ops.values())} ops and {len(plan.variables)} variables "
         f"in {len(scope)} functions"
     )
-    return StageResult(summary=summary)
+    return StageResult(summary=summary, warnings=rule_warnings)
 
 
 def tpu_scope(model: Any, tpu_functions: list[dict[str, Any]]) -> set[str]:

@@ -49,6 +49,10 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
             f"io_shape: {model.describe(fn)} {why}" for why in plan.left if "unknown" in why
         ]
         functions.append(plan.summary(wrapper, [{"caller": c, "node": n} for c, n in calls]))
+    # The TPU runtime's rules hold after every rewrite of a TPU body, not only after placement.
+    from tpubuild.savedmodel.tpu_runtime_rules import enforce
+
+    rule_warnings = enforce(model)
     model.save(Path(output_dir))
     context.log(f"io_shape: {sum(bool(f['wrapper']) for f in functions)} TPU functions reshaped")
-    return StageResult(summary={"functions": functions}, warnings=warnings)
+    return StageResult(summary={"functions": functions}, warnings=warnings + rule_warnings)

@@ -15,6 +15,8 @@ SPEC = StageSpec(
         "tags": slices.tags(r),
         "tpu_functions": slices.converter(r)["tpu_functions"],
         "xla_sharding_options": slices.converter(r).get("xla_sharding_options"),
+        # Unbatched TPU calls with a dynamic batch dimension get a recompilation warning.
+        "batched": bool(slices.converter(r)["batch_options"]),
     },
 )
 
@@ -35,6 +37,10 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     # Post-condition: the TPU runtime's rules (structure, types, resources) and TF's MLIR
     # clustering bridge accept every TPU body; a violation fails the stage before writing.
     rule_warnings = enforce(model)
+    if not options.get("batched"):
+        from tpubuild.savedmodel import batch_checks
+
+        rule_warnings += batch_checks.recompilation_warnings(model)
     model.save(Path(output_dir))
     for placement in placements:
         sites = ", ".join(f"{s['caller']}/{s['node']}" for s in placement.call_sites) or "none"
