@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tpubuild.errors import ConversionError, UsageError
-from tpubuild.pipeline import STAGES, TRANSFORMS, plan
+from tpubuild.pipeline import TRANSFORMS, plan, spec
 from tpubuild.stages.base import StageContext
 
 # Stages convert runs: the model-changing ones after the source, plus the datasets quantize reads.
@@ -53,10 +53,8 @@ def convert(
     out.parent.mkdir(parents=True, exist_ok=True)
 
     result = ConvertResult()
-    context = StageContext(
-        workspace=Path(root), recipe_name=canonical["name"], recipe_file=Path(recipe_file),
-        inputs={"source": src}, log=log,
-    )
+    outputs: dict[str, Path] = {"source": src}
+    summaries: dict[str, dict[str, Any]] = {}
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         current = src
@@ -69,9 +67,16 @@ def convert(
             stage_out = work / f"{index}-{stage.name}"
             stage_out.mkdir()
             log(f"{stage.name}: running")
+            # What the engine would hand the stage: its consumed outputs and summaries only.
+            context = StageContext(
+                workspace=Path(root),
+                inputs={role: outputs[name] for role, name in stage.consumes.items() if name in outputs},
+                results={name: summaries[name] for name in stage.summaries if name in summaries},
+                log=log,
+            )
             outcome = entry(current, stage_out, stage.options, context)
-            context.inputs[stage.name] = stage_out
-            context.results[stage.name] = outcome.summary
+            outputs[stage.name] = stage_out
+            summaries[stage.name] = outcome.summary
             result.ran.append(StageRun(stage.name, outcome.summary, list(outcome.warnings)))
             if stage.name in TRANSFORMS:
                 current = stage_out
@@ -83,7 +88,7 @@ def convert(
 
 def _entry(name: str) -> Callable[..., Any] | None:
     """The stage's run function, or None when its module is not part of this build yet."""
-    module_name, _, function = (STAGES[name].entry or "").partition(":")
+    module_name, _, function = spec(name).entry.partition(":")
     if not module_name or importlib.util.find_spec(module_name) is None:
         return None
     return getattr(importlib.import_module(module_name), function)

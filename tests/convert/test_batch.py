@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.tolerances import FLOAT32_REORDERED, assert_close
 from tpubuild.errors import ConversionError
 from tpubuild.savedmodel.model import SavedModel
 from tpubuild.stages import batch
@@ -63,7 +64,9 @@ def _assert_same(src, dst, sizes=(1, 3, 8, 12)) -> None:
         x = rng.normal(size=(size, 4)).astype(np.float32)
         want = src.signatures["serving_default"](x=tf.constant(x))["y"].numpy()
         got = dst.signatures["serving_default"](x=tf.constant(x))["y"].numpy()
-        np.testing.assert_array_equal(got, want)
+        # Batched calls sum in another order than unbatched ones (padding, concatenation,
+        # other kernels for other shapes): a few ulps apart on some CPUs, never bit-equal.
+        assert_close(got, want, FLOAT32_REORDERED, f"batch of {size}")
 
 
 def test_default_batches_every_tpu_call_and_twin_matches(models, placed, run_stage, cpu_twin):
@@ -100,7 +103,8 @@ def test_each_tpu_call_site_gets_its_own_queue_and_concurrent_callers_match(
     results = _call_concurrently(twin, inputs)
     for i, x in enumerate(inputs):
         want = src.signatures["serving_default"](x=tf.constant(x))["y"].numpy()
-        np.testing.assert_array_equal(results[i], want)
+        # Rows of a shared batch are summed with other callers' rows: close, not bit-equal.
+        assert_close(results[i], want, FLOAT32_REORDERED, f"caller {i}")
 
 
 def test_unplaced_model_batches_the_recipes_tpu_functions(models, run_stage):
@@ -147,7 +151,8 @@ def test_sixteen_concurrent_callers_get_their_own_rows(models, run_stage):
     results = _call_concurrently(dst, inputs)
     for i, x in enumerate(inputs):
         want = src.signatures["serving_default"](x=tf.constant(x))["y"].numpy()
-        np.testing.assert_array_equal(results[i], want)
+        # Rows of a shared batch are summed with other callers' rows: close, not bit-equal.
+        assert_close(results[i], want, FLOAT32_REORDERED, f"caller {i}")
 
 
 def test_larger_than_max_batch_size_is_refused_by_the_kernel(models, run_stage):

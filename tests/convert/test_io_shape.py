@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from tests.tolerances import FLOAT32_REORDERED, assert_close
 from tpubuild.savedmodel.model import SavedModel
 from tpubuild.stages import io_shape
 
@@ -48,7 +49,9 @@ def test_rank4_tensors_cross_as_rank2_and_outputs_are_identical(models, placed, 
         want = src.signatures["serving_default"](**_inputs(batch, length))
         got = twin.signatures["serving_default"](**_inputs(batch, length))
         for key in want:
-            np.testing.assert_array_equal(got[key].numpy(), want[key].numpy())
+            # Same ops on rank-2 transfer layouts: the kernels may take other code paths
+            # (and sum in another order) for the reshaped tensors, so close, not bit-equal.
+            assert_close(got[key].numpy(), want[key].numpy(), FLOAT32_REORDERED, f"{key}, batch {batch}")
 
 
 def test_rank2_tensors_are_left_alone(placed, run_stage):

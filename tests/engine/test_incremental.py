@@ -8,6 +8,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from tests.engine.conftest import build_json, export_recipe, source_recipe, statuses
+from tests.tolerances import FLOAT32_REORDERED, assert_close
 
 
 def serve(version_dir: Path, x):
@@ -22,7 +23,8 @@ def test_first_build_publishes_then_everything_is_cached(built_once, built_works
     }
     assert statuses(first, "cut") == {"export": "built", "verify": "built", "report": "built", "publish": "built"}
     assert first["versions"] == {"cut": 1, "other": 1, "toy": 1}
-    assert serve(ws0 / "out" / "toy" / "1", [[1.0, 1.0], [2.0, 0.5]]) == [[3.0], [3.0]]
+    # A served float32 result (a batched one here): compared within ulps, never bit-exact.
+    assert_close(serve(ws0 / "out" / "toy" / "1", [[1.0, 1.0], [2.0, 0.5]]), [[3.0], [3.0]], FLOAT32_REORDERED)
     second = build_json(built_workspace)
     assert {row["status"] for row in second["rows"]} == {"cached"}
     assert second["versions"] == {"cut": 1, "other": 1, "toy": 1}
@@ -47,7 +49,7 @@ def test_option_edit_reruns_that_stage_and_later_ones(built_workspace):
     }
     assert doc["versions"] == {"toy": 3}
     assert sorted(os.listdir(ws / "out" / "toy")) == ["2", "3"]  # keep_versions: 2
-    assert serve(ws / "out" / "toy" / "3", [[1.0, 1.0]]) == [[3.0]]
+    assert_close(serve(ws / "out" / "toy" / "3", [[1.0, 1.0]]), [[3.0]], FLOAT32_REORDERED)  # float32: within ulps
 
 
 def test_comment_edit_and_key_order_rerun_nothing(built_workspace):
@@ -82,9 +84,10 @@ def test_early_cutoff_when_a_stage_output_is_unchanged(built_workspace):
 def test_export_script_and_its_deps_are_inputs(make_workspace):
     ws = make_workspace({"exp": export_recipe("exp")})
     build_json(ws)
-    assert serve(ws / "out" / "exp" / "1", [[1.0, 1.0]]) == [[3.0]]
+    # Served float32 results: within ulps, never bit-exact (tests/tolerances.py).
+    assert_close(serve(ws / "out" / "exp" / "1", [[1.0, 1.0]]), [[3.0]], FLOAT32_REORDERED)
     (ws / "recipes" / "models" / "helper.py").write_text("SCALE = 3.0\n")
     doc = build_json(ws)
     assert statuses(doc, "exp") == {"export": "built", "verify": "built", "report": "built", "publish": "built"}
     assert doc["versions"] == {"exp": 2}
-    assert serve(ws / "out" / "exp" / "2", [[1.0, 1.0]]) == [[4.0]]
+    assert_close(serve(ws / "out" / "exp" / "2", [[1.0, 1.0]]), [[4.0]], FLOAT32_REORDERED)

@@ -32,6 +32,7 @@ def test_npz_source_becomes_tfrecord_with_every_sample(runner: Runner, dense: Pa
     got = records(out / "serving_default.tfrecord")
     assert len(got) == 210
     # Unbatched npz rows are fed as a batch of one, matching the signature's rank.
+    # Stored data, not a computation: serialized floats come back bit-equal.
     np.testing.assert_array_equal(np.concatenate([s["x"] for s in got]), x)
     assert result.summary == {"datasets": {"serving_default": {"source": "calib.npz", "samples": 210}}}
     assert result.warnings == []
@@ -61,7 +62,7 @@ def test_tfrecord_round_trip_keeps_values(tmp_path: Path) -> None:
     samples = dense_samples(3)
     write_tfrecord(tmp_path / "d.tfrecord", "serving_default", samples)
     for want, got in zip(samples, records(tmp_path / "d.tfrecord")):
-        np.testing.assert_array_equal(want["x"], got["x"])
+        np.testing.assert_array_equal(want["x"], got["x"])  # serialized data: bit-equal
 
 
 def test_npz_with_a_wrong_input_name_names_the_input(runner: Runner, dense: Path) -> None:

@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 from quality_helpers import Runner
 
+from tests.tolerances import FLOAT32_REORDERED
 from tpubuild.errors import StageError
 from tpubuild.savedmodel.datasets import random_samples, signature_inputs, write_tfrecord
 from tpubuild.savedmodel.model import SavedModel
@@ -41,7 +42,9 @@ def test_unchanged_model_passes_exactly(runner: Runner, dense: Path) -> None:
     out, result = runner.run("verify", dense, verify_options([]))
     summary = result.summary
     assert summary["passed"] is True
-    assert summary["max_abs_error"] == 0.0
+    # The source against itself, batch for batch: 0 here, but TF's kernels promise no
+    # bit-reproducibility, so within ulps of the largest output (tests/tolerances.py).
+    assert summary["max_rel_error"] <= FLOAT32_REORDERED.rtol
     assert summary["tolerance"] == {
         "kind": "exact", "rtol": 1e-5, "atol": 1e-6, "given": {"rtol": None, "atol": None}
     }

@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 from sm_models import SIGNATURES, run_signature
+from tests.tolerances import FLOAT32_REORDERED, assert_close
 from tpubuild.cli import main
 from tpubuild.config import discover, load_recipe_file
 from tpubuild.convert import RUNNABLE
@@ -61,7 +62,9 @@ def test_options_file_places_and_twin_is_exact(zoo, tmp_path, capsys, inputs):
     for key in SIGNATURES:
         expected, got = run_signature(zoo, key, inputs), run_signature(tmp_path / "twin", key, inputs)
         for name in expected:
-            np.testing.assert_array_equal(got[name], expected[name])
+            # The twin runs the placed function through other call ops: same float32 math,
+            # no bit-reproducibility across CPUs and code paths.
+            assert_close(got[name], expected[name], FLOAT32_REORDERED, f"{key}.{name}")
     # Only OUT_DIR appears next to it: the stages' temp directory is gone.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["options.yaml", "out", "twin"]
 
@@ -147,7 +150,7 @@ def test_every_example_recipe_converts(recipe_file, tmp_path, capsys):
     source = SavedModel.load(src)
     samples = {key: samples_for(source, key) for key in source.signatures}
     errors = compare_models(src, twin, ["serve"], samples, rtol, atol)
-    assert errors and [e.as_dict() for e in errors if e.mismatched] == []
+    assert errors and [e.as_dict() for e in errors if not e.passed] == []  # within tolerances, no NaN
 
 
 def test_publishes_into_an_existing_empty_directory(zoo, tmp_path, capsys):
@@ -165,4 +168,5 @@ def test_nothing_to_do_publishes_an_unchanged_copy(zoo, tmp_path, capsys, inputs
     assert code == 0, stderr
     assert stdout == f"converted {zoo} -> {out} (no stage)\n"
     assert (out / "saved_model.pb").read_bytes() == SavedModel.load(zoo).proto.SerializeToString(deterministic=True)
-    np.testing.assert_array_equal(run_signature(out, "serving_default", inputs)["y"], run_signature(zoo, "serving_default", inputs)["y"])
+    # An unchanged graph; TF's CPU kernels still promise no bit-reproducibility.
+    assert_close(run_signature(out, "serving_default", inputs)["y"], run_signature(zoo, "serving_default", inputs)["y"], FLOAT32_REORDERED)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from sm_models import ALIASES, SIGNATURES, run_signature
+from tests.tolerances import FLOAT32_REORDERED, assert_close
 from tpubuild.errors import ConversionError
 from tpubuild.savedmodel.model import SavedModel
 
@@ -87,7 +88,8 @@ def test_save_links_variables_and_runs_the_same(zoo, tmp_path, inputs):
         expected, got = run_signature(zoo, key, inputs), run_signature(out, key, inputs)
         assert expected.keys() == got.keys()
         for name in expected:
-            np.testing.assert_array_equal(got[name], expected[name])
+            # The same graph reloaded; TF's CPU kernels still promise no bit-reproducibility.
+            assert_close(got[name], expected[name], FLOAT32_REORDERED, f"{key}.{name}")
 
 
 def test_save_refuses_a_non_empty_directory(zoo, tmp_path):

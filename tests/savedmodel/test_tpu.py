@@ -10,6 +10,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf.tpu.topology_pb2 import TopologyProto
 
 from sm_models import ALIASES, SIGNATURES, run_signature
+from tests.tolerances import FLOAT32_REORDERED, assert_close
 from tpubuild.errors import ConversionError
 from tpubuild.savedmodel.model import SavedModel
 from tpubuild.savedmodel.tpu_runtime_rules import check_tpu_runtime_rules
@@ -46,7 +47,9 @@ def assert_twin_matches(src: Path, placed: Path, tmp_path: Path, inputs: tf.Tens
         expected, got = run_signature(src, key, inputs), run_signature(twin, key, inputs)
         assert expected.keys() == got.keys()
         for name in expected:
-            np.testing.assert_allclose(got[name], expected[name], **TOL, err_msg=f"{key}.{name}")
+            # The twin runs the TPU function's body through other call ops: the same float32
+            # math, but TF's kernels are not bit-reproducible across CPUs and code paths.
+            assert_close(got[name], expected[name], FLOAT32_REORDERED, f"{key}.{name}")
 
 
 def assert_tpu_function(model: SavedModel, fn: str, cluster: str) -> None:
@@ -118,6 +121,7 @@ def test_placed_model_loads_and_keeps_signatures_variables_aliases(zoo, placed_o
     assert set(loaded.signatures) == set(SIGNATURES)
     source = tf.saved_model.load(str(zoo))
     for variable in ("w", "v"):
+        # Stored data, not a computation: restored variables are bit-equal copies.
         np.testing.assert_array_equal(getattr(loaded, variable).numpy(), getattr(source, variable).numpy())
     assert sorted(SavedModel.load(out).aliases.values()) == sorted(ALIASES)
     # No TPU here: the TPU ops have no CPU kernel. That is what the CPU twin is for.
@@ -202,8 +206,11 @@ def test_jit_compile_functions_placement(jit, tmp_path, inputs):
     assert placement["named_by"] == "jit_compile_functions"
     twin = tmp_path / "twin"
     make_cpu_twin(out, twin)
-    np.testing.assert_allclose(
-        run_signature(twin, "serving_default", inputs)["y"], run_signature(jit, "serving_default", inputs)["y"], **TOL
+    # jit_compile functions run through XLA, which fuses and reorders float ops: the twin's
+    # call path may not compile them the same way, so close, not bit-equal.
+    assert_close(
+        run_signature(twin, "serving_default", inputs)["y"], run_signature(jit, "serving_default", inputs)["y"],
+        FLOAT32_REORDERED,
     )
 
 

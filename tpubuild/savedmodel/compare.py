@@ -4,10 +4,16 @@ An output passes when max|a - b| <= atol + rtol * max|b| (b = the source's outpu
 relative term is scaled by the output's largest magnitude, not element by element, because
 int8 and bfloat16 errors are proportional to the tensor's range, and near-zero elements
 would otherwise make any relative bound meaningless.
+
+NaN never passes: an output holding NaN (in the artifact or in the source) fails, whatever
+the tolerances, because NaN compares false with everything and would otherwise vanish from
+the error figures. An infinity matches only the same infinity.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +33,13 @@ TOLERANCES = {
 }
 
 
+def checked_tolerance(name: str, value: object) -> float:
+    """`value` as a float; ValueError unless it is a finite number >= 0 (NaN would pass anything)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
 def default_tolerances(applied: list[str]) -> tuple[str, float, float]:
     """(kind, rtol, atol) for the stages that changed the model."""
     kind = "int8" if "quantize" in applied else "bfloat16" if "bfloat16" in applied else "exact"
@@ -43,6 +56,12 @@ class OutputError:
     argmax_agreement: float | None  # for [..., classes] float outputs
     mismatched: int  # elements outside atol + rtol * max|b| (or unequal, for non-floats)
     elements: int
+    nan_in_artifact: int = 0
+    nan_in_source: int = 0
+
+    @property
+    def passed(self) -> bool:
+        return self.mismatched == 0 and self.nan_in_artifact == 0 and self.nan_in_source == 0
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -82,16 +101,25 @@ def _compare(key: str, name: str, ref: np.ndarray, got: np.ndarray, rtol: float,
         unequal = int(np.sum(ref != got))
         return OutputError(key, name, float(unequal > 0), float(unequal > 0), 0.0, None, unequal, int(ref.size))
     ref64, got64 = ref.astype(np.float64), got.astype(np.float64)
-    diff = np.abs(ref64 - got64)
-    max_ref = float(np.max(np.abs(ref64))) if ref.size else 0.0
-    max_abs = float(np.max(diff)) if ref.size else 0.0
-    max_rel = max_abs / max_ref if max_ref > 0 else (0.0 if max_abs == 0 else float("inf"))
+    # Error figures over the elements finite in both; the others are counted, never averaged in.
+    finite = np.isfinite(ref64) & np.isfinite(got64)
+    diff = np.abs(ref64 - got64, where=finite, out=np.zeros(ref64.shape))
+    max_ref = float(np.max(np.abs(ref64), where=np.isfinite(ref64), initial=0.0))
+    max_abs = float(np.max(diff, initial=0.0))
+    nan_ref, nan_got = int(np.sum(np.isnan(ref64))), int(np.sum(np.isnan(got64)))
+    # An infinity in one and not the same infinity in the other (NaN aside: counted above).
+    inf_mismatch = ~finite & ~np.isnan(ref64) & ~np.isnan(got64) & (ref64 != got64)
+    if inf_mismatch.any():
+        max_abs = math.inf
+    max_rel = max_abs / max_ref if max_ref > 0 else (0.0 if max_abs == 0 else math.inf)
     agreement = None
     # Classification-like: float scores over a trailing class axis ([sample, batch, classes]).
     if ref.ndim >= 3 and ref.shape[-1] > 1:
         agreement = float(np.mean(np.argmax(ref64, axis=-1) == np.argmax(got64, axis=-1)))
-    mismatched = int(np.sum(diff > atol + rtol * max_ref))
-    return OutputError(key, name, max_abs, max_rel, max_ref, agreement, mismatched, int(ref.size))
+    mismatched = int(np.sum(diff > atol + rtol * max_ref)) + int(np.sum(inf_mismatch))
+    return OutputError(
+        key, name, max_abs, max_rel, max_ref, agreement, mismatched, int(ref.size), nan_got, nan_ref
+    )
 
 
 def compare_models(

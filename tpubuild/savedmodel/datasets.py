@@ -2,13 +2,20 @@
 
 A sample is a dict `{input_name: np.ndarray}` fed to one signature call. TFRecord files use
 the format of `tf.quantization.experimental.TfRecordRepresentativeDatasetSaver`.
+
+Bad data never passes: a dataset with no samples, a float input holding NaN or inf, a
+truncated TFRecord and an npz array of Python objects are errors naming the file. TF's
+quantizer would calibrate on them anyway and report nothing (issue 13).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import itertools
+import re
 import sys
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -21,6 +28,9 @@ from tpubuild.savedmodel.model import SavedModel
 Sample = dict[str, np.ndarray]
 # The converter's own advice: fewer samples than this calibrate poorly.
 RECOMMENDED_SAMPLES = 200
+# A TFRecord record: length (uint64) + its masked CRC32C (uint32), data, data CRC (uint32);
+# kHeaderSize and kFooterSize in tensorflow/third_party/xla/xla/tsl/lib/io/record_reader.h.
+_RECORD_HEADER, _RECORD_FOOTER = 12, 4
 
 
 class InputSpec:
@@ -79,8 +89,29 @@ def check_sample(sample: Any, specs: dict[str, InputSpec], where: str) -> Sample
             raise StageError(
                 f"{where}: input {name!r} has shape {list(value.shape)}, the signature wants {spec.describe()}"
             )
+        _require_finite(value, f"{where}: input {name!r}")
         checked[name] = value
     return checked
+
+
+def _require_finite(value: np.ndarray, what: str, first_axis: str = "") -> None:
+    """StageError when a float array holds NaN or inf: calibration ranges and verification
+    errors computed over them are meaningless (a NaN range quantizes everything to NaN)."""
+    if value.dtype.kind not in "fc" and value.dtype.name != "bfloat16":
+        return
+    as_float = value.astype(np.float32) if value.dtype.name == "bfloat16" else value
+    finite = np.isfinite(as_float)
+    if finite.all():
+        return
+    nan, inf = int(np.isnan(as_float).sum()), int(np.isinf(as_float).sum())
+    where_first = ""
+    if first_axis and value.ndim:
+        first = int(np.argmin(finite.reshape(len(value), -1).all(axis=1)))
+        where_first = f", the first in {first_axis} {first}"
+    raise StageError(
+        f"{what} holds non-finite values: {nan} NaN and {inf} inf of {value.size}{where_first}; "
+        "calibration and verification need finite inputs"
+    )
 
 
 def npz_samples(path: Path, specs: dict[str, InputSpec], where: str) -> list[Sample]:
@@ -89,12 +120,9 @@ def npz_samples(path: Path, specs: dict[str, InputSpec], where: str) -> list[Sam
     Sample i is `array[i]` when that has the signature's rank, else `array[i:i+1]`
     (a batch of one) so both unbatched and batched layouts work.
     """
-    try:
-        archive = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise StageError(f"{where}: cannot read npz archive: {exc}") from None
-    with archive:
-        arrays = {name: archive[name] for name in archive.files}
+    arrays = _npz_arrays(path, where)
+    for name, array in sorted(arrays.items()):
+        _require_finite(array, f"{where}: array {name!r}", "sample")
     counts = {name: len(a) if a.ndim else 0 for name, a in arrays.items()}
     if len(set(counts.values())) > 1:
         listed = ", ".join(f"{name}: {n}" for name, n in sorted(counts.items()))
@@ -110,7 +138,34 @@ def npz_samples(path: Path, specs: dict[str, InputSpec], where: str) -> list[Sam
         samples.append(check_sample(sample, specs, f"{where}: sample {i}"))
     if not samples:
         check_sample(dict(arrays), specs, where)  # names the missing input
+        raise StageError(f"{where}: no samples (the arrays' first axis is empty)")
     return samples
+
+
+def _npz_arrays(path: Path, where: str) -> dict[str, np.ndarray]:
+    """Every array of an npz archive; StageError for an unreadable archive or an object array."""
+    # Object arrays are pickles: never loaded (allow_pickle=False), so they fail here by name.
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise StageError(f"{where}: cannot read npz archive: {exc}") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise StageError(f"{where}: not an npz archive (a single .npy array); save it with numpy.savez")
+    arrays = {}
+    with archive:
+        for name in archive.files:
+            try:
+                arrays[name] = archive[name]
+            except ValueError as exc:
+                if "allow_pickle" in str(exc):
+                    raise StageError(
+                        f"{where}: array {name!r} holds Python objects (dtype object), which tpubuild "
+                        "never unpickles; save numeric arrays"
+                    ) from None
+                raise StageError(f"{where}: cannot read array {name!r}: {exc}") from None
+            except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+                raise StageError(f"{where}: cannot read array {name!r}: {exc}") from None
+    return arrays
 
 
 def generator_samples(
@@ -136,6 +191,8 @@ def generator_samples(
         produced = list(itertools.islice(iter(function()), num_samples))
     except Exception as exc:
         raise StageError(f"{where}: generator {spec} raised {type(exc).__name__}: {exc}") from None
+    if not produced:
+        raise StageError(f"{where}: no samples (the generator yielded nothing)")
     return [check_sample(s, specs, f"{where}: sample {i}") for i, s in enumerate(produced)]
 
 
@@ -148,19 +205,47 @@ def write_tfrecord(path: Path, signature_key: str, samples: Iterable[Sample]) ->
 
 
 def read_tfrecord(path: Path, where: str) -> Iterator[Sample]:
-    """Samples from a TFRecord file written by TfRecordRepresentativeDatasetSaver."""
+    """Samples from a TFRecord file written by TfRecordRepresentativeDatasetSaver.
+
+    StageError for a missing, empty, truncated or corrupted file, or a foreign record.
+    """
     from tensorflow.compiler.mlir.quantization.tensorflow import quantization_options_pb2
 
     if not path.is_file():
         raise StageError(f"{where}: representative dataset {path} does not exist")
+    size = path.stat().st_size
+    offset = 0  # where the next record starts
     try:
         for record in tf.data.TFRecordDataset(str(path)):
-            sample = quantization_options_pb2.RepresentativeDataSample.FromString(record.numpy())
+            data = record.numpy()
+            offset += _RECORD_HEADER + len(data) + _RECORD_FOOTER
+            sample = quantization_options_pb2.RepresentativeDataSample.FromString(data)
             yield {name: tf.make_ndarray(t) for name, t in sample.tensor_proto_inputs.items()}
+    except tf.errors.DataLossError as exc:
+        if "truncated record" in exc.message:
+            raise StageError(_truncated(where, offset, size)) from None
+        raise StageError(f"{where}: cannot read TFRecord {path}: {_first_line(exc.message)}") from None
     except tf.errors.OpError as exc:
-        raise StageError(f"{where}: cannot read TFRecord {path}: {exc.message.splitlines()[0]}") from None
+        raise StageError(f"{where}: cannot read TFRecord {path}: {_first_line(exc.message)}") from None
     except Exception as exc:  # a record that is not a RepresentativeDataSample
         raise StageError(f"{where}: {path} is not a representative dataset TFRecord: {exc}") from None
+    # TF's RecordReader::ReadChecksummed (record_reader.cc) reports a file cut inside a record's
+    # 12-byte header as the end of the file: a truncated last record is dropped silently.
+    if offset != size:
+        raise StageError(_truncated(where, offset, size))
+    if offset == 0:
+        raise StageError(f"{where}: no samples (the TFRecord file is empty)")
+
+
+def _truncated(where: str, offset: int, size: int) -> str:
+    return f"{where}: truncated TFRecord: the record at byte {offset} runs past the end of the file ({size} bytes)"
+
+
+def _first_line(message: str) -> str:
+    """TF's op error without the eager wrapper around it (`{{function_node ...}}`, `[Op:...]`)."""
+    line = message.strip().splitlines()[0] if message.strip() else "unknown error"
+    line = re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", line)
+    return re.sub(r"\s*\[Op:\w+\].*$", "", line)
 
 
 def random_samples(specs: dict[str, InputSpec], count: int, seed: int) -> list[Sample]:

@@ -44,8 +44,6 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
                 source["num_samples"], specs, where,
             )
             origin = source["generator"]
-        if not samples:
-            raise StageError(f"{where}: no samples")
         if len(samples) < datasets.RECOMMENDED_SAMPLES:
             warnings.append(
                 f"{where}: only {len(samples)} samples; the converter recommends at least "

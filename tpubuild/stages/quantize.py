@@ -98,6 +98,9 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
         warnings.append(f"{where}: the quantized model has one function per signature; function aliases ({names}) are gone")
     for message in warnings:
         context.log(f"warning: {message}")
+    from tpubuild.savedmodel.quantization_checks import check_something_quantized
+
+    check_something_quantized(where, summary, weights, options)
     return StageResult(
         summary={
             "method": method, "op_set": options["op_set"], "samples": sample_counts,

@@ -3,6 +3,8 @@
 Samples come from the representative dataset when the recipe has one, else `samples` seeded
 random inputs drawn from each signature. A TPU-placed artifact runs through its CPU twin.
 Writes `verify.json`; exceeding the tolerances fails the build with the measured errors.
+An output holding NaN fails whatever the tolerances, and so does verifying on no samples:
+a check that looked at nothing must not report "passed".
 """
 
 from __future__ import annotations
@@ -49,9 +51,13 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     tags = options["tags"]
     applied = list(options.get("applied", []))
     kind, default_rtol, default_atol = compare.default_tolerances(applied)
-    rtol = default_rtol if options.get("rtol") is None else float(options["rtol"])
-    atol = default_atol if options.get("atol") is None else float(options["atol"])
-    where = f"verify"
+    where = "verify"
+    try:
+        # The schema refuses these too; a NaN bound would make every comparison pass.
+        rtol = default_rtol if options.get("rtol") is None else compare.checked_tolerance("verify.rtol", options["rtol"])
+        atol = default_atol if options.get("atol") is None else compare.checked_tolerance("verify.atol", options["atol"])
+    except ValueError as exc:
+        raise StageError(f"{where}: {exc}") from None
     source_dir = context.inputs["source"]
     source = SavedModel.load(source_dir, tags)
     artifact = SavedModel.load(input_dir, tags)
@@ -65,11 +71,12 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
         specs = datasets.signature_inputs(source, key)
         if key in dataset_files:
             label = f"{where}: representative_datasets.{key}: {dataset_files[key].name}"
-            samples = []
-            for sample in datasets.read_tfrecord(dataset_files[key], label):
-                samples.append(datasets.check_sample(sample, specs, f"{label}: sample {len(samples)}"))
-                if len(samples) == options["samples"]:
-                    break
+            # Every record is read and checked (a bad or truncated tail is an error), the first
+            # `samples` are used.
+            samples = [
+                datasets.check_sample(sample, specs, f"{label}: sample {i}")
+                for i, sample in enumerate(datasets.read_tfrecord(dataset_files[key], label))
+            ][: options["samples"]]
             origin[key] = "representative_dataset"
         else:
             try:
@@ -77,7 +84,11 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
             except StageError as exc:
                 raise StageError(f"{where}: signature {key!r}: {exc}") from None
             origin[key] = "random"
+        if not samples:
+            raise StageError(f"{where}: signature {key!r}: no samples to verify on")
         samples_by_key[key] = samples
+    if not samples_by_key:
+        raise StageError(f"{where}: nothing to verify: no signature of the source is in the artifact")
     with tempfile.TemporaryDirectory(prefix=".twin-", dir=output_dir) as scratch:
         runnable = _runnable(input_dir, Path(scratch), tags, "tpu" in applied)
         try:
@@ -92,10 +103,13 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
         "outputs": [e.as_dict() for e in errors],
         "max_abs_error": max((e.max_abs_error for e in errors), default=0.0),
         "max_rel_error": max((e.max_rel_error for e in errors), default=0.0),
-        "passed": all(e.mismatched == 0 for e in errors),
+        "passed": all(e.passed for e in errors),
         "signatures_not_in_artifact": dropped,
     }
     _write_json(output_dir / VERIFY_JSON, summary)
+    with_nan = [e for e in errors if e.nan_in_artifact or e.nan_in_source]
+    if with_nan:
+        raise StageError(f"{where}: {describe_nan(with_nan[0])}")
     failed = [e for e in errors if e.mismatched]
     if failed:
         worst = max(failed, key=lambda e: e.max_abs_error - (atol + rtol * e.max_reference))
@@ -116,6 +130,14 @@ def describe_failure(error: Any, rtol: float, atol: float) -> str:
     if error.argmax_agreement is not None:
         text += f", argmax agreement {error.argmax_agreement:.1%}"
     return text
+
+
+def describe_nan(error: Any) -> str:
+    """One line naming the output and how many of its values are NaN, in each model."""
+    return (
+        f"signature {error.signature!r} output {error.output!r}: {error.nan_in_artifact} of {error.elements} "
+        f"values are NaN in the artifact, {error.nan_in_source} in the source; NaN never passes verification"
+    )
 
 
 def _dataset_files(options: dict[str, Any], context: StageContext) -> dict[str, Path]:
