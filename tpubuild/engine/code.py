@@ -88,7 +88,7 @@ def package_fingerprint() -> str:
     for dirpath, dirnames, filenames in os.walk(PACKAGE_ROOT):
         dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
         for name in sorted(filenames):
-            if name.endswith(".py"):
+            if name.endswith((".py", ".json", ".proto")):  # code and the schemas it validates with
                 st = os.stat(os.path.join(dirpath, name))
                 parts.append(f"{dirpath}/{name}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}")
     return hash_bytes("\n".join(parts).encode())

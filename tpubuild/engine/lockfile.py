@@ -55,7 +55,9 @@ def lock_document(
     }
 
 
-_PLAIN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+_DIGEST = re.compile(r"[0-9a-f]{16,}")
+_YAML_WORDS = {"true", "false", "yes", "no", "on", "off", "null", "y", "n"}
 
 
 def _scalar(value: Any) -> str:
@@ -67,8 +69,8 @@ def _scalar(value: Any) -> str:
     if isinstance(value, int):
         return str(value)
     text = str(value)
-    if _PLAIN.fullmatch(text) and yaml.load(text, Loader=_Loader) == text:
-        return text  # a name or a hex digest reads the same unquoted
+    if (_NAME.fullmatch(text) and text.lower() not in _YAML_WORDS) or (_DIGEST.fullmatch(text) and not text.isdigit()):
+        return text  # a name, or a hex digest with a letter (never a YAML number), reads the same unquoted
     return json.dumps(text, ensure_ascii=False)
 
 
