@@ -335,6 +335,44 @@ def up_to_date(engine: Engine, run: RecipeRun) -> bool:
     return True
 
 
+def memo_files(engine: Engine, run: RecipeRun) -> list[str] | None:
+    """Every file and directory the full no-op check of `run` read (engine/noop.py), or
+    None when the recipe cannot be memoized (glob inputs, unknown recipe files)."""
+    import glob
+
+    from tpubuild.engine.keys import stage_key
+
+    recipe_files = getattr(run.recipe, "files", None)
+    if not recipe_files or run.version is None:
+        return None
+    root = Path(run.recipe.root)
+    files = [str(p) for p in recipe_files] + [str(run.recipe.lock_file)]
+    for planned in run.plan:
+        if any(glob.has_magic(pattern) for pattern in planned.files):
+            return None
+        out = run.outputs[planned.name]
+        if planned.name == "publish":
+            continue
+        if planned.name == "source":
+            directory = root / planned.options["saved_model"]
+            for dirpath, dirnames, filenames in os.walk(directory):
+                files.append(dirpath)
+                files.extend(os.path.join(dirpath, n) for n in filenames)
+        files.extend(str(root / rel) for rel in planned.files)
+        files.extend(str(root / rel) for rel in out.record.get("discovered", {}))
+        files.append(str(engine.store.entry_path(out.key)))
+        if "discovered" in out.record:  # the dep file that led from the declared key to this record
+            declared = {k: v for k, v in out.record.items() if k != "discovered"}
+            files.append(str(engine.resolver.depfile(stage_key(declared))))
+    recipe_dir = Path(engine.ws.output_dir) / run.name
+    version_dir = recipe_dir / str(run.version)
+    files.append(str(recipe_dir))
+    for dirpath, dirnames, filenames in os.walk(version_dir):
+        files.append(dirpath)
+        files.extend(os.path.join(dirpath, n) for n in filenames)
+    return files
+
+
 def build(
     ws: Any,
     recipes: list[Any],
@@ -343,8 +381,11 @@ def build(
     errors: Callable[[str], None] | None = None,
     lock_wait: float = 3600.0,
     started: Callable[[RecipeRun, str], None] | None = None,
+    memo: Any = None,
+    since_ns: int | None = None,
 ) -> tuple[list[RecipeRun], Engine]:
-    """Build `recipes` under the workspace lock."""
+    """Build `recipes` under the workspace lock. With a NoopMemo, every recipe the full
+    check finds up to date is remembered (if its files are older than `since_ns`)."""
     from tpubuild.engine.wslock import WorkspaceLock
 
     engine = Engine(ws, jobs, printer, errors, started)
@@ -352,7 +393,18 @@ def build(
     lock = WorkspaceLock(ws.state_dir)
     lock.acquire(lock_wait, notify=engine.errors)
     try:
-        todo = [run for run in runs if not up_to_date(engine, run)]
+        todo = []
+        for run in runs:
+            if up_to_date(engine, run):
+                if memo is not None and since_ns is not None:
+                    files = memo_files(engine, run)
+                    rows = [[row.stage, row.key] for row in run.rows]
+                    if files is None or not memo.remember(run.recipe.file, run.name, rows, run.version, files, since_ns):
+                        memo.forget(run.recipe.file)
+            else:
+                todo.append(run)
+                if memo is not None:
+                    memo.forget(run.recipe.file)
         if todo:
             from tpubuild.engine.tasks import run_tasks
 

@@ -97,11 +97,67 @@ class NoopMemo:
         if self.entries.pop(str(recipe_file), None) is not None:
             self.dirty = True
 
-    def save(self) -> None:
+    def save(self, ws: Any) -> None:
         if not self.dirty:
             return
+        seen = {"file": str(Path(ws.file).resolve()), "stat": _stat(str(ws.file)), "recipes": list(ws.recipe_globs),
+                "output_dir": str(ws.output_dir), "cache_dir": str(ws.cache_dir)}
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(self.path, json.dumps({"guard": self.guard, "recipes": self.entries}))
+            write_text_atomic(self.path, json.dumps({"guard": self.guard, "workspace": seen, "recipes": self.entries}))
         except OSError:
             pass  # only a memo: the next build does the full check
+
+
+WORKSPACE_FILE = "tpubuild.yaml"
+
+
+def find_workspace_file(start: Path) -> Path | None:
+    """Like workspace.find_workspace_file, without importing the config layer."""
+    here = start.resolve()
+    for directory in (here, *here.parents):
+        candidate = directory / WORKSPACE_FILE
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def quick(start: Path, override: Path | None) -> tuple[Path, list[dict[str, Any]]] | None:
+    """(workspace root, remembered entries of every recipe) when the whole workspace is
+    provably up to date from stats alone; None sends the build down the full path."""
+    from tpubuild.discovery import discover_files
+
+    if override is not None:
+        ws_file = override / WORKSPACE_FILE if override.is_dir() else override
+    else:
+        ws_file = find_workspace_file(start)
+    if ws_file is None:
+        return None
+    root = ws_file.parent.resolve()
+    try:
+        data = json.loads((root / ".tpubuild" / "noop-memo.json").read_text())
+    except (OSError, ValueError):
+        return None
+    seen = data.get("workspace") or {}
+    if seen.get("file") != str(ws_file.resolve()) or seen.get("stat") != _stat(str(ws_file)):
+        return None
+    files = discover_files(root, seen.get("recipes", []))
+    ws = _Seen(ws_file.resolve(), seen)
+    if data.get("guard") != guard(ws, files):
+        return None
+    entries = []
+    for recipe_file in files:
+        entry = data.get("recipes", {}).get(str(recipe_file))
+        if entry is None or any(_stat(path) != stat for path, stat in entry["files"]):
+            return None
+        entries.append(entry)
+    return root, entries
+
+
+class _Seen:
+    """The workspace fields the guard reads, as the memo remembered them."""
+
+    def __init__(self, file: Path, seen: dict[str, Any]):
+        self.file = file
+        self.output_dir = seen["output_dir"]
+        self.cache_dir = seen["cache_dir"]
