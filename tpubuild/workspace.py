@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpubuild.config.paths import rebase
+from tpubuild.config.paths import leaves_root, rebase, to_root_relative
 from tpubuild.config.schema import schema_diagnostics
-from tpubuild.config.yamlload import Marks, read_yaml_file
+from tpubuild.config.yamlload import Marks, format_path, read_yaml_file
 from tpubuild.errors import ConfigError, Diagnostic, UsageError
 
 WORKSPACE_FILE = "tpubuild.yaml"
@@ -76,12 +76,13 @@ def load_workspace(start: Path | None = None, override: Path | None = None) -> W
         data = {}
     if not isinstance(data, dict):
         raise ConfigError([Diagnostic(marks.value(()), "", "the workspace file must be a mapping")])
-    problems = schema_diagnostics("workspace", data, marks)
+    problems = schema_diagnostics("workspace", data, marks) + _recipe_glob_problems(data, marks, root)
     if problems:
         raise ConfigError(problems)
     defaults_marks = _sub_marks(marks, ("defaults",))
     defaults = data.get("defaults", {})
-    rebase(defaults, root, root)  # paths in defaults are relative to tpubuild.yaml: normalize them
+    # Paths in defaults are relative to tpubuild.yaml: normalize them (messages quote the originals).
+    rebase(defaults, root, root, defaults_marks.written)
     return Workspace(
         root=root,
         file=path,
@@ -92,6 +93,25 @@ def load_workspace(start: Path | None = None, override: Path | None = None) -> W
         defaults=defaults,
         defaults_marks=defaults_marks,
     )
+
+
+def _recipe_glob_problems(data: dict, marks: Marks, root: Path) -> list[Diagnostic]:
+    """Recipe globs stay inside the workspace: `/etc/*.conf` or `../*` are errors (the
+    files they match through symlinks are checked by config.recipe.discover)."""
+    globs = data.get("recipes")
+    if not isinstance(globs, list):
+        return []  # absent, or a wrong type the schema reports
+    problems = []
+    for index, pattern in enumerate(globs):
+        if not isinstance(pattern, str):
+            continue
+        problem = "contains a null byte" if "\0" in pattern else None
+        if problem is None and leaves_root(to_root_relative(pattern, root, root)):
+            problem = f"is outside the workspace ({root}): recipes must be inside it"
+        if problem:
+            path = ("recipes", index)
+            problems.append(Diagnostic(marks.value(path), format_path(path), f"{pattern!r} {problem}"))
+    return problems
 
 
 def _sub_marks(marks: Marks, prefix: tuple) -> Marks:

@@ -42,11 +42,14 @@ def _match(node: Any, pattern: tuple, path: tuple) -> Iterator[tuple[tuple, str]
             yield from _match(item, rest, path + (index,))
 
 
-def rebase(data: Any, file_dir: Path, root: Path) -> None:
-    """Rewrite every path field of `data` in place: file-relative -> root-relative POSIX."""
+def rebase(data: Any, file_dir: Path, root: Path, written: dict[tuple, str] | None = None) -> None:
+    """Rewrite every path field of `data` in place: file-relative -> root-relative POSIX.
+    `written` (Marks.written) receives each value as the user wrote it, for messages."""
     for path, value in list(iter_paths(data)):
         target = _container(data, path)
         target[path[-1]] = to_root_relative(value, file_dir, root)
+        if written is not None:
+            written[path] = value
 
 
 def to_root_relative(value: str, file_dir: Path, root: Path) -> str:
@@ -56,6 +59,27 @@ def to_root_relative(value: str, file_dir: Path, root: Path) -> str:
 
 def leaves_root(relative: str) -> bool:
     return relative == ".." or relative.startswith("../") or os.path.isabs(relative)
+
+
+def boundary_problem(relative: str, root: Path) -> str | None:
+    """Why the root-relative `relative` may not be used, else None: it must name a place
+    inside the workspace once symlinks are resolved (a link inside the workspace to a
+    model outside it is outside). Phrased to follow the quoted path."""
+    if "\0" in relative:
+        return "contains a null byte"
+    if leaves_root(relative):
+        return f"is outside the workspace ({root})"
+    real = os.path.realpath(os.path.join(root, relative))
+    if not within(real, root):
+        return f"is outside the workspace ({root}) through a symlink: it leads to {real}"
+    return None
+
+
+def within(real_path: str | Path, root: Path) -> bool:
+    """Whether `real_path` (symlinks resolved) is `root` or below it."""
+    real_root = os.path.realpath(root)
+    real_path = str(real_path)
+    return real_path == real_root or real_path.startswith(real_root.rstrip(os.sep) + os.sep)
 
 
 def _container(data: Any, path: tuple) -> Any:
