@@ -58,8 +58,12 @@ def load_workspace(start: Path | None = None, override: Path | None = None) -> W
     """Read the workspace named by `override` (a directory or a file), else found upward."""
     if override is not None:
         override = Path(override)
-        path = override / WORKSPACE_FILE if override.is_dir() else override
-        if not path.is_file():
+        try:  # a null byte or an over-long name is a usage error, not a crash
+            path = override / WORKSPACE_FILE if override.is_dir() else override
+            found = path.is_file()
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"no workspace file at {str(override)!r}: {getattr(exc, 'strerror', None) or exc}") from None
+        if not found:
             raise UsageError(f"no workspace file at {path}")
     else:
         start = Path.cwd() if start is None else Path(start)

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from tpubuild.config.paths import boundary_problem, iter_paths, within
+from tpubuild.config.paths import boundary_problem, iter_paths
 from tpubuild.config.yamlload import Marks, format_path
 from tpubuild.errors import Diagnostic
 
@@ -99,15 +99,18 @@ class Checker:
                 matches = glob.glob(str(absolute), recursive=True)
                 if not matches:
                     return "matches no file"
-                escaped = [m for m in matches if not within(os.path.realpath(m), self.root)]
-                if escaped:
-                    return f"matches {escaped[0]}, which is outside the workspace ({self.root}) through a symlink"
+                for match in sorted(matches):
+                    rel = os.path.relpath(match, self.root)
+                    problem = boundary_problem(rel, self.root)
+                    if problem:
+                        return f"matches {rel}, which {problem}"
             elif kind == "saved_model":
                 if not absolute.is_dir():
                     return "does not exist" if not absolute.exists() else "is not a directory"
                 if not (absolute / "saved_model.pb").is_file():
                     return "is not a SavedModel (no saved_model.pb)"
-                return boundary_problem(f"{relative}/saved_model.pb", self.root)
+                problem = boundary_problem(f"{relative}/saved_model.pb", self.root)
+                return f"holds saved_model.pb, which {problem}" if problem else None
             elif not absolute.is_file():
                 return "does not exist" if not absolute.exists() else "is not a file"
         except OSError as exc:  # e.g. File name too long

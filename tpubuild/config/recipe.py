@@ -15,7 +15,7 @@ from tpubuild.config.canonical import canonical_json, canonicalize, digest
 from tpubuild.config.checks import Checker
 from tpubuild.config.merge import deep_merge
 from tpubuild.config.names import invalid_name_message, name_from_file_message, valid_name
-from tpubuild.config.paths import boundary_problem, rebase, within
+from tpubuild.config.paths import boundary_problem, rebase
 from tpubuild.config.schema import schema_diagnostics
 from tpubuild.config.yamlload import Marks, read_yaml_file
 from tpubuild.errors import ConfigError, Diagnostic, Location, UsageError
@@ -61,14 +61,15 @@ def discover(ws: Workspace) -> list[Path]:
     escaped = []
     for index, pattern in enumerate(ws.recipe_globs):
         for match in _glob_files(ws, pattern):
-            if not match.endswith(LOCK_SUFFIX):
-                real = Path(match).resolve()
-                if within(real, ws.root):
-                    found.add(real)
-                else:
-                    message = (f"{pattern!r} matches {os.path.relpath(match, ws.root)}, which is outside the "
-                               f"workspace ({ws.root}) through a symlink: it leads to {real}")
-                    escaped.append(Diagnostic(Location(ws.display(ws.file)), f"recipes[{index}]", message))
+            if match.endswith(LOCK_SUFFIX):
+                continue
+            rel = os.path.relpath(match, ws.root)
+            problem = boundary_problem(rel, ws.root)
+            if problem:
+                message = f"{pattern!r} matches {rel}, which {problem}"
+                escaped.append(Diagnostic(Location(ws.display(ws.file)), f"recipes[{index}]", message))
+            else:
+                found.add(Path(match).resolve())
     if escaped:
         raise ConfigError(escaped)
     return sorted(found)

@@ -132,7 +132,7 @@ def load_yaml(text: str, display: str) -> tuple[Any, Marks]:
 
 
 def _too_big(loc: Location, what: str) -> ConfigError:
-    return ConfigError([Diagnostic(loc, "", f"YAML too large: {what} (a recipe needs far less; see config/yamlload.py)")])
+    return ConfigError([Diagnostic(loc, "", f"YAML too large: {what} (a recipe needs far less)")])
 
 
 def _check_shape(text: str, display: str) -> None:
