@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from tpubuild.config import load_recipes
 from tpubuild.errors import ConfigError
 from tpubuild.workspace import load_workspace
 
 
 def errors_of(ws, recipe_text: str, name: str = "r") -> list[str]:
-    ws.write(f"recipes/{name}.yaml", recipe_text)
-    with pytest.raises(ConfigError) as info:
-        load_recipes(load_workspace(ws.root))
-    return info.value.lines()
+    return ws.errors_of(recipe_text, name)
 
 
 MODEL = "model: {saved_model: ../models/toy}\n"

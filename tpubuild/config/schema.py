@@ -32,9 +32,14 @@ def validator(name: str):
 
 def schema_diagnostics(name: str, data: Any, marks: Marks) -> list[Diagnostic]:
     """Every schema violation of `data`, one Diagnostic each, located through `marks`."""
+    errors = list(validator(name).iter_errors(data))
+    # A value of the wrong type fails its other keywords too (.inf as an integer is also
+    # above the maximum): its type error alone says what is wrong.
+    mistyped = {tuple(e.absolute_path) for e in errors if e.validator == "type"}
     out = []
-    for error in validator(name).iter_errors(data):
-        out.extend(_diagnose(error, marks))
+    for error in errors:
+        if error.validator == "type" or tuple(error.absolute_path) not in mistyped:
+            out.extend(_diagnose(error, marks))
     return out
 
 
