@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any, Iterator
@@ -77,9 +78,15 @@ def boundary_problem(relative: str, root: Path) -> str | None:
 
 def within(real_path: str | Path, root: Path) -> bool:
     """Whether `real_path` (symlinks resolved) is `root` or below it."""
-    real_root = os.path.realpath(root)
+    real_root = _real(str(root))
     real_path = str(real_path)
     return real_path == real_root or real_path.startswith(real_root.rstrip(os.sep) + os.sep)
+
+
+@functools.lru_cache(maxsize=64)
+def _real(path: str) -> str:
+    # The workspace root, resolved once per process rather than for every path checked.
+    return os.path.realpath(path)
 
 
 def _container(data: Any, path: tuple) -> Any:

@@ -30,9 +30,9 @@ MAX_DEPTH = 64  # nested mappings/sequences; also keeps libyaml's recursive comp
 MAX_ALIASES = 100  # `*alias` references in one document
 MAX_NODES = 100_000  # nodes after expanding every alias (what the data would hold)
 
-_OPENERS = (yaml.BlockSequenceStartToken, yaml.BlockMappingStartToken, yaml.FlowSequenceStartToken,
-            yaml.FlowMappingStartToken)
-_CLOSERS = (yaml.BlockEndToken, yaml.FlowSequenceEndToken, yaml.FlowMappingEndToken)
+_OPENERS = frozenset({yaml.BlockSequenceStartToken, yaml.BlockMappingStartToken, yaml.FlowSequenceStartToken,
+                      yaml.FlowMappingStartToken})
+_CLOSERS = frozenset({yaml.BlockEndToken, yaml.FlowSequenceEndToken, yaml.FlowMappingEndToken})
 
 
 @dataclass
@@ -75,15 +75,6 @@ class Marks:
             for path in [p for p in table if p[:n] == prefix and len(p) > n]:
                 del table[path]
 
-    def sub(self, prefix: JsonPath) -> "Marks":
-        """The marks at and below `prefix`, re-rooted so `prefix` becomes ()."""
-        n = len(prefix)
-        out = Marks()
-        for mine, theirs in zip(out.tables(), self.tables()):
-            mine.update({p[n:]: mark for p, mark in theirs.items() if p[:n] == prefix})
-        out.keys.pop((), None)  # the key that introduced `prefix` belongs to the outer document
-        return out
-
 
 def format_path(path: JsonPath) -> str:
     """('converter', 'batch_options', 0, 'max_batch_size') -> converter.batch_options[0].max_batch_size"""
@@ -106,11 +97,12 @@ def load_yaml(text: str, display: str) -> tuple[Any, Marks]:
         raise _too_big(Location(display), f"the document is larger than {MAX_DOCUMENT_BYTES} bytes")
     loader = _Loader(text)
     try:
-        _check_shape(text, display)
+        aliases = _check_shape(text, display)
         node = loader.get_single_node()
         if node is None:
             return None, Marks({(): Location(display, 1, 1)})
-        _check_expansion(node, display)
+        if aliases:  # without aliases, the document's size bounds the data's
+            _check_expansion(node, display)
         data = loader.construct_document(node)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
@@ -135,21 +127,24 @@ def _too_big(loc: Location, what: str) -> ConfigError:
     return ConfigError([Diagnostic(loc, "", f"YAML too large: {what} (a recipe needs far less)")])
 
 
-def _check_shape(text: str, display: str) -> None:
+def _check_shape(text: str, display: str) -> int:
     """Refuse deep nesting and many aliases from the token stream, before anything is
-    composed: the scan stops at the first excess, so the cost is bounded too."""
+    composed: the scan stops at the first excess, so the cost is bounded too. Returns
+    the number of aliases."""
     depth = aliases = 0
     for token in yaml.scan(text, Loader=_Loader):
-        if isinstance(token, _OPENERS):
+        kind = type(token)  # exact types: a set lookup is cheaper than isinstance
+        if kind in _OPENERS:
             depth += 1
             if depth > MAX_DEPTH:
                 raise _too_big(_loc(display, token.start_mark), f"nested deeper than {MAX_DEPTH} levels")
-        elif isinstance(token, _CLOSERS):
+        elif kind in _CLOSERS:
             depth -= 1
-        elif isinstance(token, yaml.AliasToken):
+        elif kind is yaml.AliasToken:
             aliases += 1
             if aliases > MAX_ALIASES:
                 raise _too_big(_loc(display, token.start_mark), f"more than {MAX_ALIASES} aliases")
+    return aliases
 
 
 def _check_expansion(root: yaml.Node, display: str) -> None:
