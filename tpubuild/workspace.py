@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpubuild.config.paths import leaves_root, rebase, to_root_relative
+from tpubuild.config.paths import leaves_root, name_problem, rebase, to_root_relative
 from tpubuild.config.schema import schema_diagnostics
 from tpubuild.config.yamlload import Marks, format_path, read_yaml_file
 from tpubuild.errors import ConfigError, Diagnostic, UsageError
@@ -81,6 +81,7 @@ def load_workspace(start: Path | None = None, override: Path | None = None) -> W
     if not isinstance(data, dict):
         raise ConfigError([Diagnostic(marks.value(()), "", "the workspace file must be a mapping")])
     problems = schema_diagnostics("workspace", data, marks) + _recipe_glob_problems(data, marks, root)
+    problems += _directory_problems(data, marks, root)
     if problems:
         raise ConfigError(problems)
     defaults_marks = _sub_marks(marks, ("defaults",))
@@ -115,6 +116,17 @@ def _recipe_glob_problems(data: dict, marks: Marks, root: Path) -> list[Diagnost
         if problem:
             path = ("recipes", index)
             problems.append(Diagnostic(marks.value(path), format_path(path), f"{pattern!r} {problem}"))
+    return problems
+
+
+def _directory_problems(data: dict, marks: Marks, root: Path) -> list[Diagnostic]:
+    """output_dir and cache_dir are created later: refuse now what the OS would refuse then."""
+    problems = []
+    for key in ("output_dir", "cache_dir"):
+        value = data.get(key)
+        problem = name_problem(os.path.join(root, value)) if isinstance(value, str) else None
+        if problem:
+            problems.append(Diagnostic(marks.value((key,)), key, f"{value!r} {problem}"))
     return problems
 
 

@@ -75,7 +75,7 @@ def test_random_text_documents(tmp_path_factory):
     root = _workspace(tmp_path_factory)
 
     @SETTINGS
-    @given(st.text(alphabet=st.sampled_from(list("ab:-[]{}#&*!|>'\" \n\t,?%@`0.")), max_size=60))
+    @given(st.text(alphabet=st.sampled_from(list("ab:-[]{}#&*!|>'\" \n\t,?%@`0.\x00\x01")), max_size=60))
     def check(text):
         _load(root, text)
 

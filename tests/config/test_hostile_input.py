@@ -146,6 +146,23 @@ def test_a_path_too_long_for_the_file_system(ws):
     ]
 
 
+def test_a_raw_null_byte_in_a_yaml_file(ws):
+    assert ws.errors_of('model: {saved_model: "../models/toy\0"}\n') == [
+        "recipes/r.yaml:1:36: YAML error: unacceptable character #x0000: control characters are not allowed"
+    ]
+
+
+def test_workspace_directories_the_os_would_refuse(ws):
+    long = "a" * 300
+    ws.write("recipes/r.yaml", MODEL)
+    ws.write("tpubuild.yaml", f'output_dir: "out\\0"\ncache_dir: {long}/cache\n')
+    code, out, err = ws.cli("build", "--dry-run")
+    assert (code, out, err.splitlines()) == (2, "", [
+        "tpubuild.yaml:1:13: output_dir: 'out\\x00' contains a null byte",
+        f"tpubuild.yaml:2:12: cache_dir: '{long}/cache' cannot be used: File name too long",
+    ])
+
+
 def test_long_or_null_byte_targets_are_usage_errors(ws, run_cli):
     ws.write("recipes/r.yaml", MODEL)
     long = "a" * 300

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 from pathlib import Path
@@ -74,6 +75,21 @@ def boundary_problem(relative: str, root: Path) -> str | None:
     if not within(real, root):
         return f"is outside the workspace ({root}) through a symlink: it leads to {real}"
     return None
+
+
+def name_problem(absolute: str) -> str | None:
+    """Why the OS would refuse `absolute` as a path whatever the disk holds (a null byte,
+    a name or path too long for the file system), else None; for paths tpubuild creates."""
+    if "\0" in absolute:
+        return "contains a null byte"
+    encoded = os.fsencode(absolute)
+    longest = max((len(part) for part in encoded.split(b"/")), default=0)
+    if longest > _NAME_MAX or len(encoded) >= _PATH_MAX:
+        return f"cannot be used: {os.strerror(errno.ENAMETOOLONG)}"
+    return None
+
+
+_NAME_MAX, _PATH_MAX = 255, 4096  # Linux's NAME_MAX and PATH_MAX (limits.h); most file systems
 
 
 def within(real_path: str | Path, root: Path) -> bool:

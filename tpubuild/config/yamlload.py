@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from yaml.reader import ReaderError
 
 from tpubuild.errors import ConfigError, Diagnostic, Location
 
@@ -82,6 +83,8 @@ def format_path(path: JsonPath) -> str:
     for part in path:
         if isinstance(part, int):
             out += f"[{part}]"
+        elif not (isinstance(part, str) and part.isprintable() and part):
+            out += f"[{part!r}]"  # a key holding a line break must not break the one-line message
         else:
             out += f".{part}" if out else str(part)
     return out
@@ -111,8 +114,14 @@ def load_yaml(text: str, display: str) -> tuple[Any, Marks]:
             message = f"{exc.context}, {message}" if exc.problem else exc.context
         loc = _loc(display, mark) if mark else Location(display)
         raise ConfigError([Diagnostic(loc, "", f"YAML syntax error: {message}")]) from None
-    except yaml.YAMLError as exc:  # e.g. a reader error for bytes that are not text
-        raise ConfigError([Diagnostic(Location(display), "", f"YAML error: {exc}")]) from None
+    except ReaderError as exc:  # a character YAML does not allow, e.g. a raw null byte
+        line = text.count("\n", 0, exc.position) + 1
+        col = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        what = f"#x{exc.character:04x}" if isinstance(exc.character, int) else repr(exc.character)
+        message = f"YAML error: unacceptable character {what}: {exc.reason}"
+        raise ConfigError([Diagnostic(Location(display, line, col), "", message)]) from None
+    except yaml.YAMLError as exc:  # anything else, on one line
+        raise ConfigError([Diagnostic(Location(display), "", f"YAML error: {' '.join(str(exc).split())}")]) from None
     finally:
         loader.dispose()
     marks = Marks()
