@@ -110,7 +110,7 @@ def _recipe_glob_problems(data: dict, marks: Marks, root: Path) -> list[Diagnost
     for index, pattern in enumerate(globs):
         if not isinstance(pattern, str):
             continue
-        problem = "contains a null byte" if "\0" in pattern else None
+        problem = name_problem(os.path.join(root, pattern))
         if problem is None and leaves_root(to_root_relative(pattern, root, root)):
             problem = f"is outside the workspace ({root}): recipes must be inside it"
         if problem:

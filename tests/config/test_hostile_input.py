@@ -150,6 +150,10 @@ def test_a_raw_null_byte_in_a_yaml_file(ws):
     assert ws.errors_of('model: {saved_model: "../models/toy\0"}\n') == [
         "recipes/r.yaml:1:36: YAML error: unacceptable character #x0000: control characters are not allowed"
     ]
+    # Located in characters, though libyaml counts UTF-8 bytes.
+    assert ws.errors_of('# caf\u00e9\nmodel: {saved_model: "x\1"}\n') == [
+        "recipes/r.yaml:2:24: YAML error: unacceptable character #x0001: control characters are not allowed"
+    ]
 
 
 def test_workspace_directories_the_os_would_refuse(ws):

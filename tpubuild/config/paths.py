@@ -9,6 +9,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
+_NAME_MAX, _PATH_MAX = 255, 4096  # Linux's NAME_MAX and PATH_MAX (limits.h); most file systems
+
 ANY = object()  # matches any key or index in a path pattern
 
 # Each pattern is a JSON path into a recipe; ANY matches any mapping key or list index.
@@ -87,9 +89,6 @@ def name_problem(absolute: str) -> str | None:
     if longest > _NAME_MAX or len(encoded) >= _PATH_MAX:
         return f"cannot be used: {os.strerror(errno.ENAMETOOLONG)}"
     return None
-
-
-_NAME_MAX, _PATH_MAX = 255, 4096  # Linux's NAME_MAX and PATH_MAX (limits.h); most file systems
 
 
 def within(real_path: str | Path, root: Path) -> bool:

@@ -115,8 +115,9 @@ def load_yaml(text: str, display: str) -> tuple[Any, Marks]:
         loc = _loc(display, mark) if mark else Location(display)
         raise ConfigError([Diagnostic(loc, "", f"YAML syntax error: {message}")]) from None
     except ReaderError as exc:  # a character YAML does not allow, e.g. a raw null byte
-        line = text.count("\n", 0, exc.position) + 1
-        col = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        # libyaml counts UTF-8 bytes, PyYAML's own reader characters.
+        before = text.encode()[: exc.position].decode(errors="ignore") if _Loader is not yaml.SafeLoader else text[: exc.position]
+        line, col = before.count("\n") + 1, len(before) - (before.rfind("\n") + 1) + 1
         what = f"#x{exc.character:04x}" if isinstance(exc.character, int) else repr(exc.character)
         message = f"YAML error: unacceptable character {what}: {exc.reason}"
         raise ConfigError([Diagnostic(Location(display, line, col), "", message)]) from None
