@@ -7,6 +7,7 @@ one line each and an exit code; anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import importlib.util
 import os
@@ -110,5 +111,39 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2 if isinstance(exc, click.UsageError) else exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    except Exception as exc:
+        fault = environment_fault(exc)
+        if fault is None or debug:
+            raise  # anything else is a bug: keep its traceback
+        _report_environment_fault(fault)
+        sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+# The machine, not the input or tpubuild: a full disk or quota, a read-only file system,
+# an I/O error. Met anywhere (the stat cache, a stage, printing), each is one line, exit 1.
+ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
+
+
+def environment_fault(exc: BaseException) -> OSError | None:
+    """The environment OSError behind `exc` (itself, or what it was raised from or while
+    handling), else None."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in ENVIRONMENT_ERRNOS:
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _report_environment_fault(fault: OSError) -> None:
+    where = f": {fault.filename}" if fault.filename else ""
+    if fault.filename is None and fault.errno == errno.ENOSPC:
+        # Most likely stdout itself (`> file` on a full disk): it is unusable, and Python
+        # would print a second error flushing it at exit; point it at /dev/null instead.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    click.echo(f"error: {os.strerror(fault.errno)}{where}", err=True)
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpubuild.config.paths import rebase
+from tpubuild.config.paths import leaves_root, name_problem, rebase, to_root_relative
 from tpubuild.config.schema import schema_diagnostics
-from tpubuild.config.yamlload import Marks, read_yaml_file
+from tpubuild.config.yamlload import Marks, format_path, read_yaml_file
 from tpubuild.errors import ConfigError, Diagnostic, TpubuildError, UsageError
 
 WORKSPACE_FILE = "tpubuild.yaml"
@@ -60,8 +60,12 @@ def load_workspace(start: Path | None = None, override: Path | None = None) -> W
     """Read the workspace named by `override` (a directory or a file), else found upward."""
     if override is not None:
         override = Path(override)
-        path = override / WORKSPACE_FILE if override.is_dir() else override
-        if not path.is_file():
+        try:  # a null byte or an over-long name is a usage error, not a crash
+            path = override / WORKSPACE_FILE if override.is_dir() else override
+            found = path.is_file()
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"no workspace file at {str(override)!r}: {getattr(exc, 'strerror', None) or exc}") from None
+        if not found:
             raise UsageError(f"no workspace file at {path}")
     else:
         start = Path.cwd() if start is None else Path(start)
@@ -78,12 +82,14 @@ def load_workspace(start: Path | None = None, override: Path | None = None) -> W
         data = {}
     if not isinstance(data, dict):
         raise ConfigError([Diagnostic(marks.value(()), "", "the workspace file must be a mapping")])
-    problems = schema_diagnostics("workspace", data, marks)
+    problems = schema_diagnostics("workspace", data, marks) + _recipe_glob_problems(data, marks, root)
+    problems += _directory_problems(data, marks, root)
     if problems:
         raise ConfigError(problems)
     defaults_marks = _sub_marks(marks, ("defaults",))
     defaults = data.get("defaults", {})
-    rebase(defaults, root, root)  # paths in defaults are relative to tpubuild.yaml: normalize them
+    # Paths in defaults are relative to tpubuild.yaml: normalize them (messages quote the originals).
+    rebase(defaults, root, root, defaults_marks.written)
     return Workspace(
         root=root,
         file=path,
@@ -96,6 +102,36 @@ def load_workspace(start: Path | None = None, override: Path | None = None) -> W
         defaults=defaults,
         defaults_marks=defaults_marks,
     )
+
+
+def _recipe_glob_problems(data: dict, marks: Marks, root: Path) -> list[Diagnostic]:
+    """Recipe globs stay inside the workspace: `/etc/*.conf` or `../*` are errors (the
+    files they match through symlinks are checked by config.recipe.discover)."""
+    globs = data.get("recipes")
+    if not isinstance(globs, list):
+        return []  # absent, or a wrong type the schema reports
+    problems = []
+    for index, pattern in enumerate(globs):
+        if not isinstance(pattern, str):
+            continue
+        problem = name_problem(os.path.join(root, pattern))
+        if problem is None and leaves_root(to_root_relative(pattern, root, root)):
+            problem = f"is outside the workspace ({root}): recipes must be inside it"
+        if problem:
+            path = ("recipes", index)
+            problems.append(Diagnostic(marks.value(path), format_path(path), f"{pattern!r} {problem}"))
+    return problems
+
+
+def _directory_problems(data: dict, marks: Marks, root: Path) -> list[Diagnostic]:
+    """output_dir and cache_dir are created later: refuse now what the OS would refuse then."""
+    problems = []
+    for key in ("output_dir", "cache_dir"):
+        value = data.get(key)
+        problem = name_problem(os.path.join(root, value)) if isinstance(value, str) else None
+        if problem:
+            problems.append(Diagnostic(marks.value((key,)), key, f"{value!r} {problem}"))
+    return problems
 
 
 def _sub_marks(marks: Marks, prefix: tuple) -> Marks:

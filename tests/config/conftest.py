@@ -1,9 +1,16 @@
 from __future__ import annotations
 
+import contextlib
+import io
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from tpubuild.cli import main
+from tpubuild.config import load_recipes
+from tpubuild.errors import ConfigError
+from tpubuild.workspace import load_workspace
 
 
 class WorkspaceFactory:
@@ -21,6 +28,34 @@ class WorkspaceFactory:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(text).lstrip("\n"))
         return path
+
+    def errors_of(self, recipe_text: str, name: str = "r") -> list[str]:
+        """The error lines of loading the workspace with `recipes/<name>.yaml` written."""
+        self.write(f"recipes/{name}.yaml", recipe_text)
+        with pytest.raises(ConfigError) as info:
+            load_recipes(load_workspace(self.root))
+        return info.value.lines()
+
+    def cli(self, *argv: str) -> tuple[int, str, str]:
+        """`tpubuild --workspace ROOT ARGV...` in this process: (exit code, stdout, stderr).
+        An exception other than SystemExit escapes: that would be a traceback."""
+        return run_cli("--workspace", str(self.root), *argv)
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(argv))
+        except SystemExit as exc:
+            code = exc.code
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(name="run_cli")
+def run_cli_fixture():
+    """`run_cli(*argv)`: tpubuild in this process, as (exit code, stdout, stderr)."""
+    return run_cli
 
 
 @pytest.fixture

@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from tpubuild.config import load_recipes
 from tpubuild.errors import ConfigError
 from tpubuild.workspace import load_workspace
 
 
 def errors_of(ws, recipe_text: str, name: str = "r") -> list[str]:
-    ws.write(f"recipes/{name}.yaml", recipe_text)
-    with pytest.raises(ConfigError) as info:
-        load_recipes(load_workspace(ws.root))
-    return info.value.lines()
+    return ws.errors_of(recipe_text, name)
 
 
 MODEL = "model: {saved_model: ../models/toy}\n"
@@ -156,29 +152,29 @@ def test_missing_paths(ws):
         "      serving_default: {tfrecord_file_path: ../data/nope.tfrecord}\n"
     )
     assert errors_of(ws, text) == [
-        "recipes/r.yaml:2:16: model.saved_model: 'models/nope' is not a directory",
+        "recipes/r.yaml:2:16: model.saved_model: '../models/nope' does not exist",
         "recipes/r.yaml:6:45: converter.quantization_options.representative_datasets.serving_default"
-        ".tfrecord_file_path: 'data/nope.tfrecord' does not exist",
+        ".tfrecord_file_path: '../data/nope.tfrecord' does not exist",
     ]
 
 
 def test_directory_without_saved_model_pb(ws):
     (ws.root / "models" / "empty").mkdir()
     assert errors_of(ws, "model: {saved_model: ../models/empty}\n") == [
-        "recipes/r.yaml:1:22: model.saved_model: 'models/empty' is not a SavedModel (no saved_model.pb)"
+        "recipes/r.yaml:1:22: model.saved_model: '../models/empty' is not a SavedModel (no saved_model.pb)"
     ]
 
 
 def test_paths_may_not_leave_the_workspace(ws):
     assert errors_of(ws, "model: {saved_model: ../../outside}\n") == [
-        f"recipes/r.yaml:1:22: model.saved_model: '../outside' is outside the workspace ({ws.root})"
+        f"recipes/r.yaml:1:22: model.saved_model: '../../outside' is outside the workspace ({ws.root})"
     ]
 
 
 def test_export_deps_glob_must_match(ws):
     ws.write("export.py", "def export(d): pass\n")
     text = "model:\n  export: {script: ../export.py, deps: ['../lib/*.py']}\n"
-    assert errors_of(ws, text) == ["recipes/r.yaml:2:41: model.export.deps[0]: 'lib/*.py' matches no file"]
+    assert errors_of(ws, text) == ["recipes/r.yaml:2:41: model.export.deps[0]: '../lib/*.py' matches no file"]
 
 
 def test_dataset_keys_must_be_signature_keys(ws):
@@ -206,7 +202,7 @@ def test_all_errors_of_all_files_at_once(ws):
     ws.write("recipes/a.yaml", "model: {saved_model: ../models/nope}\n")
     lines = errors_of(ws, MODEL + "verify: {samples: 0, rtol: -1}\n", name="b")
     assert lines == [
-        "recipes/a.yaml:1:22: model.saved_model: 'models/nope' is not a directory",
+        "recipes/a.yaml:1:22: model.saved_model: '../models/nope' does not exist",
         "recipes/b.yaml:2:19: verify.samples: must be >= 1, got 0",
         "recipes/b.yaml:2:28: verify.rtol: must be >= 0, got -1",
     ]
@@ -234,7 +230,7 @@ def test_extends_cycle_and_missing_base(ws):
         "recipes/r.yaml -> recipes/common/a.yaml -> recipes/common/b.yaml -> recipes/common/a.yaml"
     ]
     assert errors_of(ws, "extends: common/zzz.yaml\n") == [
-        "recipes/r.yaml:1:10: extends: 'recipes/common/zzz.yaml' does not exist"
+        "recipes/r.yaml:1:10: extends: 'common/zzz.yaml' does not exist"
     ]
 
 

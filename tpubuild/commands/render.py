@@ -53,7 +53,7 @@ def command(ctx: click.Context, target: str, fmt: str, path_prefix: str) -> int:
 
 def _one_recipe(ctx: click.Context, target: str):
     path = Path(target)
-    if path.suffix in (".yaml", ".yml") and path.is_file():
+    if path.suffix in (".yaml", ".yml") and _is_file(path):
         from tpubuild.config import load_recipe_file
         from tpubuild.workspace import load_workspace
 
@@ -64,3 +64,12 @@ def _one_recipe(ctx: click.Context, target: str):
         names = ", ".join(r.name for r in recipes)
         raise UsageError(f"render takes one recipe; {target!r} matches {len(recipes)}: {names}")
     return recipes[0]
+
+
+def _is_file(path: Path) -> bool:
+    """Whether TARGET names a recipe file; a name too long for the file system or holding a
+    null byte cannot, and is then looked up as a recipe name (which fails with a usage error)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False

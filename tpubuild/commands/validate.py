@@ -19,6 +19,11 @@ def command(ctx: click.Context, targets: tuple[str, ...]) -> int:
     Every problem is printed as `file:line:col: json.path: message`, all problems of
     all files at once; the exit code is 2 when there is any. TensorFlow is not imported.
     """
+    from tpubuild.config.recipe import unmatched_globs
+
     ws, recipes = recipes_from(ctx, targets)
+    # A mistyped glob in tpubuild.yaml would otherwise end in "0 recipes OK".
+    for pattern in unmatched_globs(ws):
+        click.echo(f"warning: {ws.display(ws.file)}: recipes glob {pattern!r} matches no recipe file", err=True)
     click.echo(f"{len(recipes)} recipe{'s' if len(recipes) != 1 else ''} OK in {ws.root}")
     return 0

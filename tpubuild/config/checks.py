@@ -7,11 +7,12 @@ and defaults, with paths rebased to the workspace root.
 from __future__ import annotations
 
 import glob
+import math
 import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from tpubuild.config.paths import iter_paths, leaves_root
+from tpubuild.config.paths import boundary_problem, iter_paths
 from tpubuild.config.yamlload import Marks, format_path
 from tpubuild.errors import Diagnostic
 
@@ -39,6 +40,7 @@ class Checker:
         checks = (
             (self.check_model,),
             (self.check_paths,),
+            (self.check_tolerances, self.data.get("verify", {})),
             (self.check_tpu_functions, converter.get("tpu_functions", [])),
             (self.check_batch_options, converter.get("batch_options", [])),
             (self.check_xla_sharding, converter.get("xla_sharding_options")),
@@ -69,27 +71,59 @@ class Checker:
             if path == ("extends",):
                 continue  # checked when the base was read
             is_glob = path[:3] == ("model", "export", "deps")
-            if leaves_root(relative):
-                self.error(path, f"{relative!r} is outside the workspace ({self.root})")
-                continue
-            absolute = self.root / relative
-            if is_glob:
-                if not glob.glob(str(absolute), recursive=True):
-                    self.error(path, f"{relative!r} matches no file")
-            elif path[-1] == "saved_model":
-                if not absolute.is_dir():
-                    self.error(path, f"{relative!r} is not a directory")
-                elif not (absolute / "saved_model.pb").is_file():
-                    self.error(path, f"{relative!r} is not a SavedModel (no saved_model.pb)")
-            elif not absolute.is_file():
-                self.error(path, f"{relative!r} does not exist" if not absolute.exists() else f"{relative!r} is not a file")
+            kind = "glob" if is_glob else "saved_model" if path[-1] == "saved_model" else "file"
+            problem = self.path_problem(relative, kind)
+            if problem:
+                # Quoted as the user wrote it (relative to the recipe), not rebased.
+                self.error(path, f"{self.marks.written.get(path, relative)!r} {problem}")
         quant = self.data.get("converter", {}).get("quantization_options") or {}
         for key, source in quant.get("representative_datasets", {}).items():
             if "generator" in source:
                 module_file = generator_module_file(source["generator"])
-                if not (self.root / module_file).is_file():
+                problem = self.path_problem(module_file, "file")
+                if problem:
                     where = ("converter", "quantization_options", "representative_datasets", key, "generator")
-                    self.error(where, f"module file {module_file!r} not found in the workspace")
+                    if problem == "does not exist":
+                        problem = "not found in the workspace"
+                    self.error(where, f"module file {module_file!r} {problem}")
+
+    def path_problem(self, relative: str, kind: str) -> str | None:
+        """What is wrong with the root-relative path `relative` used as `kind` (glob,
+        saved_model or file), phrased to follow the quoted path; None when it is usable."""
+        problem = boundary_problem(relative, self.root)
+        if problem:
+            return problem
+        absolute = self.root / relative
+        try:
+            if kind == "glob":
+                matches = glob.glob(str(absolute), recursive=True)
+                if not matches:
+                    return "matches no file"
+                for match in sorted(matches):
+                    rel = os.path.relpath(match, self.root)
+                    problem = boundary_problem(rel, self.root)
+                    if problem:
+                        return f"matches {rel}, which {problem}"
+            elif kind == "saved_model":
+                if not absolute.is_dir():
+                    return "does not exist" if not absolute.exists() else "is not a directory"
+                if not (absolute / "saved_model.pb").is_file():
+                    return "is not a SavedModel (no saved_model.pb)"
+                problem = boundary_problem(f"{relative}/saved_model.pb", self.root)
+                return f"holds saved_model.pb, which {problem}" if problem else None
+            elif not absolute.is_file():
+                return "does not exist" if not absolute.exists() else "is not a file"
+        except OSError as exc:  # e.g. File name too long
+            return f"cannot be used: {exc.strerror or exc}"
+        return None
+
+    def check_tolerances(self, verify: dict[str, Any]) -> None:
+        # The schema's `minimum` lets NaN through (NaN < 0 is false) and has no way to say
+        # "finite"; a NaN or infinite tolerance makes every comparison pass (issue 13).
+        for key in ("rtol", "atol"):
+            value = verify.get(key)
+            if isinstance(value, float) and not math.isfinite(value) and not value < 0:
+                self.error(("verify", key), f"must be a finite number >= 0, got {value}")
 
     def check_tpu_functions(self, entries: list[dict[str, Any]]) -> None:
         seen: dict[tuple, int] = {}

@@ -14,7 +14,7 @@ from tpubuild.config.yamlload import Marks
 
 def deep_merge(base: Any, base_marks: Marks, over: Any, over_marks: Marks) -> tuple[Any, Marks]:
     """`over` layered on `base`; neither input is modified."""
-    marks = Marks(dict(base_marks.values), dict(base_marks.keys))
+    marks = base_marks.copy()
     merged = _merge(copy.deepcopy(base), over, (), marks, over_marks)
     return merged, marks
 
@@ -41,7 +41,7 @@ def _take(marks: Marks, over_marks: Marks, path: tuple) -> None:
     """Replace every mark at and below `path` by the overriding layer's."""
     marks.drop(path)
     n = len(path)
-    for table, source in ((marks.values, over_marks.values), (marks.keys, over_marks.keys)):
+    for table, source in zip(marks.tables(), over_marks.tables()):
         for p, loc in source.items():
             if p[:n] == path:
                 table[p] = loc

@@ -14,7 +14,8 @@ from typing import Any
 from tpubuild.config.canonical import canonical_json, canonicalize, digest
 from tpubuild.config.checks import Checker
 from tpubuild.config.merge import deep_merge
-from tpubuild.config.paths import leaves_root, rebase
+from tpubuild.config.names import invalid_name_message, name_from_file_message, valid_name
+from tpubuild.config.paths import boundary_problem, rebase
 from tpubuild.config.schema import schema_diagnostics
 from tpubuild.config.yamlload import Marks, read_yaml_file
 from tpubuild.errors import ConfigError, Diagnostic, Location, UsageError
@@ -30,6 +31,8 @@ class Recipe:
     rel_file: str  # as shown in messages: workspace-relative
     root: Path  # canonical paths are relative to this directory
     canonical: dict[str, Any] = field(repr=False)
+    # The recipe file and its `extends` bases: what the canonical form was read from.
+    files: list[Path] = field(default_factory=list, repr=False)
 
     @cached_property
     def canonical_json(self) -> str:
@@ -54,13 +57,34 @@ def _stem(path: Path) -> str:
 
 
 def discover(ws: Workspace) -> list[Path]:
-    """Recipe files matched by the workspace globs (lock files excluded), sorted."""
+    """Recipe files matched by the workspace globs (lock files excluded), sorted. A match
+    that a symlink leads out of the workspace is an error."""
     found = set()
-    for pattern in ws.recipe_globs:
-        for match in glob.glob(str(ws.root / pattern), recursive=True):
-            if os.path.isfile(match) and not match.endswith(LOCK_SUFFIX):
+    escaped = []
+    for index, pattern in enumerate(ws.recipe_globs):
+        for match in _glob_files(ws, pattern):
+            if match.endswith(LOCK_SUFFIX):
+                continue
+            rel = os.path.relpath(match, ws.root)
+            problem = boundary_problem(rel, ws.root)
+            if problem:
+                message = f"{pattern!r} matches {rel}, which {problem}"
+                escaped.append(Diagnostic(Location(ws.display(ws.file)), f"recipes[{index}]", message))
+            else:
                 found.add(Path(match).resolve())
+    if escaped:
+        raise ConfigError(escaped)
     return sorted(found)
+
+
+def _glob_files(ws: Workspace, pattern: str) -> list[str]:
+    return [match for match in glob.glob(str(ws.root / pattern), recursive=True) if os.path.isfile(match)]
+
+
+def unmatched_globs(ws: Workspace) -> list[str]:
+    """The workspace's recipe globs that match no recipe file (worth a warning: a typo
+    there makes `validate` check nothing)."""
+    return [p for p in ws.recipe_globs if not any(not m.endswith(LOCK_SUFFIX) for m in _glob_files(ws, p))]
 
 
 def load_recipes(ws: Workspace, targets: list[str] | tuple[str, ...] | None = None) -> list[Recipe]:
@@ -142,33 +166,46 @@ def load_converter_options_file(path: Path, saved_model: Path, workspace: Worksp
 
 def _load(path: Path, ws: Workspace) -> Recipe:
     display = display_path(path, ws.root)
-    data, marks = _read_layered(path, ws, display, chain=())
+    read: list[Path] = []
+    data, marks = _read_layered(path, ws, display, chain=(), read=read)
     if ws.defaults:  # deep_merge copies: the workspace's defaults stay untouched
         data, marks = deep_merge(ws.defaults, ws.defaults_marks, data, marks)
-    return _finish(data, marks, path, display, ws)
+    recipe = _finish(data, marks, path, display, ws)
+    recipe.files = read
+    return recipe
 
 
-def _read_layered(path: Path, ws: Workspace, display: str, chain: tuple[Path, ...]) -> tuple[dict, Marks]:
-    """The recipe at `path` with its `extends` chain applied, paths rebased to the root."""
+def _read_layered(path: Path, ws: Workspace, display: str, chain: tuple[Path, ...],
+                  read: list[Path] | None = None) -> tuple[dict, Marks]:
+    """The recipe at `path` with its `extends` chain applied, paths rebased to the root;
+    every file read is appended to `read`."""
+    if read is not None:
+        read.append(path)
     data, marks = read_yaml_file(path, display)
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError([Diagnostic(marks.value(()), "", "a recipe must be a mapping of keys to values")])
-    rebase(data, path.parent, ws.root)
+    rebase(data, path.parent, ws.root, marks.written)
     base_ref = data.get("extends")
     if not isinstance(base_ref, str):
         return data, marks  # absent, or a wrong type the schema reports
     where = marks.value(("extends",))
-    if leaves_root(base_ref):
-        raise ConfigError([Diagnostic(where, "extends", f"{base_ref!r} is outside the workspace ({ws.root})")])
+    written = marks.written.get(("extends",), base_ref)
+    problem = boundary_problem(base_ref, ws.root)
+    if problem:
+        raise ConfigError([Diagnostic(where, "extends", f"{written!r} {problem}")])
     base_path = (ws.root / base_ref).resolve()
     if base_path in chain or base_path == path:
         cycle = " -> ".join(display_path(p, ws.root) for p in (*chain, path, base_path))
         raise ConfigError([Diagnostic(where, "extends", f"extends cycle: {cycle}")])
-    if not base_path.is_file():
-        raise ConfigError([Diagnostic(where, "extends", f"{base_ref!r} does not exist")])
-    base, base_marks = _read_layered(base_path, ws, display_path(base_path, ws.root), chain + (path,))
+    try:
+        is_file = base_path.is_file()
+    except OSError as exc:  # e.g. File name too long
+        raise ConfigError([Diagnostic(where, "extends", f"{written!r} cannot be used: {exc.strerror}")]) from None
+    if not is_file:
+        raise ConfigError([Diagnostic(where, "extends", f"{written!r} does not exist")])
+    base, base_marks = _read_layered(base_path, ws, display_path(base_path, ws.root), chain + (path,), read)
     base.pop("extends", None)
     base.pop("name", None)  # a name belongs to the recipe that states it, not to its children
     base_marks.drop(("name",))
@@ -177,8 +214,21 @@ def _read_layered(path: Path, ws: Workspace, display: str, chain: tuple[Path, ..
     return merged, merged_marks
 
 
+def _name_problems(data: dict, marks: Marks, path: Path, display: str, reported: bool) -> list[Diagnostic]:
+    """A name from the file name is checked like an explicit one; an explicit one is
+    checked again because the schema's regex (Python's re.search) accepts a final newline."""
+    if "name" not in data:
+        stem = _stem(path)
+        return [] if valid_name(stem) else [Diagnostic(Location(display), "name", name_from_file_message(stem))]
+    name = data["name"]
+    if reported or not isinstance(name, str) or valid_name(name):
+        return []
+    return [Diagnostic(marks.value(("name",)), "name", invalid_name_message(name))]
+
+
 def _finish(data: dict, marks: Marks, path: Path, display: str, ws: Workspace) -> Recipe:
     problems = schema_diagnostics("recipe", data, marks) + Checker(data, marks, ws.root).run()
+    problems += _name_problems(data, marks, path, display, reported=any(d.json_path == "name" for d in problems))
     if problems:
         raise ConfigError(problems)
     data.pop("extends", None)

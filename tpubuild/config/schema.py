@@ -11,6 +11,7 @@ from tpubuild.config.yamlload import Marks, format_path
 from tpubuild.errors import Diagnostic
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
+INT32_MAX = 2**31 - 1  # the schemas' "maximum" of every field that is an int32 in converter_options.proto
 
 
 @lru_cache(maxsize=None)
@@ -18,15 +19,27 @@ def validator(name: str):
     """A compiled validator for `schemas/<name>.schema.json` (built once per process)."""
     import jsonschema  # imported here: ~50 ms that only validation needs
 
+    # JSON Schema counts 8.0 as an integer; YAML's 8.0 is a float, which a proto int32
+    # field, `range()` and the text proto cannot take (issue 13: `max_batch_size: 8.0`
+    # validated, then crashed render and build). An integer is a Python int, not a bool.
+    checker = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda _, value: isinstance(value, int) and not isinstance(value, bool)
+    )
+    strict = jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=checker)
     schema = json.loads((SCHEMA_DIR / f"{name}.schema.json").read_text(encoding="utf-8"))
-    return jsonschema.Draft202012Validator(schema)
+    return strict(schema)
 
 
 def schema_diagnostics(name: str, data: Any, marks: Marks) -> list[Diagnostic]:
     """Every schema violation of `data`, one Diagnostic each, located through `marks`."""
+    errors = list(validator(name).iter_errors(data))
+    # A value of the wrong type fails its other keywords too (.inf as an integer is also
+    # above the maximum): its type error alone says what is wrong.
+    mistyped = {tuple(e.absolute_path) for e in errors if e.validator == "type"}
     out = []
-    for error in validator(name).iter_errors(data):
-        out.extend(_diagnose(error, marks))
+    for error in errors:
+        if error.validator == "type" or tuple(error.absolute_path) not in mistyped:
+            out.extend(_diagnose(error, marks))
     return out
 
 
@@ -85,8 +98,17 @@ def _message(error) -> str:
         return "must not be empty"
     if kind == "minimum":
         return f"must be >= {error.validator_value}, got {_show(value)}"
+    if kind == "maximum":
+        bound = error.validator_value
+        why = " (the largest int32: the converter's field is an int32)" if bound == INT32_MAX else ""
+        return f"must be <= {bound}{why}, got {_show(value)}"
     if kind == "pattern":
+        # "patternErrorMessage": the YAML language server's keyword, so editors say it too.
+        if "patternErrorMessage" in error.schema:
+            return f"{_show(value)} {error.schema['patternErrorMessage']}"
         return f"{_show(value)} does not match the pattern {error.validator_value}"
+    if kind == "maxLength":
+        return f"must be at most {error.validator_value} characters, got {len(value)}"
     return error.message
 
 

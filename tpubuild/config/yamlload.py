@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from yaml.reader import ReaderError
 
 from tpubuild.errors import ConfigError, Diagnostic, Location
 
@@ -20,6 +21,20 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 JsonPath = tuple  # of str keys and int indexes
 
+# Bounds on what one YAML document may make us build (issue 13: a 9 x 10 alias bomb
+# grew `validate` to 2.25 GB). The largest example recipe is about 2 KB, 8 levels deep,
+# with no alias and under 100 nodes; these leave a wide margin and keep the worst case
+# in milliseconds and a few MB.
+MAX_DOCUMENT_BYTES = 1 << 20  # 1 MiB of text
+MAX_DEPTH = 64  # nested mappings/sequences; also keeps libyaml's recursive composer
+# (which segfaults near 100,000 levels) and our own recursive walks far from any limit
+MAX_ALIASES = 100  # `*alias` references in one document
+MAX_NODES = 100_000  # nodes after expanding every alias (what the data would hold)
+
+_OPENERS = frozenset({yaml.BlockSequenceStartToken, yaml.BlockMappingStartToken, yaml.FlowSequenceStartToken,
+                      yaml.FlowMappingStartToken})
+_CLOSERS = frozenset({yaml.BlockEndToken, yaml.FlowSequenceEndToken, yaml.FlowMappingEndToken})
+
 
 @dataclass
 class Marks:
@@ -27,6 +42,15 @@ class Marks:
 
     values: dict[JsonPath, Location] = field(default_factory=dict)
     keys: dict[JsonPath, Location] = field(default_factory=dict)
+    # A path field's value as the user wrote it, before rebasing to the workspace root:
+    # what error messages quote (config/paths.py).
+    written: dict[JsonPath, str] = field(default_factory=dict)
+
+    def tables(self) -> tuple[dict, dict, dict]:
+        return self.values, self.keys, self.written
+
+    def copy(self) -> "Marks":
+        return Marks(dict(self.values), dict(self.keys), dict(self.written))
 
     def value(self, path: JsonPath) -> Location:
         """The value's own mark, else the nearest enclosing one that exists."""
@@ -41,15 +65,14 @@ class Marks:
         return self.keys.get(tuple(path)) or self.value(path)
 
     def update(self, other: "Marks", under: JsonPath = ()) -> None:
-        for path, loc in other.values.items():
-            self.values[under + path] = loc
-        for path, loc in other.keys.items():
-            self.keys[under + path] = loc
+        for mine, theirs in zip(self.tables(), other.tables()):
+            for path, mark in theirs.items():
+                mine[under + path] = mark
 
     def drop(self, prefix: JsonPath) -> None:
         """Forget the marks below `prefix` (a value about to be replaced wholesale)."""
         n = len(prefix)
-        for table in (self.values, self.keys):
+        for table in self.tables():
             for path in [p for p in table if p[:n] == prefix and len(p) > n]:
                 del table[path]
 
@@ -60,6 +83,8 @@ def format_path(path: JsonPath) -> str:
     for part in path:
         if isinstance(part, int):
             out += f"[{part}]"
+        elif not (isinstance(part, str) and part.isprintable() and part):
+            out += f"[{part!r}]"  # a key holding a line break must not break the one-line message
         else:
             out += f".{part}" if out else str(part)
     return out
@@ -71,11 +96,16 @@ def _loc(display: str, mark: yaml.Mark) -> Location:
 
 def load_yaml(text: str, display: str) -> tuple[Any, Marks]:
     """Parse one YAML document; `display` is the path used in error messages."""
+    if len(text) > MAX_DOCUMENT_BYTES:  # in characters here: text may come from elsewhere than a file
+        raise _too_big(Location(display), f"the document is larger than {MAX_DOCUMENT_BYTES} bytes")
     loader = _Loader(text)
     try:
+        aliases = _check_shape(text, display)
         node = loader.get_single_node()
         if node is None:
             return None, Marks({(): Location(display, 1, 1)})
+        if aliases:  # without aliases, the document's size bounds the data's
+            _check_expansion(node, display)
         data = loader.construct_document(node)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
@@ -84,8 +114,15 @@ def load_yaml(text: str, display: str) -> tuple[Any, Marks]:
             message = f"{exc.context}, {message}" if exc.problem else exc.context
         loc = _loc(display, mark) if mark else Location(display)
         raise ConfigError([Diagnostic(loc, "", f"YAML syntax error: {message}")]) from None
-    except yaml.YAMLError as exc:  # e.g. a reader error for bytes that are not text
-        raise ConfigError([Diagnostic(Location(display), "", f"YAML error: {exc}")]) from None
+    except ReaderError as exc:  # a character YAML does not allow, e.g. a raw null byte
+        # libyaml counts UTF-8 bytes, PyYAML's own reader characters.
+        before = text.encode()[: exc.position].decode(errors="ignore") if _Loader is not yaml.SafeLoader else text[: exc.position]
+        line, col = before.count("\n") + 1, len(before) - (before.rfind("\n") + 1) + 1
+        what = f"#x{exc.character:04x}" if isinstance(exc.character, int) else repr(exc.character)
+        message = f"YAML error: unacceptable character {what}: {exc.reason}"
+        raise ConfigError([Diagnostic(Location(display, line, col), "", message)]) from None
+    except yaml.YAMLError as exc:  # anything else, on one line
+        raise ConfigError([Diagnostic(Location(display), "", f"YAML error: {' '.join(str(exc).split())}")]) from None
     finally:
         loader.dispose()
     marks = Marks()
@@ -94,6 +131,59 @@ def load_yaml(text: str, display: str) -> tuple[Any, Marks]:
     if problems:
         raise ConfigError(problems)
     return data, marks
+
+
+def _too_big(loc: Location, what: str) -> ConfigError:
+    return ConfigError([Diagnostic(loc, "", f"YAML too large: {what} (a recipe needs far less)")])
+
+
+def _check_shape(text: str, display: str) -> int:
+    """Refuse deep nesting and many aliases from the token stream, before anything is
+    composed: the scan stops at the first excess, so the cost is bounded too. Returns
+    the number of aliases."""
+    depth = aliases = 0
+    for token in yaml.scan(text, Loader=_Loader):
+        kind = type(token)  # exact types: a set lookup is cheaper than isinstance
+        if kind in _OPENERS:
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise _too_big(_loc(display, token.start_mark), f"nested deeper than {MAX_DEPTH} levels")
+        elif kind in _CLOSERS:
+            depth -= 1
+        elif kind is yaml.AliasToken:
+            aliases += 1
+            if aliases > MAX_ALIASES:
+                raise _too_big(_loc(display, token.start_mark), f"more than {MAX_ALIASES} aliases")
+    return aliases
+
+
+def _check_expansion(root: yaml.Node, display: str) -> None:
+    """Refuse a document whose aliases expand to more than MAX_NODES nodes (a "billion
+    laughs"), counted on the composed graph, where an alias is a shared node: each node's
+    expanded size is computed once. An alias to an enclosing node is a cycle."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in open_nodes:
+            raise ConfigError([Diagnostic(_loc(display, node.start_mark), "", "YAML alias refers to an enclosing node (a cycle)")])
+        open_nodes.add(key)
+        children: list = []
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        elif isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        total = 1 + sum(size(child) for child in children)
+        open_nodes.discard(key)
+        if total > MAX_NODES:
+            raise _too_big(_loc(display, node.start_mark), f"its aliases expand to more than {MAX_NODES} values")
+        sizes[key] = total
+        return total
+
+    size(root)
 
 
 def _walk(node: yaml.Node, path: JsonPath, display: str, marks: Marks, problems: list, loader) -> None:
@@ -124,10 +214,14 @@ def _walk(node: yaml.Node, path: JsonPath, display: str, marks: Marks, problems:
 
 def read_yaml_file(path: Path, display: str) -> tuple[Any, Marks]:
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as stream:
+            raw = stream.read(MAX_DOCUMENT_BYTES + 1)  # never more than the bound into memory
+        if len(raw) > MAX_DOCUMENT_BYTES:
+            raise _too_big(Location(display), f"the file is larger than {MAX_DOCUMENT_BYTES} bytes")
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         raise ConfigError([Diagnostic(Location(display), "", "file not found")]) from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # ValueError: a null byte in the path; UnicodeDecodeError
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise ConfigError([Diagnostic(Location(display), "", f"cannot read: {reason}")]) from None
     return load_yaml(text, display)

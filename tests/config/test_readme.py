@@ -1,0 +1,65 @@
+"""The README's quick start and recipe example, taken from the README itself."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tpubuild.config import load_recipe_file
+
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+
+
+def _block(section: str, language: str) -> str:
+    """The first ```language block after the heading `section`."""
+    after = README[README.index(f"\n## {section}\n"):]
+    return re.search(rf"```{language}\n(.*?)```", after, re.S).group(1)
+
+
+@pytest.fixture(scope="module")
+def quick_start(tmp_path_factory) -> Path:
+    """The quick start run word for word in a new directory, but for `tpubuild build`:
+    that one runs TensorFlow for half a minute (tests/engine build real models)."""
+    script = "\n".join(line for line in _block("Quick start", "sh").splitlines() if not line.startswith("tpubuild build"))
+    assert "tpubuild build" in _block("Quick start", "sh")
+    cwd = tmp_path_factory.mktemp("quickstart")
+    # `tpubuild` is this checkout's, whatever the PATH holds.
+    shim = f'tpubuild() {{ "{sys.executable}" -m tpubuild "$@"; }}\nset -e\n'
+    done = subprocess.run(["bash", "-c", shim + script], cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    root = cwd / "my-models"
+    assert done.stdout.startswith(
+        f"1 recipe OK in {root}\n"
+        "toy  recipes/toy.py:export  [export > tpu > bfloat16 > io_shape > batch > verify > report > publish]\n"
+        'tpu_functions {\n  function_alias: "tpu_func"\n}\n'
+    ), done.stdout
+    return root
+
+
+def test_quick_start_works_word_for_word(quick_start):
+    recipe = load_recipe_file(quick_start / "recipes" / "toy.yaml")
+    assert recipe.canonical["model"]["export"] == {"script": "recipes/toy.py", "function": "export", "deps": []}
+
+
+def test_recipe_example_validates_as_written(quick_start, tmp_path):
+    example = _block("Recipe format", "yaml")
+    assert "saved_model" in example and "quantization_options" in example  # the full reference
+    workspace = shutil.copytree(quick_start, tmp_path / "my-models")  # the fixture stays as the quick start left it
+    path = workspace / "recipes" / "toy.yaml"
+    path.write_text(example)
+    recipe = load_recipe_file(path)
+    assert recipe.name == "toy"
+    converter = recipe.canonical["converter"]
+    assert converter["batch_options"][0]["allowed_batch_sizes"] == [2, 4, 8]
+    assert converter["bfloat16_optimization_options"]["filterlist"] == ["Softmax"]
+    assert recipe.canonical["verify"]["rtol"] == 0.02
+
+
+def test_readme_states_the_export_contract():
+    assert "`function(output_dir: str)`" in README
+    assert "must write a TF2 SavedModel" in README
