@@ -4,10 +4,16 @@
 counter TensorFlow bumps for every graph object the process creates
 (`ops.uid()` in tensorflow/python/framework/ops.py), so an export run after other work,
 or by another tpubuild worker, gets other names. Custom gradients are registered under
-`CustomGradient-<uid>` (tensorflow/python/ops/custom_gradient.py, `generate_name`), and
-fingerprint.pb holds a random uuid. Everything else TF writes (node names, the object
-graph, the checkpoint bundle, which TF's BundleWriter writes sorted by key) is already a
-function of the model.
+`CustomGradient-<uid>` (tensorflow/python/ops/custom_gradient.py, `generate_name`), a
+captured variable's input records the captured tensor's uid as its
+`_user_specified_name`, the library comes out in no fixed order, and fingerprint.pb holds
+a random uuid. The rest (node names, the object graph, the variables bundle) came out
+byte-identical from processes with different counters and hash seeds
+(tests/savedmodel/test_reproducible.py compares every file).
+
+Not covered: a call node's `config_proto` attr holds the tracing process's device counts
+(`context.config` in tensorflow/python/eager/context.py), so an export with a visible
+GPU differs from one without; export workers should run with the same devices.
 
 `make_reproducible` renames each such function to `<name>_<10 digits>`, the digits taken
 from a digest of what the function is: its body with its callees already renamed (so
