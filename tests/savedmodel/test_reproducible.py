@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import reproducible_export
 import tensorflow as tf
 from tensorflow.core.framework.function_pb2 import FunctionDef
 from tensorflow.core.protobuf.meta_graph_pb2 import MetaGraphDef
@@ -24,9 +25,7 @@ from tpubuild.errors import ConversionError
 from tpubuild.savedmodel.model import SAVED_MODEL_PB, SavedModel, node_functions
 from tpubuild.savedmodel.reproducible import canonicalize, make_reproducible
 
-EXPORT_SCRIPT = Path(__file__).with_name("reproducible_export.py")
-sys.path.insert(0, str(EXPORT_SCRIPT.parent))
-import reproducible_export  # noqa: E402  (the script's constants, in this process)
+EXPORT_SCRIPT = Path(reproducible_export.__file__)
 
 CANONICAL_NAME = re.compile(r"_\d{10}$")
 
