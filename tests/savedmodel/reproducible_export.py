@@ -40,8 +40,10 @@ class Model(tf.Module):
     @tf.function(input_signature=[tf.TensorSpec([None, FEATURES], tf.float32, name="x")])
     def serve(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
         y = self.tpu_func(x)
-        # A cond: its branches are library functions called through an If node.
-        y = tf.cond(tf.reduce_sum(y) > 0, lambda: y * 2.0, lambda: y - 1.0)
+        # Conds: their branches are library functions called through If nodes. The two
+        # conds trace identical branch bodies under different names.
+        for _ in range(2):
+            y = tf.cond(tf.reduce_sum(y) > 0, lambda: y * 2.0, lambda: y - 1.0)
         return {"y": y}
 
 

@@ -141,3 +141,20 @@ def test_a_call_cycle_is_refused_with_the_functions_named() -> None:
     meta_graph.graph_def.library.function.extend([_calling("ping_12", "pong_13"), _calling("pong_13", "ping_12")])
     with pytest.raises(ConversionError, match=r"function ping_12: calls itself \(ping_12 -> pong_13 -> ping_12\)"):
         canonicalize(meta_graph)
+
+
+def test_identical_functions_share_one_name_and_direct_calls_are_renamed() -> None:
+    meta_graph = MetaGraphDef()
+    library = meta_graph.graph_def.library
+    library.function.extend([_calling("twin_12", "leaf_7"), _calling("twin_34", "leaf_7")])
+    leaf = library.function.add()
+    leaf.signature.name = "leaf_7"
+    caller = _calling("caller_56", "twin_12")
+    caller.node_def.add(name="direct", op="twin_34")  # a function called as an op
+    library.function.append(caller)
+    canonicalize(meta_graph)
+    names = [f.signature.name for f in library.function]
+    assert len(names) == 3 and all(CANONICAL_NAME.search(name) for name in names), names
+    (twin,) = [name for name in names if name.startswith("twin_")]
+    (caller,) = [f for f in library.function if f.signature.name.startswith("caller_")]
+    assert [caller.node_def[0].attr["f"].func.name, caller.node_def[1].op] == [twin, twin]
