@@ -158,3 +158,14 @@ def test_identical_functions_share_one_name_and_direct_calls_are_renamed() -> No
     (twin,) = [name for name in names if name.startswith("twin_")]
     (caller,) = [f for f in library.function if f.signature.name.startswith("caller_")]
     assert [caller.node_def[0].attr["f"].func.name, caller.node_def[1].op] == [twin, twin]
+
+
+def test_an_unsaved_custom_gradient_loses_its_process_uid() -> None:
+    meta_graph = MetaGraphDef()
+    fdef = _calling("f_3", "f_3_missing")
+    fdef.node_def[0].attr["_gradient_op_type"].s = b"CustomGradient-77"  # no registered gradient
+    fdef.node_def.add(name="overridden", op="Identity").attr["_gradient_op_type"].s = b"MyGradient"
+    meta_graph.graph_def.library.function.append(fdef)
+    canonicalize(meta_graph)
+    (renamed,) = meta_graph.graph_def.library.function
+    assert [n.attr["_gradient_op_type"].s for n in renamed.node_def] == [b"CustomGradient-unsaved", b"MyGradient"]

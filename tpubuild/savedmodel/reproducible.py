@@ -50,6 +50,11 @@ _NUMBERED = re.compile(r"^(?P<base>.+)_\d+$")
 # The node attribute that ties an op to a registered custom gradient
 # (tensorflow/python/saved_model/function_deserialization.py, _get_gradient_op_type).
 GRADIENT_OP_TYPE = "_gradient_op_type"
+# A custom gradient's op type as TF generates it; when the gradient was not saved
+# (SaveOptions(experimental_custom_gradients=False)) the loader cannot use it anyway, so
+# one fixed name replaces the process uid.
+_GENERATED_OP_TYPE = re.compile(r"CustomGradient-\d+")
+UNSAVED_OP_TYPE = "CustomGradient-unsaved"
 USER_SPECIFIED_NAME = "_user_specified_name"
 
 Rename = Callable[[str], str]
@@ -64,6 +69,8 @@ def make_reproducible(saved_model_dir: Path) -> None:
     """
     directory = Path(saved_model_dir)
     pb = directory / SAVED_MODEL_PB
+    if not pb.is_file():
+        raise ConversionError(f"{directory}: not a SavedModel (no {SAVED_MODEL_PB})")
     data = pb.read_bytes()
     proto = saved_model_pb2.SavedModel()
     try:
@@ -92,15 +99,21 @@ def canonicalize(meta_graph: MetaGraphDef) -> None:
     names: dict[str, str] = {}
     digests: dict[str, str] = {}  # canonical name -> digest of the function kept under it
     op_types: dict[str, str] = {}
+
+    def rename_op_type(op_type: str) -> str:
+        if op_type in op_types:
+            return op_types[op_type]
+        return UNSAVED_OP_TYPE if _GENERATED_OP_TYPE.fullmatch(op_type) else op_type
+
     for name in order:
-        digest = _identity(meta_graph, functions[name], names, op_types, op_type_owner)
+        digest = _identity(meta_graph, functions[name], names, rename_op_type)
         new = name if not _needs_name(name) else _canonical_name(name, digest, digests)
         if digests.setdefault(new, digest) != digest:
             raise ConversionError(f"function {name}: its canonical name {new} is taken by another function")
         names[name] = new
         if name in gradient_of:
             op_types[gradient_of[name]] = f"CustomGradient-{digest[:CANONICAL_DIGITS]}"
-    _apply(meta_graph, lambda name: names.get(name, name), lambda op_type: op_types.get(op_type, op_type))
+    _apply(meta_graph, lambda name: names.get(name, name), rename_op_type)
 
 
 def _name_captures_by_position(fdef: FunctionDef) -> None:
@@ -180,8 +193,7 @@ def _identity(
     meta_graph: MetaGraphDef,
     fdef: FunctionDef,
     names: dict[str, str],
-    op_types: dict[str, str],
-    op_type_owner: dict[str, str],
+    rename_op_type: Rename,
 ) -> str:
     """Digest of what a function is, independent of the process that traced it."""
     name = fdef.signature.name
@@ -190,7 +202,7 @@ def _identity(
     # The base name only: a name this module gave must hash as it did before it was given.
     numbered = _NUMBERED.match(name)
     body.signature.name = numbered["base"] if numbered else name
-    rename_all(body, lambda n: names.get(n, n), lambda op: op_types.get(op, op))
+    rename_all(body, lambda n: names.get(n, n), rename_op_type)
     parts = [body.SerializeToString(deterministic=True)]
     graph = meta_graph.object_graph_def
     if name in graph.concrete_functions:
@@ -252,7 +264,7 @@ def _apply(meta_graph: MetaGraphDef, rename: Rename, rename_op_type: Rename) -> 
         rename_all(fdef, rename, rename_op_type)
         fdef.signature.name = rename(fdef.signature.name)
         kept.setdefault(fdef.signature.name, fdef)  # identical twins collapse into one
-    functions = [kept[name] for name in sorted(kept)]
+    functions = [FunctionDef.FromString(kept[name].SerializeToString()) for name in sorted(kept)]
     del library.function[:]
     library.function.extend(functions)
     for node in graph_def.node:
