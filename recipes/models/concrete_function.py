@@ -1,11 +1,12 @@
 """A model whose TPU function has no alias and is named by its concrete function name.
 
 This is the case of a SavedModel exported by someone else: the recipe names
-`__inference_dense_block_<N>` from the FunctionDefLibrary. N comes from a counter that
-TensorFlow bumps for every graph object a process creates, so it changes when anything
-else ran first. To keep the recipe valid, `export` runs the export in a fresh Python
-interpreter (the counter starts from the same state, so N is fixed for a TensorFlow
-version) and checks the name against CONCRETE_FUNCTION_NAME.
+`__inference_dense_block_<N>` from the FunctionDefLibrary. TensorFlow numbers traced
+functions with a per-process counter, so tpubuild renames every exported function to
+`<name>_<10 digits>`, the digits taken from the function's content
+(tpubuild/savedmodel/reproducible.py): the name no longer depends on what else the
+process traced, only on the model and the TensorFlow version. `export` applies the
+same renaming and checks the name against CONCRETE_FUNCTION_NAME.
 
 To find the name yourself: `python recipes/models/concrete_function.py /tmp/cf` exports
 and prints every function of the library.
@@ -15,14 +16,15 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 
 import numpy as np
 import tensorflow as tf
 
+from tpubuild.savedmodel.reproducible import make_reproducible
+
 # Must equal converter.tpu_functions[0].concrete_function_name in recipes/concrete_function.yaml.
-CONCRETE_FUNCTION_NAME = "__inference_dense_block_19"
+CONCRETE_FUNCTION_NAME = "__inference_dense_block_8149458093"
 FEATURES, HIDDEN = 4, 8
 
 
@@ -55,19 +57,12 @@ def function_names(saved_model_dir: str) -> list[str]:
 def _export_here(output_dir: str) -> None:
     model = Regressor()
     tf.saved_model.save(model, output_dir, signatures={"serving_default": model.serve})
+    make_reproducible(output_dir)  # what tpubuild does to every export: content-derived names
 
 
 def export(output_dir: str) -> None:
-    """Export in a fresh interpreter, then check the dense block's concrete name."""
-    done = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), output_dir, "--quiet"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
-    )
-    if done.returncode != 0:
-        tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
-        raise RuntimeError(f"concrete_function.py: the export failed: {tail[0]}")
+    """Export, then check the dense block's concrete name."""
+    _export_here(output_dir)
     found = [n for n in function_names(output_dir) if re.fullmatch(r"__inference_dense_block_\d+", n)]
     if found != [CONCRETE_FUNCTION_NAME]:
         raise RuntimeError(
@@ -79,5 +74,4 @@ def export(output_dir: str) -> None:
 
 if __name__ == "__main__":
     _export_here(sys.argv[1])
-    if "--quiet" not in sys.argv:
-        print("\n".join(function_names(sys.argv[1])))
+    print("\n".join(function_names(sys.argv[1])))

@@ -7,12 +7,20 @@ unknown dimensions set to 1 (batch size one).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import tensorflow as tf
 
 from tpubuild.savedmodel.model import SavedModel
+
+
+# XLA names the module after the traced wrapper, `__inference_wrapper_<uid>` mangled to
+# `a_inference_wrapper_<uid>__`; the uid is a per-process counter (ops.uid() in
+# tensorflow/python/framework/ops.py), so without this the same function's HLO text would
+# differ between builds.
+_WRAPPER_UID = re.compile(r"(_inference_wrapper)_\d+__")
 
 
 def object_paths(model: SavedModel) -> dict[str, list[str]]:
@@ -61,7 +69,8 @@ def function_hlo(path: Path, tags: list[str], names: list[str]) -> dict[str, dic
             args = tf.nest.map_structure(_batch_one, args)
             kwargs = tf.nest.map_structure(_batch_one, kwargs)
             wrapper = tf.function(tf.autograph.experimental.do_not_convert(target), jit_compile=True)
-            results[name] = {"hlo": wrapper.experimental_get_compiler_ir(*args, **kwargs)(stage="hlo")}
+            text = wrapper.experimental_get_compiler_ir(*args, **kwargs)(stage="hlo")
+            results[name] = {"hlo": _WRAPPER_UID.sub(r"\1__", text)}
         except Exception as exc:  # XLA refuses the function: the reason is the finding
             text = (getattr(exc, "message", None) or str(exc)).strip().splitlines()
             results[name] = {"error": f"{type(exc).__name__}: {text[0] if text else ''}"}

@@ -6,7 +6,6 @@ here executes the model, so reading a large SavedModel stays cheap.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -20,6 +19,8 @@ from tensorflow.core.protobuf.meta_graph_pb2 import MetaGraphDef
 
 from tpubuild.atomic import write_atomic
 from tpubuild.errors import ConversionError
+# make_fingerprint_reproducible is re-exported: callers imported it from here first.
+from tpubuild.savedmodel.reproducible import make_fingerprint_reproducible, write_fingerprint  # noqa: F401
 
 SAVED_MODEL_PB = "saved_model.pb"
 # Written by TF at save time from the pb's bytes; it goes stale once the pb is edited.
@@ -236,7 +237,7 @@ class SavedModel:
             _link_tree(entry, output_dir / entry.name)
         prepare_for_older_runtimes(self.meta_graph)
         write_atomic(output_dir / SAVED_MODEL_PB, self.proto.SerializeToString(deterministic=True))
-        _write_fingerprint(output_dir)
+        write_fingerprint(output_dir)
 
 
 def prepare_for_older_runtimes(meta_graph: MetaGraphDef) -> None:
@@ -290,41 +291,3 @@ def _link_tree(src: Path, dst: Path) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)
-
-
-def _write_fingerprint(output_dir: Path) -> None:
-    """Recompute fingerprint.pb for the edited pb, as tf.saved_model.save does."""
-    try:
-        from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting as fp
-
-        data = fp.CreateFingerprintDef(str(output_dir))
-    except Exception:  # an older/newer TF without the binding: the fingerprint is optional
-        return
-    write_atomic(output_dir / FINGERPRINT_PB, _stable_fingerprint(data))
-
-
-def make_fingerprint_reproducible(saved_model_dir: Path) -> None:
-    """Give fingerprint.pb a uuid derived from the model's content instead of a random one.
-
-    TF writes a fresh random uuid at every save, so two exports of the same model would
-    differ by that one field: every content hash downstream would change, builds would
-    never be reproducible and lock files would churn. The uuid stays unique per content.
-    """
-    path = Path(saved_model_dir) / FINGERPRINT_PB
-    if path.is_file():
-        data = path.read_bytes()
-        stable = _stable_fingerprint(data)
-        if stable != data:
-            write_atomic(path, stable)
-
-
-def _stable_fingerprint(data: bytes) -> bytes:
-    from tensorflow.core.protobuf import fingerprint_pb2
-
-    fingerprint = fingerprint_pb2.FingerprintDef.FromString(data)
-    if not hasattr(fingerprint, "uuid"):
-        return data
-    fingerprint.uuid = ""
-    digest = hashlib.blake2b(fingerprint.SerializeToString(deterministic=True), digest_size=16).digest()
-    fingerprint.uuid = str(int.from_bytes(digest, "big"))
-    return fingerprint.SerializeToString(deterministic=True)

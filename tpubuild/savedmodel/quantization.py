@@ -16,6 +16,8 @@ from typing import Any, Iterator
 import tensorflow as tf
 from tensorflow.compiler.mlir.quantization.tensorflow import quantization_options_pb2 as qpb
 
+from tpubuild.savedmodel.reproducible import make_reproducible
+
 METHODS = {
     "STATIC_RANGE": "METHOD_STATIC_RANGE_INT8",
     "DYNAMIC_RANGE": "METHOD_DYNAMIC_RANGE_INT8",
@@ -93,6 +95,8 @@ def quantize(src: Path, dst: Path, options: Any) -> dict[str, Any]:
         log = run_quantizer(src, raw, options)
         loaded = tf.saved_model.load(str(raw), tags=list(options.tags))
         tf.saved_model.save(loaded, str(dst), signatures=dict(loaded.signatures))
+    # The re-save traces every function again under this process's counters.
+    make_reproducible(dst)
     return parse_summary(log)
 
 
