@@ -291,7 +291,7 @@ def lock_for(run: RecipeRun) -> dict[str, Any]:
     for planned in run.plan:
         out = run.outputs[planned.name]
         reads = set(planned.consumes.values()) | set(planned.summaries)
-        own = planned.name not in ("source", "publish") and spec(planned.name).machine_dependent
+        own = planned.name not in ("source", "publish") and spec(planned.name).machine_dependent(planned.options)
         if own or reads & measured:
             measured.add(planned.name)
         stages.append({"stage": planned.name, "key": out.key, "output": out.tree,

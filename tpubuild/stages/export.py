@@ -55,9 +55,11 @@ def run(input_dir: Path | None, output_dir: Path, options: dict[str, Any], conte
         raise user_error(f"{where}: raised", exc, context) from None
     if not (output_dir / "saved_model.pb").is_file():
         raise StageError(f"{where}: wrote no SavedModel (no saved_model.pb in its output directory)")
-    from tpubuild.savedmodel.model import make_fingerprint_reproducible
+    from tpubuild.savedmodel.reproducible import make_reproducible
 
-    make_fingerprint_reproducible(output_dir)
+    # The same script gives the same bytes in any process on any machine: function names
+    # from content, not TensorFlow's per-process counters (savedmodel/reproducible.py).
+    make_reproducible(output_dir)
     return StageResult(summary={})
 
 
