@@ -287,15 +287,16 @@ def run_inputs(run: RecipeRun) -> dict[str, str]:
 def lock_for(run: RecipeRun) -> dict[str, Any]:
     """The lock document of a fully resolved run (every stage cached or built)."""
     stages = []
-    measured: set[str] = set()
+    measured: set[str] = set()  # stages whose output may differ between machines
     for planned in run.plan:
         out = run.outputs[planned.name]
         reads = set(planned.consumes.values()) | set(planned.summaries)
+        key_measured = bool(reads & measured)  # a key hashes the outputs it reads
         own = planned.name not in ("source", "publish") and spec(planned.name).machine_dependent(planned.options)
-        if own or reads & measured:
+        if own or key_measured:
             measured.add(planned.name)
         stages.append({"stage": planned.name, "key": out.key, "output": out.tree,
-                       "measured": planned.name in measured})
+                       "key_measured": key_measured, "measured": planned.name in measured})
     return lock_document(run.name, run.recipe.digest, toolchain(), run_inputs(run), stages, run.version)
 
 

@@ -48,7 +48,8 @@ def lock_document(
         "toolchain": dict(toolchain),
         "inputs": dict(sorted(inputs.items())),
         "stages": [
-            {"stage": s["stage"], "key": s["key"], "output": s["output"], "measured": bool(s.get("measured"))}
+            {"stage": s["stage"], "key": s["key"], "output": s["output"], "measured": bool(s.get("measured")),
+             "key_measured": bool(s.get("key_measured"))}
             for s in stages
         ],
         "published_version": version,
@@ -86,10 +87,9 @@ def lock_text(document: dict[str, Any]) -> str:
     lines.extend(f"  {_scalar(k)}: {_scalar(v)}" for k, v in document["inputs"].items())
     lines.append("stages:")
     for stage in document["stages"]:
-        mark = f"  {MEASURED}" if stage["measured"] else ""
         lines.append(f"- stage: {_scalar(stage['stage'])}")
-        lines.append(f"  key: {_scalar(stage['key'])}{mark}")
-        lines.append(f"  output: {_scalar(stage['output'])}{mark}")
+        lines.append(f"  key: {_scalar(stage['key'])}" + (f"  {MEASURED}" if stage["key_measured"] else ""))
+        lines.append(f"  output: {_scalar(stage['output'])}" + (f"  {MEASURED}" if stage["measured"] else ""))
         if stage["measured"]:
             lines.append("  measured: true")
     lines.append(f"published_version: {_scalar(document['published_version'])}")
@@ -106,6 +106,7 @@ def read_lock(path: Path) -> dict[str, Any] | None:
         return None
     for stage in data.get("stages", []):
         stage.setdefault("measured", False)
+        stage.setdefault("key_measured", False)
     return data
 
 
