@@ -226,7 +226,7 @@ def placed(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) ->
 
 @pytest.fixture
 def context(tmp_path: Path) -> StageContext:
-    return StageContext(workspace=tmp_path, recipe_name="t", recipe_file=tmp_path / "t.yaml")
+    return StageContext(workspace=tmp_path)
 
 
 @pytest.fixture

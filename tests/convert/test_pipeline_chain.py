@@ -33,7 +33,7 @@ def _build(recipe, tmp_path: Path) -> tuple[Path, list[str], dict]:
     current = Path(recipe.canonical["model"]["saved_model"])
     if not current.is_absolute():
         current = recipe.root / current
-    context = StageContext(tmp_path, "r", recipe.file, inputs={"source": current})
+    context = StageContext(tmp_path, inputs={"source": current})
     ran = []
     for stage in plan(recipe.canonical):
         if stage.name not in TRANSFORMS - {"source", "export"}:
@@ -50,9 +50,9 @@ def _build(recipe, tmp_path: Path) -> tuple[Path, list[str], dict]:
 
 
 def _entry(name: str) -> tuple[str, str]:
-    from tpubuild.pipeline import STAGES
+    from tpubuild.pipeline import spec
 
-    module, func = STAGES[name].entry.split(":")
+    module, func = spec(name).entry.split(":")
     return module, func
 
 

@@ -155,12 +155,12 @@ converter:
   quantization_options:
     method: STATIC_RANGE
     representative_datasets:
-      serving_default: {generator: "samples:make", num_samples: 8}
+      serving_default: {generator: "recipes.samples:make", num_samples: 8}
 verify: {samples: 4}
 """
     ws = make_workspace({"gen": recipe})
     (ws / "recipes" / "samples.py").write_text(
-        "import numpy as np\nimport scale\n\n\ndef make():\n"
+        "import numpy as np\nfrom recipes import scale\n\n\ndef make():\n"
         "    for i in range(8):\n        yield {'x': np.full((1, 2), scale.VALUE * (i + 1), np.float32)}\n"
     )
     (ws / "recipes" / "scale.py").write_text("VALUE = 0.5\n")
@@ -195,10 +195,32 @@ def test_renamed_export_script_with_identical_output_reruns_nothing_after_it(bui
     assert statuses(doc, "cut") == {"export": "built", "verify": "cached", "report": "cached", "publish": "cached"}
 
 
+WIDE_EXPORT = """\
+import numpy as np
+import tensorflow as tf
+
+
+class Wide(tf.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = tf.Variable(np.linspace(-1.0, 1.0, 64 * 64, dtype=np.float32).reshape(64, 64))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 64], tf.float32, name="x")])
+    def serve(self, x):
+        return {"y": tf.matmul(x, self.w)}
+
+
+def export(output_dir):
+    model = Wide()
+    tf.saved_model.save(model, output_dir, signatures={"serving_default": model.serve})
+"""
+
+
 def test_unchanged_quantize_output_stops_a_dataset_change(make_workspace):
     recipe = """\
 name: dyn
-model: {saved_model: models/tiny}
+model:
+  export: {script: models/wide.py, function: export}
 converter:
   tpu_functions: [{signature_name: serving_default}]
   quantization_options:
@@ -208,13 +230,14 @@ converter:
 verify: {samples: 4}
 """
     ws = make_workspace({"dyn": recipe})
-    np.savez(ws / "recipes" / "models" / "dyn.npz", x=np.ones((4, 1, 2), np.float32))
+    (ws / "recipes" / "models" / "wide.py").write_text(WIDE_EXPORT)
+    np.savez(ws / "recipes" / "models" / "dyn.npz", x=np.ones((4, 1, 64), np.float32))
     build_json(ws)
-    np.savez(ws / "recipes" / "models" / "dyn.npz", x=np.full((4, 1, 2), 2.0, np.float32))
+    np.savez(ws / "recipes" / "models" / "dyn.npz", x=np.full((4, 1, 64), 0.5, np.float32))
     doc = build_json(ws)
     rows = statuses(doc, "dyn")
     # Dynamic range ignores the data: quantize reruns with a byte-identical output, so the
     # TPU stages after it are cached; verify reads the new samples and reruns.
     assert rows["dataset"] == "built" and rows["quantize"] == "built"
-    assert all(rows[s] == "cached" for s in ("tpu",) + tuple(s for s in ("bfloat16", "io_shape") if s in rows))
+    assert [rows[s] for s in ("tpu", "bfloat16", "io_shape")] == ["cached"] * 3
     assert rows["verify"] == "built"

@@ -84,9 +84,7 @@ class Runner:
         output = self.out / f"{name}-{len(list(self.out.iterdir())) if self.out.exists() else 0}"
         output.mkdir(parents=True)
         context = StageContext(
-            workspace=self.workspace, recipe_name=self.recipe,
-            recipe_file=self.workspace / "recipes" / f"{self.recipe}.yaml",
-            inputs=dict(self.inputs), results=dict(self.results), log=self.logged.append,
+            workspace=self.workspace, inputs=dict(self.inputs), results=dict(self.results), log=self.logged.append,
         )
         result = module.run(input_dir, output, options, context)
         self.inputs[name] = output

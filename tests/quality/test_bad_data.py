@@ -24,8 +24,8 @@ from tpubuild.errors import StageError
 from tpubuild.savedmodel.datasets import read_tfrecord, write_tfrecord
 
 TAGS = ["serve"]
-DATASET = "toy: representative_datasets.serving_default"
-QUANTIZE = "toy: quantization (STATIC_RANGE): representative_datasets.serving_default: calib.tfrecord"
+DATASET = "representative_datasets.serving_default"
+QUANTIZE = "quantization (STATIC_RANGE): representative_datasets.serving_default: calib.tfrecord"
 FINITE = "calibration and verification need finite inputs"
 
 
@@ -249,7 +249,7 @@ def test_read_tfrecord_reads_every_record_of_a_whole_file(tmp_path: Path) -> Non
 def test_quantizing_no_layer_is_an_error(runner: Runner, small: Path) -> None:
     options = {**static_range(), "method": "DYNAMIC_RANGE", "representative_datasets": {}}
     assert run_error(runner, "quantize", small, options) == (
-        "toy: quantization (DYNAMIC_RANGE): TensorFlow's quantizer quantized 0 of 1 layers (MatMul 0/1); "
+        "quantization (DYNAMIC_RANGE): TensorFlow's quantizer quantized 0 of 1 layers (MatMul 0/1); "
         "the artifact would be the float model"
     )
 
@@ -258,7 +258,7 @@ def test_weight_only_without_int8_weights_is_an_error(runner: Runner, small: Pat
     # WEIGHT_ONLY prints no summary: the artifact's int8 weights (none here) decide.
     options = {**static_range(), "method": "WEIGHT_ONLY", "representative_datasets": {}}
     assert run_error(runner, "quantize", small, options) == (
-        "toy: quantization (WEIGHT_ONLY): TensorFlow's quantizer quantized nothing (no quantization summary, "
+        "quantization (WEIGHT_ONLY): TensorFlow's quantizer quantized nothing (no quantization summary, "
         "no int8 weights in the artifact); the artifact would be the float model"
     )
 
@@ -277,7 +277,7 @@ def test_nan_in_the_artifact_fails_whatever_the_tolerance(runner: Runner, dense:
     runner.inputs["source"] = dense
     message = run_error(runner, "verify", nan_dense, verify_options(atol=1e30))
     assert message == (
-        "toy: verify: signature 'serving_default' output 'logits': 80 of 80 values are NaN in the artifact, "
+        "signature 'serving_default' output 'logits': 80 of 80 values are NaN in the artifact, "
         "0 in the source; NaN never passes verification"
     )
     (out,) = [p for p in runner.out.iterdir() if p.name.startswith("verify")]
@@ -290,7 +290,7 @@ def test_nan_in_the_artifact_fails_whatever_the_tolerance(runner: Runner, dense:
 def test_nan_in_the_source_fails_too(runner: Runner, dense: Path, nan_dense: Path) -> None:
     runner.inputs["source"] = nan_dense
     assert run_error(runner, "verify", dense, verify_options()) == (
-        "toy: verify: signature 'serving_default' output 'logits': 0 of 80 values are NaN in the artifact, "
+        "signature 'serving_default' output 'logits': 0 of 80 values are NaN in the artifact, "
         "80 in the source; NaN never passes verification"
     )
 
@@ -298,7 +298,7 @@ def test_nan_in_the_source_fails_too(runner: Runner, dense: Path, nan_dense: Pat
 def test_verification_on_no_samples_fails(runner: Runner, dense: Path) -> None:
     runner.inputs["source"] = dense
     assert run_error(runner, "verify", dense, verify_options(samples=0)) == (
-        "toy: verify: signature 'serving_default': no samples to verify on"
+        "signature 'serving_default': no samples to verify on"
     )
 
 
@@ -307,7 +307,7 @@ def test_verification_on_an_empty_tfrecord_fails(runner: Runner, dense: Path) ->
     runner.inputs["source"] = dense
     options = verify_options(datasets={"serving_default": {"tfrecord_file_path": "calib.tfrecord"}})
     assert run_error(runner, "verify", dense, options) == (
-        "toy: verify: representative_datasets.serving_default: calib.tfrecord: no samples (the TFRecord file is empty)"
+        "representative_datasets.serving_default: calib.tfrecord: no samples (the TFRecord file is empty)"
     )
 
 
@@ -318,7 +318,7 @@ def test_a_truncated_tail_fails_verification_even_past_the_samples_used(runner: 
     runner.inputs["source"] = dense
     options = verify_options(samples=2, datasets={"serving_default": {"tfrecord_file_path": "calib.tfrecord"}})
     assert run_error(runner, "verify", dense, options) == (
-        "toy: verify: representative_datasets.serving_default: calib.tfrecord: truncated TFRecord: the record at "
+        "representative_datasets.serving_default: calib.tfrecord: truncated TFRecord: the record at "
         f"byte {4 * len(data) // 5} runs past the end of the file ({len(data) - 1} bytes)"
     )
 
@@ -326,7 +326,7 @@ def test_a_truncated_tail_fails_verification_even_past_the_samples_used(runner: 
 def test_no_signature_left_to_verify_fails(runner: Runner, dense: Path, renamed: Path) -> None:
     runner.inputs["source"] = dense
     assert run_error(runner, "verify", renamed, verify_options()) == (
-        "toy: verify: nothing to verify: no signature of the source is in the artifact"
+        "nothing to verify: no signature of the source is in the artifact"
     )
 
 
@@ -344,7 +344,7 @@ def test_tolerances_that_are_not_finite_and_non_negative_are_refused(
     runner: Runner, dense: Path, given: dict, shown: str
 ) -> None:
     runner.inputs["source"] = dense
-    assert run_error(runner, "verify", dense, verify_options(**given)) == f"toy: verify: {shown}"
+    assert run_error(runner, "verify", dense, verify_options(**given)) == f"{shown}"
 
 
 # --- through the command line: one line, exit code 1, no traceback -------------------------

@@ -118,7 +118,7 @@ def test_too_tight_tolerance_fails_the_build_with_the_error(built: Path) -> None
     assert result.returncode == 1
     assert "toy" not in result.stderr
     assert (
-        "dense: verify: signature 'serving_default' output 'logits' differs from the source: max abs error "
+        "recipes/dense.yaml: stage verify: signature 'serving_default' output 'logits' differs from the source: max abs error "
         in result.stderr
     ), result.stderr
     assert not (built / "out" / "dense" / "3").exists()

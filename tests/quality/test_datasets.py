@@ -52,7 +52,7 @@ def test_generator_source_takes_num_samples_and_warns_below_200(runner: Runner, 
     got = records(out / "serving_default.tfrecord")
     assert [s["x"].shape for s in got] == [(2, FEATURES)] * 12
     assert result.warnings == [
-        "toy: representative_datasets.serving_default: data.gen:samples: only 12 samples; "
+        "representative_datasets.serving_default: data.gen:samples: only 12 samples; "
         "the converter recommends at least 200 for calibration"
     ]
     assert runner.logged == ["warning: " + result.warnings[0]]
@@ -70,7 +70,7 @@ def test_npz_with_a_wrong_input_name_names_the_input(runner: Runner, dense: Path
     with pytest.raises(StageError) as err:
         runner.run("dataset", dense, {"tags": TAGS, "datasets": {"serving_default": {"npz": "calib.npz"}}})
     assert str(err.value) == (
-        "toy: representative_datasets.serving_default: calib.npz: sample 0: "
+        "representative_datasets.serving_default: calib.npz: sample 0: "
         "input 'pixels' is not an input of the signature; its inputs: x"
     )
 
@@ -86,7 +86,7 @@ def test_generator_with_a_wrong_dtype_names_the_input(runner: Runner, dense: Pat
     with pytest.raises(StageError) as err:
         runner.run("dataset", dense, {"tags": TAGS, "datasets": {"serving_default": source}})
     assert str(err.value) == (
-        "toy: representative_datasets.serving_default: data.gen:samples: sample 0: "
+        "representative_datasets.serving_default: data.gen:samples: sample 0: "
         "input 'x' has dtype float64, the signature wants float32[None, 64]"
     )
 
@@ -96,7 +96,7 @@ def test_npz_with_a_wrong_shape_names_the_input(runner: Runner, dense: Path) -> 
     with pytest.raises(StageError) as err:
         runner.run("dataset", dense, {"tags": TAGS, "datasets": {"serving_default": {"npz": "calib.npz"}}})
     assert str(err.value) == (
-        "toy: representative_datasets.serving_default: calib.npz: sample 0: "
+        "representative_datasets.serving_default: calib.npz: sample 0: "
         "input 'x' has shape [1, 63], the signature wants float32[None, 64]"
     )
 

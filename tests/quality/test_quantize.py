@@ -71,7 +71,7 @@ def test_static_range_calibrates_on_a_tfrecord_file(runner: Runner, dense: Path)
     assert result.summary["counts"]["quantize_layers_added"] == 1
     assert result.summary["samples"] == {"serving_default": 40}
     assert result.warnings == [
-        "toy: quantization (STATIC_RANGE): representative_datasets.serving_default: calib.tfrecord: "
+        "quantization (STATIC_RANGE): representative_datasets.serving_default: calib.tfrecord: "
         "only 40 samples; the converter recommends at least 200 for calibration"
     ]
     assert int8_weights(out) == 64 * 128 + 128 * 10
@@ -93,7 +93,7 @@ def test_static_range_without_dataset_is_an_error(runner: Runner, dense: Path) -
     with pytest.raises(StageError) as err:
         runner.run("quantize", dense, options("STATIC_RANGE"))
     assert str(err.value) == (
-        "toy: quantization (STATIC_RANGE): signature 'serving_default' has no representative dataset; "
+        "quantization (STATIC_RANGE): signature 'serving_default' has no representative dataset; "
         "STATIC_RANGE calibrates on one"
     )
 
@@ -103,7 +103,7 @@ def test_tfrecord_with_wrong_input_names_names_the_input(runner: Runner, dense: 
     with pytest.raises(StageError) as err:
         runner.run("quantize", dense, options("STATIC_RANGE", {"serving_default": {"tfrecord_file_path": "calib.tfrecord"}}))
     assert str(err.value) == (
-        "toy: quantization (STATIC_RANGE): representative_datasets.serving_default: calib.tfrecord: sample 0: "
+        "quantization (STATIC_RANGE): representative_datasets.serving_default: calib.tfrecord: sample 0: "
         "input 'image' is not an input of the signature; its inputs: x"
     )
 
@@ -114,6 +114,6 @@ def test_quantizer_failure_is_one_line_naming_the_recipe(runner: Runner, dense: 
     with pytest.raises(ConversionError) as err:
         runner.run("quantize", dense, opts)
     assert str(err.value) == (
-        "toy: quantization (WEIGHT_ONLY): TensorFlow's quantizer failed: "
+        "quantization (WEIGHT_ONLY): TensorFlow's quantizer failed: "
         "TF/Uniform quantized opset does not support weight-only."
     )

@@ -185,7 +185,7 @@ def test_unknown_alias_is_one_line_naming_the_recipe(tmp_path: Path, exported: d
     with pytest.raises(ConversionError) as err:
         runner.run("quantize", exported["aliased"], quantize_options("DYNAMIC_RANGE", {"function_alias": "tpu_fnc"}))
     assert str(err.value) == (
-        'toy: quantization (DYNAMIC_RANGE): tpu_functions[0]: unknown function alias "tpu_fnc" '
+        'quantization (DYNAMIC_RANGE): tpu_functions[0]: unknown function alias "tpu_fnc" '
         '(did you mean "tpu_func"?); aliases: "tpu_func"'
     )
 
@@ -224,7 +224,7 @@ def test_a_kept_function_calling_another_absorbs_it_with_a_warning(tmp_path: Pat
         "quantize", tmp_path / "src", {**quantize_options("DYNAMIC_RANGE", entries[0]), "tpu_functions": entries}
     )
     assert result.warnings == [
-        "toy: quantization (DYNAMIC_RANGE): tpu function outer calls tpu function inner; quantized, outer "
+        "quantization (DYNAMIC_RANGE): tpu function outer calls tpu function inner; quantized, outer "
         "holds inner's int8 body inline and no longer calls it"
     ]
     model = SavedModel.load(out, TAGS)

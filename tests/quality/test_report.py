@@ -33,7 +33,7 @@ def test_two_tpu_functions_and_cpu_preprocessing_split(runner: Runner, two_tpu: 
     assert cost["tpu"] + cost["cpu"] == cost["total"]
     text = report_format.to_text(got["report"]).splitlines()
     assert text[:5] == [
-        "Conversion report for toy",
+        "Conversion report",
         "TPU cost of the model: 98.03% (5184/5288)",
         "CPU cost of the model: 1.97% (104/5288)",
         "  TPU function tpu_func_1: 4160 (78.67%)",

@@ -68,7 +68,7 @@ def test_too_tight_tolerance_fails_with_the_measured_error(runner: Runner, dense
         runner.run("verify", quantized, verify_options(["quantize"], rtol=1e-4, atol=1e-5))
     message = str(err.value)
     match = re.fullmatch(
-        r"toy: verify: signature 'serving_default' output 'logits' differs from the source: "
+        r"signature 'serving_default' output 'logits' differs from the source: "
         r"max abs error (\S+) > (\S+) \(atol 1e-05 \+ rtol 0\.0001 x max\|output\| (\S+)\); "
         r"max rel error (\S+), (\d+)/80 elements outside, argmax agreement (\S+)%",
         message,

@@ -78,7 +78,7 @@ def test_stage_fails_before_writing_anything(zoo, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     options = {"tags": ["serve"], "tpu_functions": [{"function_alias": "string_op"}], "xla_sharding_options": None}
-    context = StageContext(workspace=tmp_path, recipe_name="t", recipe_file=tmp_path / "t.yaml")
+    context = StageContext(workspace=tmp_path)
     with pytest.raises(ConversionError) as err:
         run(zoo, out, options, context)
     assert str(err.value) == (

@@ -47,7 +47,7 @@ def converted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     small = Small()
     options = tf.saved_model.SaveOptions(function_aliases={"tpu_func": small.tpu_func})
     tf.saved_model.save(small, str(root / "source"), signatures={"serving_default": small.serve}, options=options)
-    context = StageContext(workspace=root, recipe_name="t", recipe_file=root / "t.yaml")
+    context = StageContext(workspace=root)
     stage_options = {"tags": ["serve"], "tpu_functions": [{"function_alias": "tpu_func"}], "batch_options": [BATCH]}
     paths = {"source": root / "source"}
     for name, stage, src in (("tpu", tpu, "source"), ("batch", batch, "tpu")):
@@ -172,7 +172,7 @@ def test_report_stage_records_min_tensorflow(converted, tmp_path):
     from tpubuild.stages import report
 
     context = StageContext(
-        workspace=tmp_path, recipe_name="t", recipe_file=tmp_path / "t.yaml", inputs={"source": converted["source"]}
+        workspace=tmp_path, inputs={"source": converted["source"]}
     )
     result = report.run(converted["batch"], tmp_path, {"tags": ["serve"]}, context)
     written = json.loads((tmp_path / "tpubuild-report.json").read_text())

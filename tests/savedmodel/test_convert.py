@@ -136,7 +136,7 @@ def test_every_example_recipe_converts(recipe_file, tmp_path, capsys):
     for stage, ops in expected_ops.items():
         if stage in stages:
             assert ops <= found, stage
-    if "bfloat16" in stages:
+    if "bfloat16" in stages and "quantize" not in stages:  # quantized TPU bodies hold int8 constants, no variables
         variables = [n.variable for n in model.meta_graph.object_graph_def.nodes if n.WhichOneof("kind") == "variable"]
         assert any(v.dtype == tf.bfloat16.as_datatype_enum for v in variables)
 

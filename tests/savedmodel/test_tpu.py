@@ -32,7 +32,7 @@ SHARDING = {
 def place(src: Path, out: Path, entries: list[dict], sharding: dict | None = None):
     out.mkdir()
     options = {"tags": ["serve"], "tpu_functions": entries, "xla_sharding_options": sharding}
-    context = StageContext(workspace=src.parent, recipe_name="t", recipe_file=src.parent / "t.yaml")
+    context = StageContext(workspace=src.parent)
     return run(src, out, options, context)
 
 
@@ -95,7 +95,9 @@ def test_call_sites_go_through_tpu_partitioned_call(zoo, placed_one):
     assert [(p["function"], p["alias"]) for p in summary] == [(tpu_func, "tpu_func")]
     assert sorted(s["caller"] for s in summary[0]["call_sites"]) == callers
     # The recipe's topology is checked against the serving host, never read for its mesh.
-    assert result.warnings == [
+    # (Unbatched calls with a dynamic dimension 0 also get the recompilation warning,
+    # tested in tests/convert/test_batch_runtime.py.)
+    assert [w for w in result.warnings if not w.startswith("TPU call of")] == [
         "xla_sharding_options.topology: the TPU runtime ignores mesh_shape [1, 1, 1, 2] and checks "
         "the 2 device coordinates against the serving host's TPU system (1 task with 2 TPU devices); "
         "on another host every TPU call fails"

@@ -36,7 +36,7 @@ def command(ctx: click.Context, target: str, fmt: str, version: int | None, agai
         if not numbers:
             raise UsageError(f"{recipe.name}: no published version in {recipe_dir}; run `tpubuild build {recipe.name}`")
         chosen = numbers[-1] if version is None else version
-        report = {"recipe": recipe.name, **_load(recipe_dir, recipe.name, chosen, numbers)}
+        report = _load(recipe_dir, recipe.name, chosen, numbers)
         if against is not None:
             old = _load(recipe_dir, recipe.name, against, numbers)
             diff = report_format.difference(old, report)
@@ -48,11 +48,11 @@ def command(ctx: click.Context, target: str, fmt: str, version: int | None, agai
             continue
         if fmt == "json":
             click.echo(report_format.to_json(report), nl=False)
-        elif fmt == "markdown":
-            click.echo(report_format.to_markdown(report), nl=False)
+        elif fmt == "markdown":  # the published report names no recipe (it is shared): add it
+            click.echo(report_format.to_markdown({"recipe": recipe.name, **report}), nl=False)
         else:
             click.echo(f"version {chosen} ({recipe_dir / str(chosen)})")
-            click.echo(report_format.to_text(report), nl=False)
+            click.echo(report_format.to_text({"recipe": recipe.name, **report}), nl=False)
     return 0
 
 

@@ -77,7 +77,10 @@ def _stale(engine: Engine, run: RecipeRun) -> list[str]:
 def explain_lines(ws: Any, recipe: Any) -> list[str]:
     """`tpubuild explain`: one line per stage, then one indented line per reason."""
     lines = [f"{recipe.rel_file}: recipe {recipe.name}"]
-    for stage in resolve(ws, recipe):
+    engine = Engine(ws)
+    states = resolve(ws, recipe, engine)
+    engine.stat.save()
+    for stage in states:
         what = {"cached": "cached", "pending": "would run", "failed": "cannot run"}[stage.status]
         key = f" (key {stage.key[:16]})" if stage.key else ""
         lines.append(f"  {stage.name}: {what}{key}")

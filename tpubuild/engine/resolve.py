@@ -90,7 +90,7 @@ class Resolver:
         self.codes = {name: digests[spec(name).module] for name in names}
         # The engine's own steps: a snapshot copy and a publish (not cached in the store).
         self.codes["source"] = self.codes["publish"] = "engine"
-        self._entries: dict[str, StageEntry | None] = {}
+        self._entries: dict[str, StageEntry] = {}
 
     # --- inputs -------------------------------------------------------------------
     def expand(self, recipe: Any, patterns: list[str]) -> list[str]:
@@ -146,8 +146,13 @@ class Resolver:
 
     # --- records in the store -----------------------------------------------------
     def entry(self, key: str) -> StageEntry | None:
+        """The record under `key`; hits are remembered for this command (records are
+        immutable), misses are not (another recipe's task may store it next)."""
         if key not in self._entries:
-            self._entries[key] = self.store.get(key)
+            found = self.store.get(key)
+            if found is None:
+                return None
+            self._entries[key] = found
         return self._entries[key]
 
     def lookup(self, run: RecipeRun, planned: PlannedStage, pending: Pending, verify: bool = True) -> StageEntry | None:

@@ -300,13 +300,25 @@ class Store:
             rows = db.execute("SELECT root, file FROM workspaces").fetchall()
             out: dict[str, set[str]] = {}
             for root, file in rows:
-                if not os.path.isfile(file):
+                if not os.path.isfile(file) or not self._uses_this_cache(root, file):
                     if forget_missing:
                         db.execute("DELETE FROM workspaces WHERE root = ?", (root,))
                         db.execute("DELETE FROM refs WHERE root = ?", (root,))
                     continue
                 out[root] = {k for (k,) in db.execute("SELECT key FROM refs WHERE root = ?", (root,))}
             return out
+
+    def _uses_this_cache(self, root: str, file: str) -> bool:
+        """Whether the workspace's file still names this cache (a workspace copied with its
+        cache, or switched to another cache_dir, no longer pins this one's entries)."""
+        import yaml
+
+        try:
+            data = yaml.safe_load(Path(file).read_text()) or {}
+            cache_dir = Path(root) / str(data.get("cache_dir", ".tpubuild/cache"))
+        except (OSError, yaml.YAMLError, AttributeError, TypeError):
+            return True  # unreadable now: keep its entries (when in doubt, keep)
+        return os.path.realpath(cache_dir / self.root.name) == os.path.realpath(self.root)
 
     def _index_entry(self, entry: StageEntry) -> None:
         """Add a new entry and its objects to the index. The files on disk are the truth

@@ -79,6 +79,13 @@ class SavedModel:
             raise ConversionError(
                 f"{path} is a TF1 SavedModel; tpubuild converts TF2 SavedModels only"
             )
+        variables = sum(1 for node in meta_graph.object_graph_def.nodes if node.WhichOneof("kind") == "variable")
+        if variables and not (path / "variables" / "variables.index").is_file():
+            # An input error (a copy that left out variables/), not a tpubuild bug.
+            raise ConversionError(
+                f"the SavedModel's graph has {variables} variable{'s' if variables != 1 else ''} but it has no "
+                "variables/variables.index: was its variables/ directory left out when it was copied?"
+            )
         return cls(path, proto, meta_graph)
 
     # -- the function library -------------------------------------------------------------

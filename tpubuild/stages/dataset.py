@@ -25,6 +25,12 @@ SPEC = StageSpec(
 
 
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
+    import sys
+
+    # Generators are importable from the workspace root (`pkg.module:function`), and so
+    # are their own imports. The engine runs this stage in a fresh process that records
+    # every workspace module imported, so those imports are inputs of this stage too.
+    sys.path.insert(0, str(context.workspace))
     from tpubuild.savedmodel import datasets
     from tpubuild.savedmodel.model import SavedModel
 

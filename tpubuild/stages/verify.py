@@ -51,13 +51,12 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     tags = options["tags"]
     applied = list(options.get("applied", []))
     kind, default_rtol, default_atol = compare.default_tolerances(applied)
-    where = "verify"
     try:
         # The schema refuses these too; a NaN bound would make every comparison pass.
         rtol = default_rtol if options.get("rtol") is None else compare.checked_tolerance("verify.rtol", options["rtol"])
         atol = default_atol if options.get("atol") is None else compare.checked_tolerance("verify.atol", options["atol"])
     except ValueError as exc:
-        raise StageError(f"{where}: {exc}") from None
+        raise StageError(str(exc)) from None
     source_dir = context.inputs["source"]
     source = SavedModel.load(source_dir, tags)
     artifact = SavedModel.load(input_dir, tags)
@@ -70,7 +69,7 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
             continue
         specs = datasets.signature_inputs(source, key)
         if key in dataset_files:
-            label = f"{where}: representative_datasets.{key}: {dataset_files[key].name}"
+            label = f"representative_datasets.{key}: {dataset_files[key].name}"
             # Every record is read and checked (a bad or truncated tail is an error), the first
             # `samples` are used.
             samples = [
@@ -82,19 +81,19 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
             try:
                 samples = datasets.random_samples(specs, options["samples"], options["seed"])
             except StageError as exc:
-                raise StageError(f"{where}: signature {key!r}: {exc}") from None
+                raise StageError(f"signature {key!r}: {exc}") from None
             origin[key] = "random"
         if not samples:
-            raise StageError(f"{where}: signature {key!r}: no samples to verify on")
+            raise StageError(f"signature {key!r}: no samples to verify on")
         samples_by_key[key] = samples
     if not samples_by_key:
-        raise StageError(f"{where}: nothing to verify: no signature of the source is in the artifact")
+        raise StageError(f"nothing to verify: no signature of the source is in the artifact")
     with tempfile.TemporaryDirectory(prefix=".twin-", dir=output_dir) as scratch:
         runnable = _runnable(input_dir, Path(scratch), tags, "tpu" in applied)
         try:
             errors = compare.compare_models(source_dir, runnable, tags, samples_by_key, rtol, atol)
         except ValueError as exc:
-            raise StageError(f"{where}: {exc}") from None
+            raise StageError(str(exc)) from None
     summary = {
         "applied": applied,
         "tolerance": {"kind": kind, "rtol": rtol, "atol": atol,
@@ -109,12 +108,12 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     _write_json(output_dir / VERIFY_JSON, summary)
     with_nan = [e for e in errors if e.nan_in_artifact or e.nan_in_source]
     if with_nan:
-        raise StageError(f"{where}: {describe_nan(with_nan[0])}")
+        raise StageError(f"{describe_nan(with_nan[0])}")
     failed = [e for e in errors if e.mismatched]
     if failed:
         worst = max(failed, key=lambda e: e.max_abs_error - (atol + rtol * e.max_reference))
-        raise StageError(f"{where}: {describe_failure(worst, rtol, atol)}")
-    warnings = [f"{where}: signature {k!r} is not in the artifact; not verified" for k in dropped]
+        raise StageError(f"{describe_failure(worst, rtol, atol)}")
+    warnings = [f"signature {k!r} is not in the artifact; not verified" for k in dropped]
     return StageResult(summary=summary, warnings=warnings)
 
 

@@ -1,0 +1,40 @@
+"""Errors in the user's own code and files are the user's: their frames and lines, no
+`internal error`, the full traceback only with --debug (issue 13 item 9)."""
+
+from __future__ import annotations
+
+import shutil
+
+from tests.engine.conftest import export_recipe, tpubuild
+
+
+def test_syntax_error_in_an_export_script_names_its_line(make_workspace):
+    ws = make_workspace({"syn": export_recipe("syn", "models/syn.py", "models/helper.py")})
+    (ws / "recipes" / "models" / "syn.py").write_text("def export(output_dir):\n    x = (\n")
+    result = tpubuild(ws, "build")
+    assert result.returncode == 1
+    assert "recipes/syn.yaml: stage export: recipes/models/syn.py:2:9: SyntaxError: '(' was never closed" in result.stderr
+    assert "internal error" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_debug_shows_the_users_full_traceback(make_workspace):
+    ws = make_workspace({"bad": export_recipe("bad", "models/bad_export.py", "models/helper.py")})
+    plain = tpubuild(ws, "build")
+    assert plain.returncode == 1 and "Traceback" not in plain.stderr
+    debug = tpubuild(ws, "--debug", "build")
+    assert debug.returncode == 1
+    assert "Traceback (most recent call last)" in debug.stderr
+    assert "recipes/models/bad_export.py\", line 2, in export" in debug.stderr
+    assert "ValueError: no model today" in debug.stderr
+
+
+def test_a_model_copied_without_its_variables_is_an_input_error(make_workspace):
+    from tests.engine.conftest import source_recipe
+
+    ws = make_workspace({"nv": source_recipe("nv")})
+    shutil.rmtree(ws / "recipes" / "models" / "tiny" / "variables")
+    result = tpubuild(ws, "build")
+    assert result.returncode == 1
+    assert ("recipes/nv.yaml: stage batch: the SavedModel's graph has 1 variable but it has no "
+            "variables/variables.index: was its variables/ directory left out when it was copied?") in result.stderr
+    assert "internal error" not in result.stderr
