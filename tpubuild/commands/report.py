@@ -48,8 +48,8 @@ def command(ctx: click.Context, target: str, fmt: str, version: int | None, agai
             continue
         if fmt == "json":
             click.echo(report_format.to_json(report), nl=False)
-        elif fmt == "markdown":  # the published report names no recipe (it is shared): add it
-            click.echo(report_format.to_markdown({"recipe": recipe.name, **report}), nl=False)
+        elif fmt == "markdown":  # as published: shared by every recipe with this build, it names none
+            click.echo(report_format.to_markdown(report), nl=False)
         else:
             click.echo(f"version {chosen} ({recipe_dir / str(chosen)})")
             click.echo(report_format.to_text({"recipe": recipe.name, **report}), nl=False)
