@@ -3,7 +3,8 @@
 
 Recipes: TPU placement (a function alias) and batching on distinct models (each model
 has its own weights, so each recipe has its own stage keys). 2,000 recipes are ten
-recipes per model (different names and batching timeouts share the TPU stages).
+recipes per model (different names: their stages are shared cache entries, each is
+published and checked on its own). Both workspaces share one cache_dir.
 Targets (issue 8): 200 recipes < 0.25 s and >= 10x faster than `dvc repro`; 2,000 < 1.5 s.
 dvc comes from `pip install -e '.[bench]'` or a `dvc` on PATH (DVC env var: its path).
 Prints the figures; asserts nothing.
@@ -62,10 +63,10 @@ DVC_STAGE = """  r{m:03d}_{k}:
 
 def workspace(root: Path, models: int, per_model: int) -> None:
     (root / "recipes").mkdir(parents=True)
-    (root / "tpubuild.yaml").write_text("recipes: [recipes/*.yaml]\n")
+    (root / "tpubuild.yaml").write_text("recipes: [recipes/*.yaml]\ncache_dir: ../cache\n")
     for m in range(models):
         for k in range(per_model):
-            (root / "recipes" / f"r{m:03d}_{k}.yaml").write_text(RECIPE.format(m=m, k=k, timeout=1000 + k))
+            (root / "recipes" / f"r{m:03d}_{k}.yaml").write_text(RECIPE.format(m=m, k=k, timeout=1000))
 
 
 def dvc_pipeline(root: Path, dvc: str, models: int, per_model: int) -> None:
