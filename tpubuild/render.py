@@ -40,7 +40,7 @@ Field = tuple[str, Any]
 def render(canonical: dict[str, Any], fmt: str = "textproto", *, source: str = "", path_prefix: str = "") -> str:
     """The recipe's converter options in `fmt`; `source` names the recipe file in errors,
     `path_prefix` is prepended to dataset paths (where the converter sees the workspace)."""
-    converter = canonical["converter"]
+    converter = _without_extensions(canonical["converter"])
     if fmt == "json":
         return json.dumps(converter, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
     if fmt == "yaml":
@@ -51,6 +51,18 @@ def render(canonical: dict[str, Any], fmt: str = "textproto", *, source: str = "
         where = source or f"recipe {canonical['name']}"
         return format_fields(converter_fields(converter, where=where, path_prefix=path_prefix))
     raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+
+
+# Recipe keys under `converter:` that are tpubuild's own, not ConverterOptions fields.
+EXTENSIONS = {"quantization_options": ("allow_unquantized",)}
+
+
+def _without_extensions(converter: dict[str, Any]) -> dict[str, Any]:
+    out = dict(converter)
+    for section, keys in EXTENSIONS.items():
+        if isinstance(out.get(section), dict):
+            out[section] = {k: v for k, v in out[section].items() if k not in keys}
+    return out
 
 
 def converter_fields(converter: dict[str, Any], *, where: str = "", path_prefix: str = "") -> list[Field]:

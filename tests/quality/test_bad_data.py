@@ -250,7 +250,7 @@ def test_quantizing_no_layer_is_an_error(runner: Runner, small: Path) -> None:
     options = {**static_range(), "method": "DYNAMIC_RANGE", "representative_datasets": {}}
     assert run_error(runner, "quantize", small, options) == (
         "quantization (DYNAMIC_RANGE): TensorFlow's quantizer quantized 0 of 1 layers (MatMul 0/1); "
-        "the artifact would be the float model"
+        "the artifact would be the float model (set quantization_options.allow_unquantized: true to accept it)"
     )
 
 
@@ -259,15 +259,32 @@ def test_weight_only_without_int8_weights_is_an_error(runner: Runner, small: Pat
     options = {**static_range(), "method": "WEIGHT_ONLY", "representative_datasets": {}}
     assert run_error(runner, "quantize", small, options) == (
         "quantization (WEIGHT_ONLY): TensorFlow's quantizer quantized nothing (no quantization summary, "
-        "no int8 weights in the artifact); the artifact would be the float model"
+        "no int8 weights in the artifact); the artifact would be the float model "
+        "(set quantization_options.allow_unquantized: true to accept it)"
     )
 
 
 def test_an_unquantized_result_the_recipe_accepts_passes(runner: Runner, small: Path) -> None:
-    # The key the recipe schema would need (proposed; not in the schema yet).
+    # quantization_options.allow_unquantized (a tpubuild extension; render leaves it out).
     options = {**static_range(), "method": "DYNAMIC_RANGE", "representative_datasets": {}, "allow_unquantized": True}
     _, result = runner.run("quantize", small, options)
     assert result.summary["layers"] == {"MatMul": {"quantized": 0, "total": 1}}
+
+
+def test_allow_unquantized_is_in_the_recipe_and_not_in_the_converter_options(tmp_path: Path) -> None:
+    from tpubuild.config import load_recipe_file
+    from tpubuild.render import render
+
+    (tmp_path / "tpubuild.yaml").write_text("recipes: [r.yaml]\n")
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "saved_model.pb").write_bytes(b"")
+    (tmp_path / "r.yaml").write_text(
+        "model: {saved_model: m}\nconverter:\n  quantization_options: {method: DYNAMIC_RANGE, allow_unquantized: true}\n"
+    )
+    recipe = load_recipe_file(tmp_path / "r.yaml")
+    assert recipe.canonical["converter"]["quantization_options"]["allow_unquantized"] is True
+    for fmt in ("textproto", "json", "yaml"):
+        assert "allow_unquantized" not in render(recipe.canonical, fmt)
 
 
 # --- the verify stage ----------------------------------------------------------------------

@@ -79,6 +79,8 @@ def _converter(converter: dict[str, Any], tags: list[str]) -> dict[str, Any]:
             "representative_datasets": {
                 key: _dataset(source) for key, source in quant.get("representative_datasets", {}).items()
             },
+            # A tpubuild extension (render leaves it out): present only when set.
+            **({"allow_unquantized": True} if quant.get("allow_unquantized") else {}),
         }
     return out
 

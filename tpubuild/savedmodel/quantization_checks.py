@@ -34,10 +34,11 @@ def check_something_quantized(
         rows = ", ".join(f"{op} {row['quantized']}/{row['total']}" for op, row in sorted(layers.items()))
         raise StageError(
             f"{where}: TensorFlow's quantizer quantized 0 of {total} layers ({rows}); "
-            "the artifact would be the float model"
+            "the artifact would be the float model (set quantization_options.allow_unquantized: true to accept it)"
         )
     if not (parameters.get("int8") or {}).get("elements"):
         raise StageError(
             f"{where}: TensorFlow's quantizer quantized nothing (no quantization summary, no int8 "
-            "weights in the artifact); the artifact would be the float model"
+            "weights in the artifact); the artifact would be the float model (set "
+            "quantization_options.allow_unquantized: true to accept it)"
         )
