@@ -18,13 +18,24 @@ def test_lock_file_contents_and_determinism(built_once, built_workspace):
     text = (ws0 / "recipes" / "toy.lock.yaml").read_text()
     lock = yaml.safe_load(text)
     assert text.startswith("# Written by `tpubuild build`; commit it, do not edit it.\nschema: 2\nrecipe: toy\n")
-    assert list(lock) == ["schema", "recipe", "recipe_digest", "toolchain", "inputs", "stages", "published_version"]
+    assert list(lock) == ["schema", "recipe", "recipe_digest", "toolchain", "inputs", "stages", "published_version",
+                          "artifact"]
+    # What a reviewer reads in a pull request's diff, from the published report.
+    artifact = lock["artifact"]
+    assert list(artifact) == ["converter_options", "size", "size_bytes", "parameters", "cost", "max_abs_error",
+                              "warnings"]
+    report = json.loads((ws0 / "out" / "toy" / "1" / "tpubuild-report.json").read_text())
+    assert artifact["size_bytes"] == report["size"]["artifact"]["total"]
+    assert artifact["parameters"] == {"float32": 2}
+    assert artifact["cost"] == {"tpu_share": "0.00%", "total": report["cost"]["total"]}
+    assert "  max_abs_error: 0.0  # measured on the building machine\n" in text
     assert set(lock["toolchain"]) == {"python", "tensorflow", "numpy", "protobuf"}
     # Verification errors are floats measured on this CPU: marked, and so is what embeds them.
     measured = [s["stage"] for s in lock["stages"] if s.get("measured")]
     assert measured == ["verify", "report", "publish"]
     # verify's key hashes nothing measured; the report's and publish's keys hash verify's output.
-    assert text.count("# measured on the building machine") == 2 * len(measured) - 1
+    stages_text = text.split("\npublished_version:")[0]
+    assert stages_text.count("# measured on the building machine") == 2 * len(measured) - 1
     assert list(lock["inputs"]) == ["dir:recipes/models/tiny"]
     assert [(s["stage"], s["key"]) for s in lock["stages"]] == [
         (row["stage"], row["key"]) for row in first["rows"] if row["recipe"] == "toy"

@@ -297,7 +297,48 @@ def lock_for(run: RecipeRun) -> dict[str, Any]:
             measured.add(planned.name)
         stages.append({"stage": planned.name, "key": out.key, "output": out.tree,
                        "key_measured": key_measured, "measured": planned.name in measured})
-    return lock_document(run.name, run.recipe.digest, toolchain(), run_inputs(run), stages, run.version)
+    model_measured = run.plan[-1].consumes["model"] in measured
+    return lock_document(run.name, run.recipe.digest, toolchain(), run_inputs(run), stages, run.version,
+                         artifact_facts(run, model_measured))
+
+
+def artifact_facts(run: RecipeRun, model_measured: bool) -> list[tuple[str, Any, bool]]:
+    """What the artifact is, for a reviewer reading the lock file's diff: (field, value,
+    measured on the building machine). From the report's summary and the rendered options."""
+    from tpubuild.engine.hashing import hash_bytes
+    from tpubuild.errors import TpubuildError
+    from tpubuild.render import render
+
+    try:
+        options = hash_bytes(render(run.recipe.canonical, "textproto").encode())
+    except (TpubuildError, ValueError):
+        options = None  # not expressible as ConverterOptions (e.g. generated datasets)
+    summary = run.outputs["report"].summary if "report" in run.outputs else {}
+    facts: list[tuple[str, Any, bool]] = [("converter_options", options, False)]
+    size = (summary.get("size") or {}).get("artifact")
+    if size is not None:
+        facts += [("size", human_size(size), model_measured), ("size_bytes", size, model_measured)]
+    if summary.get("parameters"):
+        facts.append(("parameters", dict(summary["parameters"]), model_measured))
+    cost = summary.get("cost")
+    if cost:
+        share = f"{100 * cost['tpu'] / cost['total']:.2f}%" if cost.get("total") else "0.00%"
+        facts.append(("cost", {"tpu_share": share, "total": cost["total"]}, model_measured))
+    if "max_abs_error" in summary:
+        facts.append(("max_abs_error", summary["max_abs_error"], True))
+    if summary.get("argmax_agreement") is not None:
+        facts.append(("argmax_agreement", f"{100 * summary['argmax_agreement']:.1f}%", True))
+    facts.append(("warnings", sum(len(out.warnings) for out in run.outputs.values()), False))
+    return facts
+
+
+def human_size(size: int) -> str:
+    value = float(size)
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} bytes"
 
 
 def git_commit(root: Path) -> str | None:

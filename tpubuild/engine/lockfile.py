@@ -39,8 +39,10 @@ def lock_document(
     inputs: dict[str, str],
     stages: list[dict[str, Any]],
     version: int | None,
+    artifact: list[tuple[str, Any, bool]] | None = None,
 ) -> dict[str, Any]:
-    """The lock file's content; key order is the file's order."""
+    """The lock file's content; key order is the file's order. `artifact`: (field, value,
+    measured) facts a reviewer reads in a diff (size, parameters, cost, error)."""
     return {
         "schema": SCHEMA,
         "recipe": recipe,
@@ -53,6 +55,7 @@ def lock_document(
             for s in stages
         ],
         "published_version": version,
+        "artifact": [(name, value, bool(measured)) for name, value, measured in (artifact or [])],
     }
 
 
@@ -93,7 +96,22 @@ def lock_text(document: dict[str, Any]) -> str:
         if stage["measured"]:
             lines.append("  measured: true")
     lines.append(f"published_version: {_scalar(document['published_version'])}")
+    if document.get("artifact"):
+        lines.append("artifact:  # what was published: a reviewer's view of the change")
+        for name, value, measured in document["artifact"]:
+            mark = f"  {MEASURED}" if measured else ""
+            if isinstance(value, dict):
+                lines.append(f"  {name}:" + mark)
+                lines.extend(f"    {_scalar(k)}: {_number(v)}" + mark for k, v in value.items())
+            else:
+                lines.append(f"  {name}: {_number(value)}{mark}")
     return "\n".join(lines) + "\n"
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, float):
+        return repr(float(f"{value:.4g}"))  # 4 significant digits: a review figure, not a hash
+    return _scalar(value)
 
 
 def read_lock(path: Path) -> dict[str, Any] | None:
@@ -107,6 +125,7 @@ def read_lock(path: Path) -> dict[str, Any] | None:
     for stage in data.get("stages", []):
         stage.setdefault("measured", False)
         stage.setdefault("key_measured", False)
+    data.setdefault("artifact", {})
     return data
 
 

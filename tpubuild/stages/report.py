@@ -98,6 +98,10 @@ def _summary(report: dict[str, Any]) -> dict[str, Any]:
         "cost": {k: report["cost"][k] for k in ("total", "tpu", "cpu")},
         "size": {"source": report["size"]["source"]["total"], "artifact": report["size"]["artifact"]["total"]},
         "max_abs_error": verify.get("max_abs_error"),
+        # The worst argmax agreement over the outputs that have one (classifiers).
+        "argmax_agreement": min((o["argmax_agreement"] for o in verify.get("outputs", [])
+                                 if o.get("argmax_agreement") is not None), default=None),
+        "parameters": {dtype: row["elements"] for dtype, row in sorted(report["parameters"]["artifact"].items())},
         "min_tensorflow": report["min_tensorflow"],
         "files": [REPORT_JSON, REPORT_MD] + [e["file"] for e in report["hlo"].values() if "file" in e],
     }
