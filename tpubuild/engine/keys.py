@@ -75,7 +75,8 @@ def toolchain() -> dict[str, str]:
 
 def _metadata_version(dists: tuple[str, ...]) -> str:
     """The slow, complete lookup (eggs, zip imports) when no dist-info directory says it."""
-    
+    from importlib import metadata
+
     for dist in dists:
         try:
             return metadata.version(dist)

@@ -6,9 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from tpubuild.errors import ConversionError
-from tpubuild.stages.base import StageContext, StageResult
 from tpubuild.stages import slices
-from tpubuild.stages.base import StageSpec
+from tpubuild.stages.base import StageContext, StageResult, StageSpec
 
 SPEC = StageSpec(
     "batch",

@@ -9,10 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tpubuild.errors import StageError
-from tpubuild.stages.base import StageContext, StageResult
 from tpubuild.stages import slices
-from tpubuild.stages.base import MODEL, StageSpec
+from tpubuild.stages.base import MODEL, StageContext, StageResult, StageSpec
 
 SPEC = StageSpec(
     "dataset",

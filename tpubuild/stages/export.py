@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tpubuild.errors import StageError
-from tpubuild.stages.base import StageContext, StageResult
-from tpubuild.stages.base import StageSpec
+from tpubuild.stages.base import StageContext, StageResult, StageSpec
 
 SPEC = StageSpec(
     "export",

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tpubuild.stages.base import StageContext, StageResult
 from tpubuild.stages import slices
-from tpubuild.stages.base import StageSpec
+from tpubuild.stages.base import StageContext, StageResult, StageSpec
 
 SPEC = StageSpec(
     "io_shape",

@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from tpubuild.errors import ConversionError, StageError
-from tpubuild.stages.base import StageContext, StageResult
 from tpubuild.stages import slices
-from tpubuild.stages.base import DATASET, MODEL, StageSpec
+from tpubuild.stages.base import DATASET, MODEL, StageContext, StageResult, StageSpec
 
 SPEC = StageSpec(
     "quantize",

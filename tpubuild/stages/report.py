@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from tpubuild.savedmodel.report_format import REPORT_JSON, REPORT_MD
-from tpubuild.stages.base import StageContext, StageResult
 from tpubuild.stages import slices
-from tpubuild.stages.base import MODEL, SOURCE, StageSpec
+from tpubuild.stages.base import MODEL, SOURCE, StageContext, StageResult, StageSpec
 
 SPEC = StageSpec(
     "report",
@@ -31,7 +30,7 @@ STAGE_SECTIONS = ("dataset", "tpu", "bfloat16", "io_shape", "batch")
 
 
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
-    from tpubuild.savedmodel import compat, cost, hlo, params
+    from tpubuild.savedmodel import compat, cost, params
     from tpubuild.savedmodel.model import SavedModel
     from tpubuild.savedmodel.report_format import REPORT_SCHEMA, to_json, to_markdown
 

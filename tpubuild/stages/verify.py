@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from tpubuild.errors import StageError
-from tpubuild.stages.base import StageContext, StageResult
 from tpubuild.stages import slices
-from tpubuild.stages.base import DATASET, MODEL, SOURCE, StageSpec
+from tpubuild.stages.base import DATASET, MODEL, SOURCE, StageContext, StageResult, StageSpec
+
 
 def _applied(recipe: dict[str, Any]) -> list[str]:
     """The model-changing stages this recipe runs: verify picks default tolerances by them."""
