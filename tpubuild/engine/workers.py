@@ -195,6 +195,13 @@ def handle(request: dict[str, Any]) -> dict[str, Any]:
         result = function(Path(request["input_dir"]), Path(request["output_dir"]), request["options"], context)
     except TpubuildError as exc:
         return {"ok": False, "error": str(exc), "detail": getattr(exc, "detail", None)}
+    except Exception as exc:
+        # TensorFlow's checksums caught corrupted input data (a damaged variables file):
+        # the user's file, not a tpubuild bug.
+        if type(exc).__name__ == "DataLossError":
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            return {"ok": False, "error": f"corrupted input data: {first}", "detail": traceback.format_exc()}
+        raise
     try:
         json.dumps(result.summary)
     except (TypeError, ValueError) as exc:
