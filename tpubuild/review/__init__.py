@@ -11,9 +11,9 @@ def diff(ws: Any, base: str | None, head: str | None) -> tuple[list[Any], str, s
     from tpubuild.review.compare import add_cache_state, compare
     from tpubuild.review.sides import sides
 
-    with sides(ws, base, head) as (base_side, head_side, working_tree):
-        changes = compare(base_side, head_side)
-        if working_tree:
+    with sides(ws, base, head) as (base_side, head_side, changed):
+        changes = compare(base_side, head_side, changed)
+        if head is None:
             add_cache_state(ws, base_side, changes, head_side)
         return changes, base_side.label, head_side.label
 
@@ -23,5 +23,5 @@ def changed_since(ws: Any, rev: str) -> list[str]:
     from tpubuild.review.compare import compare
     from tpubuild.review.sides import sides
 
-    with sides(ws, rev, None) as (base_side, head_side, _):
-        return [c.name for c in compare(base_side, head_side) if c.affected]
+    with sides(ws, rev, None) as (base_side, head_side, changed):
+        return [c.name for c in compare(base_side, head_side, changed) if c.affected]

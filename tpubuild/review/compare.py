@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from tpubuild.engine.lockfile import read_lock
-from tpubuild.engine.statcache import StatCache
 from tpubuild.pipeline import ENGINE_STEPS, PlannedStage, plan, spec
 
 # The lock file's `artifact:` figures compared when both sides have them (the lead's
@@ -38,7 +37,7 @@ class Side:
     label: str  # a commit, or "working tree"
     recipes: dict[str, Any]  # name -> tpubuild.config.Recipe
     ws: Any = None
-    stat: StatCache = field(default_factory=lambda: StatCache(None))
+    top: Path = Path(".")  # the tree's top directory (the git repository's, or its extracted copy)
 
     def lock(self, recipe: Any) -> dict[str, Any]:
         return read_lock(recipe.lock_file) or {}
@@ -122,18 +121,18 @@ def render_diff(old: Any | None, new: Any | None) -> list[str]:
 
 
 # --- inputs --------------------------------------------------------------------------
-def _hash(side: Side, recipe: Any, rel: str) -> str | None:
-    path = Path(recipe.root) / rel
-    try:
-        if path.is_dir():
-            return side.stat.tree(path)[0]
-        return side.stat.file_hash(str(path))
-    except OSError:
-        return None
+# Whether an input's content changed comes from git (revisions.changed_paths): no file
+# is hashed, and a file edited then restored is unchanged.
+def touched(changed: set[str], rel: str) -> bool:
+    """Whether the file or directory `rel` (workspace-relative) differs between the sides."""
+    rel = rel.rstrip("/")
+    if rel in ("", "."):
+        return bool(changed)
+    return rel in changed or any(c.startswith(rel + "/") for c in changed)
 
 
 def _expand(recipe: Any, patterns: list[str]) -> list[str]:
-    """Like Resolver.expand, but a missing file is kept (its hash is then None)."""
+    """Like Resolver.expand, but a missing file is kept (the stage will fail on it)."""
     found: list[str] = []
     for pattern in patterns:
         if glob.has_magic(pattern):
@@ -144,26 +143,23 @@ def _expand(recipe: Any, patterns: list[str]) -> list[str]:
     return sorted(set(found))
 
 
-def _stage_inputs(side: Side, recipe: Any, planned: PlannedStage) -> dict[str, str | None]:
+def _stage_inputs(recipe: Any, planned: PlannedStage) -> dict[str, str]:
+    """Input name (as key records spell it) -> workspace-relative path."""
     if planned.name == "source":
         rel = planned.options["saved_model"]
-        return {f"dir:{rel}": _hash(side, recipe, rel)}
-    return {f"file:{rel}": _hash(side, recipe, rel) for rel in _expand(recipe, planned.files)}
+        return {f"dir:{rel}": rel}
+    return {f"file:{rel}": rel for rel in _expand(recipe, planned.files)}
 
 
-def _input_causes(old: dict[str, str | None], new: dict[str, str | None], kind: str = "input") -> list[str]:
+def _input_causes(old: dict[str, str], new: dict[str, str], changed: set[str]) -> list[str]:
     causes = []
     for name in sorted(set(old) | set(new)):
-        before, after = old.get(name), new.get(name)
-        if before == after:
-            continue
-        if before is None:
-            what = "new" if name not in old else "created"
-        elif after is None:
-            what = "removed"
-        else:
-            what = f"content changed ({before[:12]} -> {after[:12]})"
-        causes.append(f"{kind} {name}: {what}")
+        if name not in old:
+            causes.append(f"input {name}: new")
+        elif name not in new:
+            causes.append(f"input {name}: removed")
+        elif touched(changed, new[name]):
+            causes.append(f"input {name}: content changed")
     return causes
 
 
@@ -171,8 +167,16 @@ def _imports(lock: dict[str, Any]) -> list[str]:
     return [name[len("import:"):] for name in lock.get("inputs", {}) if name.startswith("import:")]
 
 
+def _reads(base: Side, head: Side, old: Any, new: Any) -> list[str]:
+    """Every workspace path either side of the recipe reads (a superset of its stages' inputs)."""
+    from tpubuild.workspace import recipe_inputs
+
+    paths = [rel for _, rel in recipe_inputs(old.canonical) + recipe_inputs(new.canonical)]
+    return paths + _imports(base.lock(old)) + _imports(head.lock(new))
+
+
 # --- one recipe ----------------------------------------------------------------------
-def stage_changes(base: Side, head: Side, old: Any, new: Any) -> list[StageChange]:
+def stage_changes(base: Side, head: Side, old: Any, new: Any, changed: set[str]) -> list[StageChange]:
     """The stages of `new` that rerun compared with `old`, in pipeline order, with causes."""
     old_plan = {p.name: p for p in plan(old.canonical)}
     modules = sorted(set(_imports(base.lock(old))) | set(_imports(head.lock(new))))
@@ -184,11 +188,9 @@ def stage_changes(base: Side, head: Side, old: Any, new: Any) -> list[StageChang
             causes = ["the stage did not run at BASE"]
         else:
             causes = [f"option {change_text(*c)}" for c in field_changes(before.options, planned.options)]
-            causes += _input_causes(_stage_inputs(base, old, before), _stage_inputs(head, new, planned))
+            causes += _input_causes(_stage_inputs(old, before), _stage_inputs(new, planned), changed)
             if planned.name not in ENGINE_STEPS and spec(planned.name).runs_user_code:
-                causes += [c.replace("input import:", "imported module ", 1) for c in _input_causes(
-                    {f"import:{m}": _hash(base, old, m) for m in modules},
-                    {f"import:{m}": _hash(head, new, m) for m in modules})]
+                causes += [f"imported module {m}: content changed" for m in modules if touched(changed, m)]
             upstream = [s for s in (*planned.consumes.values(), *planned.summaries) if s in rerun]
             causes += [f"its input {s} is rebuilt" for s in dict.fromkeys(upstream)]
         if causes:
@@ -224,11 +226,16 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def compare_recipe(base: Side, head: Side, old: Any, new: Any, status: str = "changed") -> RecipeChange:
+def compare_recipe(base: Side, head: Side, old: Any, new: Any, changed: set[str],
+                   status: str = "changed") -> RecipeChange:
     change = RecipeChange(new.name, status, new.rel_file, old_name=old.name if old.name != new.name else None)
+    if status == "changed" and old.canonical_json == new.canonical_json and not any(
+            touched(changed, rel) for rel in _reads(base, head, old, new)):
+        change.status = "unchanged"  # the fast path: nothing it reads changed
+        return change
     change.fields = field_changes(old.canonical, new.canonical)
     change.render_diff = render_diff(old, new)
-    change.stages = stage_changes(base, head, old, new)
+    change.stages = stage_changes(base, head, old, new, changed)
     change.artifact = artifact_deltas(base.lock(old), head.lock(new), new)
     if status == "changed" and not change.fields and not change.stages:
         change.status = "unchanged"
@@ -240,7 +247,7 @@ def _signature(lock: dict[str, Any]) -> tuple:
     return tuple((s.get("stage"), s.get("key")) for s in lock.get("stages", []) if s.get("stage") != "publish")
 
 
-def compare(base: Side, head: Side) -> list[RecipeChange]:
+def compare(base: Side, head: Side, changed: set[str]) -> list[RecipeChange]:
     """Every recipe of either side, in HEAD's order then BASE's removed ones."""
     removed = [n for n in base.recipes if n not in head.recipes]
     added = [n for n in head.recipes if n not in base.recipes]
@@ -258,9 +265,9 @@ def compare(base: Side, head: Side) -> list[RecipeChange]:
     out = []
     for name, recipe in head.recipes.items():
         if name in renamed:
-            out.append(compare_recipe(base, head, base.recipes[renamed[name]], recipe, "renamed"))
+            out.append(compare_recipe(base, head, base.recipes[renamed[name]], recipe, changed, "renamed"))
         elif name in base.recipes:
-            out.append(compare_recipe(base, head, base.recipes[name], recipe))
+            out.append(compare_recipe(base, head, base.recipes[name], recipe, changed))
         else:
             change = RecipeChange(name, "added", recipe.rel_file, render_diff=render_diff(None, recipe))
             change.fields = field_changes({}, recipe.canonical)

@@ -4,9 +4,7 @@ the user's checkout."""
 
 from __future__ import annotations
 
-import io
 import subprocess
-import tarfile
 from pathlib import Path
 
 from tpubuild.errors import UsageError
@@ -46,12 +44,35 @@ def commit_of(root: Path, rev: str) -> str:
 
 
 def materialize(root: Path, rev: str, dest: Path) -> Path:
-    """Extract the tree of `rev` into `dest` (a fresh directory); returns `dest`."""
+    """Extract the tree of `rev` into `dest` (created); returns `dest`. The tar binary
+    extracts a 600-file tree in milliseconds where Python's tarfile takes half a second."""
     commit = commit_of(root, rev)
-    done = subprocess.run(["git", "-C", str(root), "archive", "--format=tar", commit], capture_output=True, check=False)
-    if done.returncode != 0:
-        message = done.stderr.decode(errors="replace").strip().splitlines()
-        raise UsageError(f"git archive {rev} failed: {message[-1] if message else 'no output'}")
-    with tarfile.open(fileobj=io.BytesIO(done.stdout)) as archive:
-        archive.extractall(dest, filter="data")
+    dest.mkdir(parents=True)
+    archive = subprocess.Popen(["git", "-C", str(root), "archive", "--format=tar", commit],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    untar = subprocess.run(["tar", "-x", "-C", str(dest)], stdin=archive.stdout, capture_output=True, check=False)
+    archive.stdout.close()
+    error = archive.stderr.read().decode(errors="replace").strip()
+    if archive.wait() != 0 or untar.returncode != 0:
+        message = (error or untar.stderr.decode(errors="replace").strip() or "no output").splitlines()[-1]
+        raise UsageError(f"cannot extract git revision {rev}: {message}")
     return dest
+
+
+def changed_paths(root: Path, base: str, head: str | None) -> set[str]:
+    """Repository-relative paths whose content differs between `base` and `head` (None:
+    the working tree, untracked files included; ignored files are not seen)."""
+    args = ["diff", "--no-renames", "--name-only", "-z", commit_of(root, base)]
+    if head is not None:
+        args.append(commit_of(root, head))
+    out = _git_z(root, *args)
+    if head is None:
+        out |= _git_z(root, "ls-files", "--others", "--exclude-standard", "-z")
+    return out
+
+
+def _git_z(root: Path, *args: str) -> set[str]:
+    done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, check=False)
+    if done.returncode != 0:
+        raise UsageError(f"git {args[0]} failed: {done.stderr.decode(errors='replace').strip()}")
+    return {p for p in done.stdout.decode().split("\0") if p}
