@@ -43,20 +43,57 @@ def commit_of(root: Path, rev: str) -> str:
     return commit
 
 
+# What loading a revision's configuration reads: the workspace file, recipes, their
+# `extends` bases and lock files. Every other file only has to exist (the config checks
+# test that a SavedModel directory holds saved_model.pb; stage inputs are compared by
+# path through changed_paths, never hashed), so it is an empty placeholder: writing a
+# 200-model tree's real contents costs more than the whole diff.
+CONTENT_SUFFIXES = (".yaml", ".yml")
+
+
 def materialize(root: Path, rev: str, dest: Path) -> Path:
-    """Extract the tree of `rev` into `dest` (created); returns `dest`. The tar binary
-    extracts a 600-file tree in milliseconds where Python's tarfile takes half a second."""
+    """The tree of `rev` under `dest` (created): configuration files with their content,
+    every other file as an empty placeholder. Returns `dest`."""
     commit = commit_of(root, rev)
-    dest.mkdir(parents=True)
-    archive = subprocess.Popen(["git", "-C", str(root), "archive", "--format=tar", commit],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    untar = subprocess.run(["tar", "-x", "-C", str(dest)], stdin=archive.stdout, capture_output=True, check=False)
-    archive.stdout.close()
-    error = archive.stderr.read().decode(errors="replace").strip()
-    if archive.wait() != 0 or untar.returncode != 0:
-        message = (error or untar.stderr.decode(errors="replace").strip() or "no output").splitlines()[-1]
-        raise UsageError(f"cannot extract git revision {rev}: {message}")
+    listing = subprocess.run(["git", "-C", str(root), "ls-tree", "-r", "-z", "--full-tree", commit],
+                             capture_output=True, check=False)
+    if listing.returncode != 0:
+        raise UsageError(f"cannot list git revision {rev}: {listing.stderr.decode(errors='replace').strip()}")
+    wanted, made = [], set()
+    for entry in listing.stdout.decode().split("\0"):
+        if not entry:
+            continue
+        meta, path = entry.split("\t", 1)
+        if meta.split()[1] != "blob":
+            continue  # a submodule
+        target = dest / path
+        if target.parent not in made:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            made.add(target.parent)
+        if path.endswith(CONTENT_SUFFIXES):
+            wanted.append((path, target))
+        else:
+            target.touch()
+    for (path, target), content in zip(wanted, _blobs(root, commit, [p for p, _ in wanted])):
+        target.write_bytes(content)
     return dest
+
+
+def _blobs(root: Path, commit: str, paths: list[str]) -> list[bytes]:
+    """The contents of `paths` at `commit`, in one `git cat-file --batch`."""
+    if not paths:
+        return []
+    request = "".join(f"{commit}:{p}\n" for p in paths).encode()
+    done = subprocess.run(["git", "-C", str(root), "cat-file", "--batch"], input=request, capture_output=True,
+                          check=True)
+    out, pos = [], 0
+    data = done.stdout
+    for _ in paths:
+        end = data.index(b"\n", pos)
+        size = int(data[pos:end].split()[2])
+        out.append(data[end + 1:end + 1 + size])
+        pos = end + 1 + size + 1  # the object, then a newline
+    return out
 
 
 def changed_paths(root: Path, base: str, head: str | None) -> set[str]:

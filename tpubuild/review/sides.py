@@ -58,7 +58,12 @@ def load_side(ws_file: Path, top: Path, label: str, changed: set[str], reuse: Si
 
 
 def _rel(path: Path, top: Path) -> str:
-    return Path(path).resolve().relative_to(top).as_posix()
+    """`path` relative to `top` (both resolved already, as recipe files are; resolve()
+    for each of thousands of paths would cost a tenth of the diff)."""
+    try:
+        return Path(path).relative_to(top).as_posix()
+    except ValueError:
+        return Path(path).resolve().relative_to(top).as_posix()
 
 
 @contextmanager
