@@ -110,6 +110,8 @@ def test_comment_only_edit_affects_nothing(repo):
     assert done.stdout.splitlines()[1] == "no recipe affected"
     assert "no recipe affected" in tpubuild(repo, "diff", "--format", "markdown").stdout
     assert tpubuild(repo, "build", "--changed-since", "main").stdout == "no recipe affected since main\n"
+    bad = tpubuild(repo, "diff", "no-such-branch", code=2)
+    assert bad.stderr == "error: unknown git revision 'no-such-branch'\n"
 
 
 def test_added_removed_renamed(repo):
@@ -150,3 +152,29 @@ def test_markdown_stays_under_the_comment_limit():
     assert len(text) <= 6000
     assert "details were left out to stay under GitHub's 6,000-character comment limit" in text
     assert text.count("<details>") >= 1 and "| `r099` | changed | verify |" in text
+
+
+def test_artifact_deltas_where_head_is_built(repo):
+    """Lock files gaining an `artifact:` mapping (the figures of issue 10): the diff shows
+    HEAD's against BASE's once HEAD's lock file records a build of HEAD's recipe."""
+    from tpubuild.config import load_recipes
+    from tpubuild.workspace import load_workspace
+
+    lock = repo / "recipes" / "plain.lock.yaml"
+    with open(lock, "a") as f:
+        f.write("artifact:\n  size_bytes: 1000\n  max_abs_error: 0.002\n")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "figures")
+    with open(repo / "recipes" / "plain.yaml", "a") as f:
+        f.write(OWN_BATCH)
+    assert affected(diff_json(repo, "main"))["plain"]["artifact"] == {}  # HEAD not built yet
+    digest = {r.name: r.digest for r in load_recipes(load_workspace(override=repo / "tpubuild.yaml"))}["plain"]
+    text = lock.read_text().replace("size_bytes: 1000", "size_bytes: 520")
+    old_digest = next(line for line in text.splitlines() if line.startswith("recipe_digest:"))
+    lock.write_text(text.replace(old_digest, f"recipe_digest: {digest}"))
+    document = diff_json(repo, "main")
+    assert affected(document)["plain"]["artifact"] == {
+        "size_bytes": {"old": 1000, "new": 520, "delta": -480, "percent": -48.0},
+        "max_abs_error": {"old": 0.002, "new": 0.002, "delta": 0.0, "percent": 0.0},
+    }
+    assert document["summary"].startswith("1 recipe affected: 1 rebuild from batch; size -48%")
+    assert "size_bytes: 1000 -> 520 (-48%)" in tpubuild(repo, "diff", "main").stdout
