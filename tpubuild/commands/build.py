@@ -39,7 +39,8 @@ def command(ctx: click.Context, targets: tuple[str, ...], jobs: int, dry_run: bo
 
         targets = changed_targets(ctx, targets, changed_since)
         if not targets:
-            click.echo(f"no recipe affected since {changed_since}")
+            click.echo(json.dumps({"rows": [], "versions": {}, "exit_code": 0}) if as_json
+                       else f"no recipe affected since {changed_since}")
             return 0
     if not (check or dry_run):
         code = _noop_fast_path(ctx, targets, as_json)
