@@ -14,6 +14,7 @@ rerunning stage's result is already in the cache, and adds causes the plans cann
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import glob
 import json
 import os
@@ -38,8 +39,12 @@ class Side:
     recipes: dict[str, Any]  # name -> tpubuild.config.Recipe
     ws: Any = None
     top: Path = Path(".")  # the tree's top directory (the git repository's, or its extracted copy)
+    # Lock documents by lock file path, when they are not read from the tree (see sides.py).
+    locks: dict[Path, dict[str, Any]] | None = None
 
     def lock(self, recipe: Any) -> dict[str, Any]:
+        if self.locks is not None and recipe.lock_file in self.locks:
+            return self.locks[recipe.lock_file]
         return read_lock(recipe.lock_file) or {}
 
 
@@ -151,6 +156,13 @@ def _stage_inputs(recipe: Any, planned: PlannedStage) -> dict[str, str]:
     return {f"file:{rel}": rel for rel in _expand(recipe, planned.files)}
 
 
+def _pattern_causes(planned: PlannedStage, changed: set[str]) -> list[str]:
+    """Globs a changed path may match (fnmatch's `*` also crosses `/`: never too few), so
+    a file a glob matched only at one side counts even where that side has no tree."""
+    return [f"input files matching {pattern}: changed" for pattern in planned.files
+            if glob.has_magic(pattern) and any(fnmatch.fnmatch(c, pattern) for c in changed)]
+
+
 def _input_causes(old: dict[str, str], new: dict[str, str], changed: set[str]) -> list[str]:
     causes = []
     for name in sorted(set(old) | set(new)):
@@ -188,7 +200,8 @@ def stage_changes(base: Side, head: Side, old: Any, new: Any, changed: set[str])
             causes = ["the stage did not run at BASE"]
         else:
             causes = [f"option {change_text(*c)}" for c in field_changes(before.options, planned.options)]
-            causes += _input_causes(_stage_inputs(old, before), _stage_inputs(new, planned), changed)
+            inputs = _input_causes(_stage_inputs(old, before), _stage_inputs(new, planned), changed)
+            causes += inputs or _pattern_causes(planned, changed)  # a glob match seen only at one side
             if planned.name not in ENGINE_STEPS and spec(planned.name).runs_user_code:
                 causes += [f"imported module {m}: content changed" for m in modules if touched(changed, m)]
             upstream = [s for s in (*planned.consumes.values(), *planned.summaries) if s in rerun]

@@ -59,13 +59,13 @@ def materialize(root: Path, rev: str, dest: Path) -> Path:
                              capture_output=True, check=False)
     if listing.returncode != 0:
         raise UsageError(f"cannot list git revision {rev}: {listing.stderr.decode(errors='replace').strip()}")
+    entries = [e.split("\t", 1) for e in listing.stdout.decode().split("\0") if e]
+    paths = [path for meta, path in entries if meta.split()[1] == "blob"]  # not submodules
+    models = {path[: -len("saved_model.pb")] for path in paths if path.rsplit("/", 1)[-1] == "saved_model.pb"}
     wanted, made = [], set()
-    for entry in listing.stdout.decode().split("\0"):
-        if not entry:
-            continue
-        meta, path = entry.split("\t", 1)
-        if meta.split()[1] != "blob":
-            continue  # a submodule
+    for path in paths:
+        if _inside_saved_model(path, models):
+            continue  # variables/, assets/, fingerprint.pb: config never looks past saved_model.pb
         target = dest / path
         if target.parent not in made:
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -74,13 +74,26 @@ def materialize(root: Path, rev: str, dest: Path) -> Path:
             wanted.append((path, target))
         else:
             target.touch()
-    for (path, target), content in zip(wanted, _blobs(root, commit, [p for p, _ in wanted])):
-        target.write_bytes(content)
+    for (path, target), content in zip(wanted, blobs(root, commit, [p for p, _ in wanted])):
+        target.write_bytes(content or b"")
     return dest
 
 
-def _blobs(root: Path, commit: str, paths: list[str]) -> list[bytes]:
-    """The contents of `paths` at `commit`, in one `git cat-file --batch`."""
+def _inside_saved_model(path: str, models: set[str]) -> bool:
+    """A file of a SavedModel directory other than its saved_model.pb (`models`: the
+    directories holding one, each with a trailing slash, or "" for the top)."""
+    if path.rsplit("/", 1)[-1] == "saved_model.pb" and path[: -len("saved_model.pb")] in models:
+        return False
+    prefix = path
+    while "/" in prefix:
+        prefix = prefix.rsplit("/", 1)[0]
+        if prefix + "/" in models:
+            return True
+    return "" in models
+
+
+def blobs(root: Path, commit: str, paths: list[str]) -> list[bytes | None]:
+    """The contents of `paths` at `commit` (None: absent there), in one `git cat-file --batch`."""
     if not paths:
         return []
     request = "".join(f"{commit}:{p}\n" for p in paths).encode()
@@ -90,7 +103,12 @@ def _blobs(root: Path, commit: str, paths: list[str]) -> list[bytes]:
     data = done.stdout
     for _ in paths:
         end = data.index(b"\n", pos)
-        size = int(data[pos:end].split()[2])
+        header = data[pos:end].split()
+        if header[-1] == b"missing":
+            out.append(None)
+            pos = end + 1
+            continue
+        size = int(header[2])
         out.append(data[end + 1:end + 1 + size])
         pos = end + 1 + size + 1  # the object, then a newline
     return out

@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from tpubuild.review.compare import Side
-from tpubuild.review.revisions import changed_paths, commit_of, default_base, materialize, repo_root
+from tpubuild.review.revisions import blobs, changed_paths, commit_of, default_base, materialize, repo_root
+
+LOCK_SUFFIX = ".lock.yaml"
 
 
 def _at(exc: Any, label: str) -> Any:
@@ -57,6 +59,23 @@ def load_side(ws_file: Path, top: Path, label: str, changed: set[str], reuse: Si
     return Side(label, recipes, ws, top)
 
 
+def same_config(top: Path, rev: str, label: str, changed: set[str], head: Side, tmp: Path) -> Side:
+    """BASE when no configuration file changed (no workspace file, recipe or base is in
+    `changed`): the same recipes as HEAD, with BASE's lock files where they differ (read
+    from git). No tree is extracted: that is most of a diff's cost on a large workspace."""
+    from tpubuild.engine.lockfile import read_lock
+
+    moved = [r.lock_file for r in head.recipes.values() if _rel(r.lock_file, head.top) in changed]
+    locks = {}
+    for index, (path, content) in enumerate(zip(moved, blobs(top, commit_of(top, rev),
+                                                             [_rel(p, head.top) for p in moved]))):
+        copy = tmp / "locks" / f"{index}.lock.yaml"  # read_lock reads files
+        copy.parent.mkdir(exist_ok=True)
+        copy.write_bytes(content or b"")
+        locks[path] = read_lock(copy) or {}
+    return Side(label, dict(head.recipes), head.ws, head.top, locks)
+
+
 def _rel(path: Path, top: Path) -> str:
     """`path` relative to `top` (both resolved already, as recipe files are; resolve()
     for each of thousands of paths would cost a tenth of the diff)."""
@@ -85,9 +104,13 @@ def sides(ws: Any, base: str | None, head: str | None) -> Iterator[tuple[Side, S
         else:
             head_top = materialize(top, head, tmp / "head")
             head_side = load_side(head_top / ws_file_rel, head_top, f"{head} ({commit_of(top, head)[:12]})", set())
-        base_top = materialize(top, base_rev, tmp / "base")
-        base_side = load_side(base_top / ws_file_rel, base_top, f"{base_rev} ({commit_of(top, base_rev)[:12]})",
-                              changed_top, head_side)
+        base_label = f"{base_rev} ({commit_of(top, base_rev)[:12]})"
+        if any(p == ws_file_rel or (p.endswith((".yaml", ".yml")) and not p.endswith(LOCK_SUFFIX))
+               for p in changed_top):
+            base_top = materialize(top, base_rev, tmp / "base")
+            base_side = load_side(base_top / ws_file_rel, base_top, base_label, changed_top, head_side)
+        else:
+            base_side = same_config(top, base_rev, base_label, changed_top, head_side, tmp)
         yield base_side, head_side, changed
     finally:
         # rm is much faster than shutil.rmtree on a tree of many small files; it is our own temp dir.
