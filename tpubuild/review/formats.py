@@ -11,6 +11,8 @@ from tpubuild.review.compare import RecipeChange, change_text, show
 
 SCHEMA = 1
 COMMENT_LIMIT = 65_535  # GitHub's maximum comment body
+# The markdown's last line: CI finds the comment it posted before by it, and updates it.
+MARKER = "<!-- tpubuild diff -->"
 
 
 def summary_line(changes: list[RecipeChange]) -> str:
@@ -99,16 +101,19 @@ def markdown(changes: list[RecipeChange], base: str, head: str, limit: int = COM
             head_lines.append(f"| `{name}` | {c.status} | {c.rebuild_from or '-'} | {cached} | {size} |")
         head_lines.append("")
     out = "\n".join(head_lines) + "\n"
+    budget = limit - len(MARKER) - 1
     notice = "\n_{n} recipes' details were left out to stay under GitHub's {limit:,}-character comment limit._\n"
+    if len(out) > budget // 2:  # thousands of affected recipes: the table itself is cut
+        out = out[: budget // 2].rsplit("\n", 1)[0] + f"\n\n_The table was cut to stay under GitHub's {limit:,}-character comment limit._\n"
     for index, c in enumerate(shown):
         body = "\n".join(detail_lines(c))
         block = f"<details><summary>{_title(c)}</summary>\n\n```\n{body}\n```\n\n</details>\n"
-        room = limit - len(out) - len(notice.format(n=len(shown), limit=limit))
+        room = budget - len(out) - len(notice.format(n=len(shown), limit=limit))
         if len(block) > room:
             out += notice.format(n=len(shown) - index, limit=limit)
             break
         out += block
-    return out[:limit]
+    return out[:budget] + MARKER + "\n"
 
 
 def as_json(changes: list[RecipeChange], base: str, head: str) -> str:
