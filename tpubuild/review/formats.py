@@ -103,8 +103,8 @@ def markdown(changes: list[RecipeChange], base: str, head: str, limit: int = COM
     out = "\n".join(head_lines) + "\n"
     budget = limit - len(MARKER) - 1
     notice = "\n_{n} recipes' details were left out to stay under GitHub's {limit:,}-character comment limit._\n"
-    if len(out) > budget // 2:  # thousands of affected recipes: the table itself is cut
-        out = out[: budget // 2].rsplit("\n", 1)[0] + f"\n\n_The table was cut to stay under GitHub's {limit:,}-character comment limit._\n"
+    if len(out) > budget - 1000:  # thousands of affected recipes: the table itself is cut
+        out = out[: budget - 1000].rsplit("\n", 1)[0] + f"\n\n_The table was cut to stay under GitHub's {limit:,}-character comment limit._\n"
     for index, c in enumerate(shown):
         body = "\n".join(detail_lines(c))
         block = f"<details><summary>{_title(c)}</summary>\n\n```\n{body}\n```\n\n</details>\n"
