@@ -27,6 +27,7 @@ VERBS = {
     "list": "list_",
     "render": "render",
     "explain": "explain",
+    "diff": "diff",
     "convert": "convert",
     "inspect": "inspect_",
     "report": "report",

@@ -22,3 +22,14 @@ def recipes_from(ctx: click.Context, targets: tuple[str, ...] | list[str]):
     if problems:
         raise OutputOverlapError(problems)
     return ws, recipes
+
+
+def changed_targets(ctx: click.Context, targets: tuple[str, ...], rev: str) -> tuple[str, ...]:
+    """`--changed-since REV`: the names of the recipes `tpubuild diff REV` reports as
+    affected, among those `targets` match (all when none are given)."""
+    import fnmatch
+
+    from tpubuild.review import changed_since
+
+    names = changed_since(workspace_from(ctx), rev)
+    return tuple(n for n in names if not targets or any(fnmatch.fnmatchcase(n, t) for t in targets))

@@ -22,8 +22,10 @@ import click
 @click.option("--dry-run", is_flag=True, help="Show which stages are cached and which would run; run nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document with a row per stage.")
 @click.option("--check", is_flag=True, help="Exit 1, listing the recipes, if building would change a lock file.")
+@click.option("--changed-since", metavar="REV", help="Only the recipes `tpubuild diff REV` reports as affected.")
 @click.pass_context
-def command(ctx: click.Context, targets: tuple[str, ...], jobs: int, dry_run: bool, as_json: bool, check: bool) -> int:
+def command(ctx: click.Context, targets: tuple[str, ...], jobs: int, dry_run: bool, as_json: bool, check: bool,
+            changed_since: str | None) -> int:
     """Build the workspace's recipes (names or globs; none = all).
 
     A stage reruns only when its options or the content of its inputs changed; its
@@ -32,6 +34,14 @@ def command(ctx: click.Context, targets: tuple[str, ...], jobs: int, dry_run: bo
     failed (the other recipes are still built), 2 for a bad recipe.
     """
     since_ns = time.time_ns()  # files changed after this are never remembered as up to date
+    if changed_since is not None:
+        from tpubuild.commands._common import changed_targets
+
+        targets = changed_targets(ctx, targets, changed_since)
+        if not targets:
+            click.echo(json.dumps({"rows": [], "versions": {}, "exit_code": 0}) if as_json
+                       else f"no recipe affected since {changed_since}")
+            return 0
     if not (check or dry_run):
         code = _noop_fast_path(ctx, targets, as_json)
         if code is not None:

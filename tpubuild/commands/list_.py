@@ -4,7 +4,7 @@ import json
 
 import click
 
-from tpubuild.commands._common import recipes_from
+from tpubuild.commands._common import changed_targets, recipes_from
 
 
 @click.command(
@@ -14,12 +14,15 @@ from tpubuild.commands._common import recipes_from
 )
 @click.argument("targets", nargs=-1)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.option("--changed-since", metavar="REV", help="Only the recipes `tpubuild diff REV` reports as affected.")
 @click.pass_context
-def command(ctx: click.Context, targets: tuple[str, ...], as_json: bool) -> int:
+def command(ctx: click.Context, targets: tuple[str, ...], as_json: bool, changed_since: str | None) -> int:
     """List the workspace's recipes: name, file, model and the pipeline stages."""
     from tpubuild.pipeline import stage_names
 
-    _, recipes = recipes_from(ctx, targets)
+    if changed_since is not None:
+        targets = changed_targets(ctx, targets, changed_since)
+    _, recipes = recipes_from(ctx, targets) if targets or changed_since is None else (None, [])
     rows = [
         {
             "name": r.name,
