@@ -204,6 +204,12 @@ def stage_changes(base: Side, head: Side, old: Any, new: Any, changed: set[str])
             causes += inputs or _pattern_causes(planned, changed)  # a glob match seen only at one side
             if planned.name not in ENGINE_STEPS and spec(planned.name).runs_user_code:
                 causes += [f"imported module {m}: content changed" for m in modules if touched(changed, m)]
+            if before.consumes != planned.consumes or before.summaries != planned.summaries:
+                # A stage before it was added or removed: it reads another stage's output now.
+                was = ", ".join(f"{r} from {s}" for r, s in sorted(before.consumes.items()))
+                now = ", ".join(f"{r} from {s}" for r, s in sorted(planned.consumes.items()))
+                causes.append(f"it reads {now or 'no earlier output'} (was {was or 'none'})"
+                              if was != now else "it reads other earlier summaries")
             upstream = [s for s in (*planned.consumes.values(), *planned.summaries) if s in rerun]
             causes += [f"its input {s} is rebuilt" for s in dict.fromkeys(upstream)]
         if causes:
