@@ -69,12 +69,25 @@ def test_a_stage_already_in_the_cache(repo):
     assert any(c.startswith("option representative_datasets") for c in stages[0]["causes"]), stages[0]
 
 
+def assert_text_and_markdown_agree(repo, changed: dict) -> None:
+    """The text and markdown formats name the same recipes, stages and first causes as json."""
+    text = tpubuild(repo, "diff", "main").stdout
+    md = tpubuild(repo, "diff", "main", "--format", "markdown").stdout
+    assert md.splitlines()[0].startswith(f"**tpubuild diff**: {len(changed)} recipe")  # the summary line
+    for name, recipe in changed.items():
+        for out in (text, md):
+            assert name in out
+            for stage in recipe["stages"]:
+                assert stage["stage"] in out and stage["causes"][0] in out
+
+
 def test_shared_base_edit_affects_every_recipe_using_it(repo):
     base = repo / "recipes" / "common" / "base.yaml"
     base.write_text(base.read_text().replace("batch_timeout_micros: 100", "batch_timeout_micros: 300"))
     changed = affected(diff_json(repo, "main"))
     assert sorted(changed) == sorted(RECIPES)
     assert {r["rebuild_from"] for r in changed.values()} == {"batch"}
+    assert_text_and_markdown_agree(repo, changed)
     listed = json.loads(tpubuild(repo, "list", "--changed-since", "main", "--json").stdout)
     assert sorted(row["name"] for row in listed) == sorted(RECIPES)
 
@@ -86,6 +99,7 @@ def test_dataset_edit_affects_the_recipe_reading_it(repo):
     verify = changed["sampled"]["stages"][0]
     assert verify["stage"] == "verify"
     assert verify["causes"][0].startswith("input file:recipes/models/samples.tfrecord: content changed")
+    assert_text_and_markdown_agree(repo, changed)
     listed = json.loads(tpubuild(repo, "list", "--changed-since", "main", "--json").stdout)
     assert [row["name"] for row in listed] == ["sampled"]
     dry = json.loads(tpubuild(repo, "build", "--changed-since", "main", "--dry-run", "--json").stdout)
@@ -99,6 +113,7 @@ def test_imported_helper_edit_affects_the_export(repo):
     export = changed["exported"]["stages"][0]
     assert export["stage"] == "export"
     assert any(c.startswith("imported module recipes/models/helper.py: content changed") for c in export["causes"])
+    assert_text_and_markdown_agree(repo, changed)
 
 
 def test_comment_only_edit_affects_nothing(repo):
