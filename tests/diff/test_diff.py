@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.diff.conftest import RECIPES, affected, diff_json, git, tpubuild, write_samples
 from tpubuild.review.compare import RecipeChange, StageChange
 from tpubuild.review.formats import markdown
@@ -193,3 +195,46 @@ def test_artifact_deltas_where_head_is_built(repo):
     }
     assert document["summary"].startswith("1 recipe affected: 1 rebuild from batch; size -48%")
     assert "size_bytes: 1000 -> 520 (-48%)" in tpubuild(repo, "diff", "main").stdout
+
+
+def _edit_model(repo):
+    variables = repo / "recipes" / "models" / "tiny" / "variables" / "variables.data-00000-of-00001"
+    data = bytearray(variables.read_bytes())
+    data[-1] ^= 1
+    variables.write_bytes(bytes(data))
+
+
+def _edit_script(repo):
+    script = repo / "recipes" / "models" / "tiny_export.py"
+    script.write_text(script.read_text() + "\n# edited\n")
+
+
+def _edit_defaults(repo):
+    with open(repo / "tpubuild.yaml", "a") as f:
+        f.write("defaults:\n  verify: {seed: 3}\n")
+
+
+def _edit_unread(repo):
+    (repo / "recipes" / "models" / "NOTES.txt").write_text("nobody reads this\n")
+
+
+# Every kind of input of the test workspace: the edit, the recipes it must affect, and the
+# beginning of the first cause of the first stage that reruns.
+INPUT_KINDS = {
+    "shared model directory": (_edit_model, {"plain": "input dir:recipes/models/tiny", "sampled": "input dir:"}),
+    "export script": (_edit_script, {"exported": "input file:recipes/models/tiny_export.py"}),
+    "workspace defaults": (_edit_defaults, {name: "option seed" for name in RECIPES}),
+    "a file nobody reads": (_edit_unread, {}),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(INPUT_KINDS))
+def test_every_kind_of_input_yields_its_affected_recipes(repo, kind):
+    edit, expected = INPUT_KINDS[kind]
+    edit(repo)
+    changed = affected(diff_json(repo, "main"))
+    assert sorted(changed) == sorted(expected)
+    for name, cause in expected.items():
+        assert changed[name]["stages"][0]["causes"][0].startswith(cause), changed[name]["stages"][0]
+    listed = json.loads(tpubuild(repo, "list", "--changed-since", "main", "--json").stdout)
+    assert sorted(row["name"] for row in listed) == sorted(expected)
