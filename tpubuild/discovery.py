@@ -1,8 +1,7 @@
-"""Which files are recipes: the workspace's `recipes:` globs, lock files excluded.
-
-One function shared by the config layer and the no-op memo (which must see exactly the
-same set, or a new recipe could hide behind a remembered no-op). TensorFlow-free and
-config-free, so the no-op fast path imports nothing heavy."""
+"""Finding the workspace file and the recipe files, for the config layer and the no-op
+memo alike (which must see exactly what the config layer sees, or a new recipe could
+hide behind a remembered no-op). TensorFlow-free and config-free, so the no-op fast
+path imports nothing heavy."""
 
 from __future__ import annotations
 
@@ -11,6 +10,17 @@ import os
 from pathlib import Path
 
 LOCK_SUFFIX = ".lock.yaml"
+WORKSPACE_FILE = "tpubuild.yaml"
+
+
+def find_workspace_file(start: Path) -> Path | None:
+    """The nearest tpubuild.yaml in `start` or a parent directory."""
+    directory = Path(os.path.abspath(start))
+    for candidate in (directory, *directory.parents):
+        path = candidate / WORKSPACE_FILE
+        if path.is_file():
+            return path
+    return None
 
 
 def discover_files(root: Path, patterns: list[str]) -> list[Path]:

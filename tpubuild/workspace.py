@@ -10,9 +10,9 @@ from typing import Any
 from tpubuild.config.paths import leaves_root, name_problem, rebase, to_root_relative
 from tpubuild.config.schema import schema_diagnostics
 from tpubuild.config.yamlload import Marks, format_path, read_yaml_file
+from tpubuild.discovery import WORKSPACE_FILE, find_workspace_file
 from tpubuild.errors import ConfigError, Diagnostic, TpubuildError, UsageError
 
-WORKSPACE_FILE = "tpubuild.yaml"
 STATE_DIR = ".tpubuild"  # tpubuild's own files (dep file, stat cache, locks) live here
 DEFAULT_RECIPE_GLOBS = ("recipes/*.yaml",)
 
@@ -44,16 +44,6 @@ def display_path(path: Path, root: Path) -> str:
         return Path(path).resolve().relative_to(root).as_posix()
     except ValueError:
         return str(path)
-
-
-def find_workspace_file(start: Path) -> Path | None:
-    """The nearest tpubuild.yaml in `start` or a parent directory."""
-    directory = Path(os.path.abspath(start))
-    for candidate in (directory, *directory.parents):
-        path = candidate / WORKSPACE_FILE
-        if path.is_file():
-            return path
-    return None
 
 
 def load_workspace(start: Path | None = None, override: Path | None = None) -> Workspace:

@@ -109,23 +109,10 @@ class NoopMemo:
             pass  # only a memo: the next build does the full check
 
 
-WORKSPACE_FILE = "tpubuild.yaml"
-
-
-def find_workspace_file(start: Path) -> Path | None:
-    """Like workspace.find_workspace_file, without importing the config layer."""
-    here = start.resolve()
-    for directory in (here, *here.parents):
-        candidate = directory / WORKSPACE_FILE
-        if candidate.is_file():
-            return candidate
-    return None
-
-
 def quick(start: Path, override: Path | None) -> tuple[Path, list[dict[str, Any]]] | None:
     """(workspace root, remembered entries of every recipe) when the whole workspace is
     provably up to date from stats alone; None sends the build down the full path."""
-    from tpubuild.discovery import discover_files
+    from tpubuild.discovery import WORKSPACE_FILE, discover_files, find_workspace_file
 
     if override is not None:
         ws_file = override / WORKSPACE_FILE if override.is_dir() else override
