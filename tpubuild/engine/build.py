@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tpubuild import __version__
-from tpubuild.engine.hashing import FileEntry, hash_file, tree_digest
 from tpubuild.engine.keys import toolchain, worker_env
 from tpubuild.engine.lockfile import lock_document, write_lock
 from tpubuild.engine.resolve import (
@@ -147,22 +146,12 @@ class Engine:
     def _snapshot_source(self, run: RecipeRun, planned: PlannedStage, pending: Pending) -> StageEntry:
         """Copy the user's SavedModel into the store, each file checked against the hash
         the key took: later stages read the snapshot, never the user's directory."""
-        from tpubuild.engine.hashing import walk_files
-
         rel = planned.options["saved_model"]
-        directory = Path(run.recipe.root) / rel
-        work = self.store.new_workdir("source")
-        try:
-            out_dir = work / "out"
-            shutil.copytree(directory, out_dir, symlinks=True)
-            copied = tree_digest([FileEntry(r, hash_file(out_dir / r, st.st_size), st.st_size)
-                                  for r, st in walk_files(out_dir)])
-            if copied != pending.record["inputs"][f"dir:{rel}"]:
-                raise StageError(f"model.saved_model: {rel} changed while it was being read (build again)")
-            with self.state_lock:
-                return self.store.put(pending.key, "source", out_dir, {}, [], pending.record, self.stat)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+        tree, files, directory = self.resolver.source_tree(run.recipe)
+        if tree != pending.record["inputs"][f"dir:{rel}"]:
+            raise StageError(f"model.saved_model: {rel} changed while it was being read (build again)")
+        with self.state_lock:
+            return self.store.put_files(pending.key, "source", files, directory, pending.record, self.stat)
 
     def _execute(self, run: RecipeRun, planned: PlannedStage, pending: Pending) -> StageEntry:
         stage = spec(planned.name)
@@ -217,15 +206,8 @@ class Engine:
 
     # --- publish and lock -----------------------------------------------------------
     def _publish_uptodate(self, run: RecipeRun, start: float) -> bool:
-        from tpubuild.engine import versions
-
-        files = self.resolver.publish_files(run)
-        content = tree_digest(files)
         restored: list[Path] = []
-        number = versions.newest_matching(
-            Path(self.ws.output_dir) / run.name, content, self.stat,
-            [(f, self.store.object_path(f.hash)) for f in files], self.link_type, restored,
-        )
+        files, content, number = self.resolver.published(run, self.link_type, restored)
         for path in restored:
             self.errors(f"{run.recipe.rel_file}: restored {self.ws.display(path)} (it no longer matched its manifest)")
         run.outputs["publish"] = Output("publish", self.resolver.publish_key(run, content), content,
@@ -352,23 +334,28 @@ def git_commit(root: Path) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+def lock_problem(engine: Engine, run: RecipeRun, states: list[Any]) -> str | None:
+    """Given a resolution whose every stage is cached: None when the lock file already
+    records it, else why not. The no-op path and `build --check` share this."""
+    from tpubuild.engine.lockfile import lock_text
+
+    publish = states[-1]
+    run.outputs["publish"] = Output("publish", publish.key, publish.output, Path(engine.ws.output_dir) / run.name, [])
+    try:
+        current = run.recipe.lock_file.read_text()
+    except OSError:
+        return "no lock file"
+    if current != lock_text(lock_for(run)):
+        return "the lock file does not record the current build"
+    return None
+
+
 def up_to_date(engine: Engine, run: RecipeRun) -> bool:
     """The no-op fast path: every stage resolves to a stored record, the newest published
     version holds the result, and the lock file already says so. Reads the same records
     as doit's up-to-date tests; only saves loading doit for recipes with nothing to do."""
-    from tpubuild.engine.lockfile import lock_text
-
     resolved = engine.resolver.resolve(run)
-    if any(r.status != "cached" for r in resolved):
-        run.outputs.clear()
-        run.version = None
-        return False
-    run.outputs["publish"] = Output("publish", resolved[-1].key, resolved[-1].output, Path(), [])
-    try:
-        current = run.recipe.lock_file.read_text()
-    except OSError:
-        current = None
-    if current != lock_text(lock_for(run)):
+    if any(r.status != "cached" for r in resolved) or lock_problem(engine, run, resolved):
         run.outputs.clear()
         run.version = None
         return False

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tpubuild.engine.build import Engine, lock_for
+from tpubuild.engine.build import Engine, lock_problem
 from tpubuild.engine.keys import diff_records
-from tpubuild.engine.lockfile import lock_text, read_lock
-from tpubuild.engine.resolve import Output, RecipeRun, Resolved, new_runs
+from tpubuild.engine.lockfile import read_lock
+from tpubuild.engine.resolve import RecipeRun, Resolved, new_runs
 
 __all__ = ["Resolved", "check_lines", "explain_lines", "resolve"]
 
@@ -64,14 +64,8 @@ def _stale(engine: Engine, run: RecipeRun) -> list[str]:
         first = waiting[0]
         verb = "cannot run" if first.status == "failed" else "would run"
         return [f"stage {first.name} {verb} ({'; '.join(first.reasons)})"]
-    run.outputs["publish"] = Output("publish", states[-1].key or "", states[-1].output or "", engine.ws.output_dir, [])
-    try:
-        current = run.recipe.lock_file.read_text()
-    except OSError:
-        return ["no lock file"]
-    if current != lock_text(lock_for(run)):
-        return ["the lock file does not record the current build"]
-    return []
+    problem = lock_problem(engine, run, states)
+    return [problem] if problem else []
 
 
 def explain_lines(ws: Any, recipe: Any) -> list[str]:

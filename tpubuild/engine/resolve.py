@@ -94,17 +94,7 @@ class Resolver:
 
     # --- inputs -------------------------------------------------------------------
     def expand(self, recipe: Any, patterns: list[str]) -> list[str]:
-        """Workspace-relative files named by `patterns` (globs expanded, sorted)."""
-        found: list[str] = []
-        for pattern in patterns:
-            if glob.has_magic(pattern):
-                matches = sorted(glob.glob(os.path.join(recipe.root, pattern), recursive=True))
-                found.extend(Path(os.path.relpath(m, recipe.root)).as_posix() for m in matches if os.path.isfile(m))
-            elif os.path.isfile(os.path.join(recipe.root, pattern)):
-                found.append(pattern)
-            else:
-                raise StageError(f"input file {pattern} does not exist")
-        return sorted(set(found))
+        return expand_inputs(Path(recipe.root), patterns)
 
     def file_inputs(self, run: RecipeRun, planned: PlannedStage) -> tuple[dict[str, str], dict[str, tuple]]:
         """`file:<path>` -> hash of the declared files, and their stats (re-checked after the run)."""
@@ -226,13 +216,19 @@ class Resolver:
     def publish_key(self, run: RecipeRun, content: str) -> str:
         return hash_bytes(canonical_dumps({"stage": "publish", "recipe": run.name, "content": content}).encode())
 
-    def published(self, run: RecipeRun) -> tuple[str, int | None]:
-        """(content digest, number of the newest version when it holds that content intact)."""
+    def published(self, run: RecipeRun, link_type: str | None = None,
+                  restored: list[Path] | None = None) -> tuple[list[FileEntry], str, int | None]:
+        """(files, content digest, number of the newest version when it holds that content
+        intact). With `link_type` (a build, not planning), damaged files of that version are
+        restored in place from the store and listed in `restored`."""
         from tpubuild.engine import versions
 
-        content = tree_digest(self.publish_files(run))
-        number = versions.newest_matching(Path(self.ws.output_dir) / run.name, content, self.stat)
-        return content, number
+        files = self.publish_files(run)
+        content = tree_digest(files)
+        repair = [(f, self.store.object_path(f.hash)) for f in files] if link_type else None
+        number = versions.newest_matching(Path(self.ws.output_dir) / run.name, content, self.stat,
+                                          repair, link_type or "copy", restored)
+        return files, content, number
 
     # --- planning -----------------------------------------------------------------
     def resolve(self, run: RecipeRun) -> list[Resolved]:
@@ -245,7 +241,7 @@ class Resolver:
                 out.append(Resolved(planned.name, "pending", None, None, [f"its input {blocked} will be rebuilt first"]))
                 continue
             if planned.name == "publish":
-                content, number = self.published(run)
+                _, content, number = self.published(run)
                 key = self.publish_key(run, content)
                 if number is None:
                     out.append(Resolved("publish", "pending", key, None,
@@ -279,6 +275,22 @@ class Resolved:
     record: dict[str, Any] | None
     reasons: list[str] = field(default_factory=list)
     output: str | None = None
+
+
+def expand_inputs(root: Path, patterns: list[str], keep_missing: bool = False) -> list[str]:
+    """Workspace-relative files named by `patterns` (globs expanded, sorted). A named file
+    that does not exist is a StageError, or kept with `keep_missing` (`tpubuild diff`:
+    the stage will fail on it, and the plan still reads it)."""
+    found: list[str] = []
+    for pattern in patterns:
+        if glob.has_magic(pattern):
+            matches = glob.glob(os.path.join(root, pattern), recursive=True)
+            found.extend(Path(os.path.relpath(m, root)).as_posix() for m in matches if os.path.isfile(m))
+        elif keep_missing or os.path.isfile(os.path.join(root, pattern)):
+            found.append(pattern)
+        else:
+            raise StageError(f"input file {pattern} does not exist")
+    return sorted(set(found))
 
 
 def _stat_tuple(st: os.stat_result) -> tuple:

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from tpubuild.atomic import write_text_atomic
+from tpubuild.discovery import WORKSPACE_FILE
 from tpubuild.engine.fsutil import fsync_path, fsync_tree, place_file, replace_file
 from tpubuild.engine.hashing import SCHEME, FileEntry, hash_file, tree_digest, walk_files
 from tpubuild.engine.statcache import StatCache, stat_key
@@ -48,7 +49,6 @@ if TYPE_CHECKING:
     from filelock import FileLock
 
 LAYOUT = "v1"
-WORKSPACE_FILE = "tpubuild.yaml"
 
 
 @dataclass
@@ -398,13 +398,27 @@ class Store:
             parents.add(obj.parent)
         for parent in parents:
             fsync_path(parent)
-        entry = StageEntry(key, stage, tree_digest(entries), entries, summary, warnings, record)
+        entry = self._record(key, stage, entries, summary, warnings, record)
+        shutil.rmtree(out_dir, ignore_errors=True)
+        return entry
+
+    def put_files(self, key: str, stage: str, files: list[FileEntry], src_root: Path, record: dict,
+                  stat_cache: StatCache | None = None) -> StageEntry:
+        """Copy a user directory's files, whose hashes the key took, into the store (each
+        copy checked against its hash: `ingest_copies`) and record them under `key`."""
+        self.session_dir()
+        self.ingest_copies(files, src_root, stat_cache)
+        return self._record(key, stage, files, {}, [], record)
+
+    def _record(self, key: str, stage: str, files: list[FileEntry], summary: dict, warnings: list[str],
+                record: dict) -> StageEntry:
+        """Write the stage entry of objects already in the store (atomic, durable, indexed)."""
+        entry = StageEntry(key, stage, tree_digest(files), files, summary, warnings, record)
         path = self.entry_path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(path, json.dumps(entry.to_json(), sort_keys=True))
         fsync_path(path.parent)
         self._index_entry(entry)
-        shutil.rmtree(out_dir, ignore_errors=True)
         return entry
 
     # --- objects -------------------------------------------------------------------

@@ -17,12 +17,12 @@ import difflib
 import fnmatch
 import glob
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tpubuild.engine.lockfile import read_lock
+from tpubuild.engine.resolve import expand_inputs
 from tpubuild.pipeline import ENGINE_STEPS, PlannedStage, plan, spec
 
 # The lock file's `artifact:` figures compared when both sides have them (the lead's
@@ -136,24 +136,12 @@ def touched(changed: set[str], rel: str) -> bool:
     return rel in changed or any(c.startswith(rel + "/") for c in changed)
 
 
-def _expand(recipe: Any, patterns: list[str]) -> list[str]:
-    """Like Resolver.expand, but a missing file is kept (the stage will fail on it)."""
-    found: list[str] = []
-    for pattern in patterns:
-        if glob.has_magic(pattern):
-            matches = glob.glob(os.path.join(recipe.root, pattern), recursive=True)
-            found += [Path(os.path.relpath(m, recipe.root)).as_posix() for m in matches if os.path.isfile(m)]
-        else:
-            found.append(pattern)
-    return sorted(set(found))
-
-
 def _stage_inputs(recipe: Any, planned: PlannedStage) -> dict[str, str]:
     """Input name (as key records spell it) -> workspace-relative path."""
     if planned.name == "source":
         rel = planned.options["saved_model"]
         return {f"dir:{rel}": rel}
-    return {f"file:{rel}": rel for rel in _expand(recipe, planned.files)}
+    return {f"file:{rel}": rel for rel in expand_inputs(Path(recipe.root), planned.files, keep_missing=True)}
 
 
 def _pattern_causes(planned: PlannedStage, changed: set[str]) -> list[str]:
