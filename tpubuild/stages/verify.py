@@ -45,49 +45,20 @@ VERIFY_JSON = "verify.json"
 
 
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
-    from tpubuild.savedmodel import compare, datasets
+    from tpubuild.savedmodel import compare
     from tpubuild.savedmodel.model import INIT_OP_KEY, SavedModel
 
     tags = options["tags"]
     applied = list(options.get("applied", []))
-    kind, default_rtol, default_atol = compare.default_tolerances(applied)
-    try:
-        # The schema refuses these too; a NaN bound would make every comparison pass.
-        rtol = default_rtol if options.get("rtol") is None else compare.checked_tolerance("verify.rtol", options["rtol"])
-        atol = default_atol if options.get("atol") is None else compare.checked_tolerance("verify.atol", options["atol"])
-    except ValueError as exc:
-        raise StageError(str(exc)) from None
+    kind, rtol, atol = tolerances(applied, options, "verify")
     source_dir = context.inputs["source"]
     source = SavedModel.load(source_dir, tags)
     artifact = SavedModel.load(input_dir, tags)
     keys = sorted(k for k in source.meta_graph.signature_def if k != INIT_OP_KEY)
     dropped = [k for k in keys if k not in artifact.meta_graph.signature_def]
-    samples_by_key, origin = {}, {}
-    dataset_files = _dataset_files(options, context)
-    for key in keys:
-        if key in dropped:
-            continue
-        specs = datasets.signature_inputs(source, key)
-        if key in dataset_files:
-            label = f"representative_datasets.{key}: {dataset_files[key].name}"
-            # Every record is read and checked (a bad or truncated tail is an error), the first
-            # `samples` are used.
-            samples = [
-                datasets.check_sample(sample, specs, f"{label}: sample {i}")
-                for i, sample in enumerate(datasets.read_tfrecord(dataset_files[key], label))
-            ][: options["samples"]]
-            origin[key] = "representative_dataset"
-        else:
-            try:
-                samples = datasets.random_samples(specs, options["samples"], options["seed"])
-            except StageError as exc:
-                raise StageError(f"signature {key!r}: {exc}") from None
-            origin[key] = "random"
-        if not samples:
-            raise StageError(f"signature {key!r}: no samples to verify on")
-        samples_by_key[key] = samples
+    samples_by_key, origin = verification_samples(source, [k for k in keys if k not in dropped], options, context)
     if not samples_by_key:
-        raise StageError(f"nothing to verify: no signature of the source is in the artifact")
+        raise StageError("nothing to verify: no signature of the source is in the artifact")
     with tempfile.TemporaryDirectory(prefix=".twin-", dir=output_dir) as scratch:
         runnable = _runnable(input_dir, Path(scratch), tags, "tpu" in applied)
         try:
@@ -115,6 +86,57 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
         raise StageError(f"{describe_failure(worst, rtol, atol)}")
     warnings = [f"signature {k!r} is not in the artifact; not verified" for k in dropped]
     return StageResult(summary=summary, warnings=warnings)
+
+
+def tolerances(applied: list[str], options: dict[str, Any], where: str) -> tuple[str, float, float]:
+    """(kind, rtol, atol): the defaults for the stages that changed the model
+    (compare.default_tolerances, e.g. `applied=["quantize"]` for int8), overridden by the
+    `rtol`/`atol` of `options`. `where` names the recipe field in errors."""
+    from tpubuild.savedmodel import compare
+
+    kind, rtol, atol = compare.default_tolerances(applied)
+    try:
+        # The schema refuses these too; a NaN bound would make every comparison pass.
+        if options.get("rtol") is not None:
+            rtol = compare.checked_tolerance(f"{where}.rtol", options["rtol"])
+        if options.get("atol") is not None:
+            atol = compare.checked_tolerance(f"{where}.atol", options["atol"])
+    except ValueError as exc:
+        raise StageError(str(exc)) from None
+    return kind, rtol, atol
+
+
+def verification_samples(source: Any, keys: list[str], options: dict[str, Any],
+                         context: StageContext) -> tuple[dict[str, list[dict[str, Any]]], dict[str, str]]:
+    """The samples every verifier runs (verify, and each target's verify stage): for each
+    signature key, the first `samples` records of its representative dataset when the
+    recipe has one, else `samples` random inputs seeded with `seed`. Returns (samples by
+    key, origin by key). Every record of a dataset is read and checked (a bad or truncated
+    tail is an error); a signature with no samples is an error: a check that looked at
+    nothing must not pass."""
+    from tpubuild.savedmodel import datasets
+
+    samples_by_key, origin = {}, {}
+    dataset_files = _dataset_files(options, context)
+    for key in keys:
+        specs = datasets.signature_inputs(source, key)
+        if key in dataset_files:
+            label = f"representative_datasets.{key}: {dataset_files[key].name}"
+            samples = [
+                datasets.check_sample(sample, specs, f"{label}: sample {i}")
+                for i, sample in enumerate(datasets.read_tfrecord(dataset_files[key], label))
+            ][: options["samples"]]
+            origin[key] = "representative_dataset"
+        else:
+            try:
+                samples = datasets.random_samples(specs, options["samples"], options["seed"])
+            except StageError as exc:
+                raise StageError(f"signature {key!r}: {exc}") from None
+            origin[key] = "random"
+        if not samples:
+            raise StageError(f"signature {key!r}: no samples to verify on")
+        samples_by_key[key] = samples
+    return samples_by_key, origin
 
 
 def describe_failure(error: Any, rtol: float, atol: float) -> str:
