@@ -55,10 +55,18 @@ def optimize_functions(model: SavedModel) -> dict[str, Any]:
         new = bodies.get(name)
         if name in kept or new is None:
             continue
-        if new.signature != fdef.signature:  # never expected (MakeFunctionDef keeps it): keep the original
-            continue
+        if _bare(new.signature) != _bare(fdef.signature) or set(new.control_ret) != set(fdef.control_ret):
+            continue  # never expected (MakeFunctionDef keeps the signature): keep the original
         counts[name] = [len(fdef.node_def), len(new.node_def)]
-        fdef.CopyFrom(new)
+        # The body only: the signature as saved keeps what Grappler's copy drops (each
+        # resource argument's handle_data, the dtype and shape of the variable behind it,
+        # which tf.saved_model.load uses), and attrs and arg_attrs stay as saved.
+        del fdef.node_def[:]
+        fdef.node_def.extend(new.node_def)
+        fdef.ret.clear()
+        fdef.ret.update(new.ret)
+        fdef.control_ret.clear()
+        fdef.control_ret.update(new.control_ret)
     known = set(model.functions)
     for name, fdef in sorted(bodies.items()):  # functions a pass added (none with the passes above)
         if name not in known:
@@ -68,6 +76,15 @@ def optimize_functions(model: SavedModel) -> dict[str, Any]:
         "functions": dict(sorted(counts.items())),
         "nodes": [sum(c[0] for c in counts.values()), sum(c[1] for c in counts.values())],
     }
+
+
+def _bare(signature: Any) -> Any:
+    """An OpDef without the resource arguments' handle_data (which Grappler's copy drops)."""
+    copy = type(signature)()
+    copy.CopyFrom(signature)
+    for arg in list(copy.input_arg) + list(copy.output_arg):
+        arg.ClearField("handle_data")
+    return copy
 
 
 def _saver_functions(model: SavedModel) -> set[str]:

@@ -1,6 +1,6 @@
 """Load time and per-call latency of a SavedModel, measured the same way for every target.
 
-Method: each figure is the median of `runs` measurements with time.perf_counter; a load
+Method: each figure is the median of `runs` loads or `calls` calls with time.perf_counter; a load
 is `tf.saved_model.load` of the directory (each run a fresh load), a call is one call of
 a signature on one sample (the first verification sample) after one warm-up call (the
 first call instantiates and optimizes the function, which is load work, not call work).
@@ -13,12 +13,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-METHOD = ("median of {runs} runs (time.perf_counter); load = tf.saved_model.load, fresh each run; "
-          "call = one signature call on the first verification sample, after one warm-up call")
+METHOD = ("median (time.perf_counter) of {runs} loads (tf.saved_model.load, fresh each time) and of {calls} "
+          "calls (one signature call on the first verification sample, after one warm-up call), same inputs "
+          "for the target and the source")
 
 
 def measure(path: Path, tags: list[str], samples_by_key: dict[str, list[dict[str, Any]]],
-            runs: int = 5) -> dict[str, Any]:
+            runs: int = 5, calls: int = 50) -> dict[str, Any]:
     """{"load_seconds": median, "call_seconds": {key: median}} of the SavedModel at `path`."""
     import tensorflow as tf
 
@@ -34,7 +35,7 @@ def measure(path: Path, tags: list[str], samples_by_key: dict[str, list[dict[str
         feed = {name: tf.constant(value) for name, value in samples[0].items()}
         function(**feed)  # warm-up
         times = []
-        for _ in range(runs):
+        for _ in range(calls):
             start = time.perf_counter()
             function(**feed)
             times.append(time.perf_counter() - start)

@@ -38,7 +38,7 @@ SPEC = StageSpec(
 )
 
 VERIFY_JSON = "cpu_savedmodel_verify.json"
-RUNS = 5
+RUNS, CALLS = 5, 50  # loads, calls (savedmodel/latency.py)
 
 
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
@@ -59,8 +59,8 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
         errors = compare.compare_models(source_dir, artifact_dir, tags, samples_by_key, rtol, atol)
     except ValueError as exc:
         raise StageError(str(exc)) from None
-    timing = {"source": latency.measure(source_dir, tags, samples_by_key, RUNS),
-              TARGET: latency.measure(artifact_dir, tags, samples_by_key, RUNS)}
+    timing = {"source": latency.measure(source_dir, tags, samples_by_key, RUNS, CALLS),
+              TARGET: latency.measure(artifact_dir, tags, samples_by_key, RUNS, CALLS)}
     summary = {
         "target": TARGET,
         "passed": all(e.passed for e in errors) and not any(e.nan_in_artifact or e.nan_in_source for e in errors),
@@ -71,7 +71,7 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
         "outputs": [e.as_dict() for e in errors],
         "size": params.sizes(artifact_dir)["total"],
         "latency": {
-            "method": latency.METHOD.format(runs=RUNS),
+            "method": latency.METHOD.format(runs=RUNS, calls=CALLS),
             "load_seconds": {side: t["load_seconds"] for side, t in timing.items()},
             "call_seconds": {side: t["call_seconds"] for side, t in timing.items()},
         },
