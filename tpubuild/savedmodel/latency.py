@@ -29,7 +29,7 @@ def measure(path: Path, tags: list[str], samples_by_key: dict[str, list[dict[str
         start = time.perf_counter()
         loaded = tf.saved_model.load(str(path), tags=tags)
         loads.append(time.perf_counter() - start)
-    calls = {}
+    per_key = {}
     for key, samples in sorted(samples_by_key.items()):
         function = loaded.signatures[key]
         feed = {name: tf.constant(value) for name, value in samples[0].items()}
@@ -39,5 +39,5 @@ def measure(path: Path, tags: list[str], samples_by_key: dict[str, list[dict[str
             start = time.perf_counter()
             function(**feed)
             times.append(time.perf_counter() - start)
-        calls[key] = statistics.median(times)
-    return {"load_seconds": statistics.median(loads), "call_seconds": calls}
+        per_key[key] = statistics.median(times)
+    return {"load_seconds": statistics.median(loads), "call_seconds": per_key}
