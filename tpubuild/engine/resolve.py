@@ -30,6 +30,7 @@ from tpubuild.engine.statcache import StatCache
 from tpubuild.engine.store import StageEntry, Store
 from tpubuild.errors import StageError
 from tpubuild.pipeline import ENGINE_STEPS, STAGE_ORDER, PlannedStage, plan, spec
+from tpubuild.engine.siblings import MANIFEST
 from tpubuild.stages.slices import TARGET_STAGES
 
 
@@ -218,6 +219,8 @@ class Resolver:
         if clash:
             raise StageError(f"the model has a top-level {clash[0]!r}, the name of the target published beside it")
         for target, stage in targets.items():
+            if any(f.path == MANIFEST for f in run.outputs[stage].files):
+                raise StageError(f"stage {stage} wrote {MANIFEST}, the name of the target version's manifest")
             for f in run.outputs[stage].files:
                 files[f"{target}/{f.path}"] = FileEntry(f"{target}/{f.path}", f.hash, f.size)
         return sorted(files.values(), key=lambda f: f.path)
