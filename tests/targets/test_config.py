@@ -137,3 +137,14 @@ def test_a_target_only_change_reruns_only_its_chain_and_publish(ws, target):
     change = compare_recipe(Side("BASE", {"r": old}), Side("HEAD", {"r": new}), old, new, set())
     assert [s.stage for s in change.stages] == [*TARGET_STAGES[target], "publish"]
     assert change.stages[0].causes[0].startswith(f"option {key}: ")
+
+
+def test_list_shows_targets_and_render_prints_converter_options_only(ws):
+    ws.write("recipes/r.yaml", MODEL + "targets:\n  cpu_savedmodel: {optimize: false}\n")
+    code, out, err = run_cli("--workspace", str(ws.root), "list")
+    assert (code, err) == (0, "")
+    assert out == ("r  models/toy  [source > verify > report > cpu_savedmodel > cpu_savedmodel_verify > publish]"
+                   "  targets: tpu_savedmodel, cpu_savedmodel\n")
+    for fmt in ("textproto", "json", "yaml"):
+        code, out, err = run_cli("--workspace", str(ws.root), "render", "r", "--format", fmt)
+        assert code == 0 and "optimize" not in out and "cpu_savedmodel" not in out, (fmt, out, err)
