@@ -96,3 +96,15 @@ def test_a_deleted_target_version_is_restored_in_place(tmp_path):
         "cpu_savedmodel/1/saved_model.pb", "cpu_savedmodel/1/tpubuild-manifest.json",
         "cpu_savedmodel/1/variables/variables.index"]
     assert versions.not_published_reason(recipe_dir / "cpu_savedmodel" / "1", "toy", "cpu_savedmodel") is None
+
+
+def test_verify_cache_repair_covers_target_files(tmp_path):
+    recipe_dir = tmp_path / "out" / "toy"
+    publish(tmp_path, recipe_dir, b"a")
+    damaged = recipe_dir / "cpu_savedmodel" / "1" / "saved_model.pb"
+    os.chmod(damaged, 0o644)
+    damaged.write_bytes(b"garbage")
+    store = {hash_file(p): p for p in (tmp_path / "objects").iterdir()}
+    restored, lost = versions.repair_version(recipe_dir / "1", lambda digest: store.get(digest, tmp_path / "none"))
+    assert (restored, lost) == ([damaged], [])
+    assert damaged.read_bytes() == b"cpua"
