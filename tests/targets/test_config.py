@@ -148,3 +148,16 @@ def test_list_shows_targets_and_render_prints_converter_options_only(ws):
     for fmt in ("textproto", "json", "yaml"):
         code, out, err = run_cli("--workspace", str(ws.root), "render", "r", "--format", fmt)
         assert code == 0 and "optimize" not in out and "cpu_savedmodel" not in out, (fmt, out, err)
+
+
+def test_diff_shows_each_targets_figures_from_the_lock_files(ws):
+    from tpubuild.review.compare import artifact_deltas
+
+    ws.write("recipes/r.yaml", MODEL)
+    recipe = load_recipes(load_workspace(ws.root))[0]
+    old = {"artifact": {"cpu_savedmodel": {"size_bytes": 1000, "passed": True, "max_abs_error": 0.0}}}
+    new = {"recipe_digest": recipe.digest,
+           "artifact": {"cpu_savedmodel": {"size_bytes": 800, "passed": True, "max_abs_error": 1e-6}}}
+    deltas = artifact_deltas(old, new, recipe)
+    assert deltas["cpu_savedmodel.size_bytes"] == {"old": 1000, "new": 800, "delta": -200, "percent": -20.0}
+    assert deltas["cpu_savedmodel.max_abs_error"]["new"] == 1e-6
