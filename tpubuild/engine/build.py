@@ -424,7 +424,6 @@ def memo_files(engine: Engine, run: RecipeRun) -> list[str] | None:
         files.append(str(recipe_dir / target))
         version_dirs.append(recipe_dir / target / str(run.version))
     for version_dir in version_dirs:
-        files.append(str(version_dir))  # listed even when missing: its absence is remembered as a stat
         for dirpath, dirnames, filenames in os.walk(version_dir):
             files.append(dirpath)
             files.extend(os.path.join(dirpath, n) for n in filenames)
