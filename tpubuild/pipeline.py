@@ -14,9 +14,15 @@ from functools import lru_cache
 from typing import Any
 
 from tpubuild.stages.base import StageSpec
-from tpubuild.stages.slices import TRANSFORMS, converter, effective_state, generated_datasets
+from tpubuild.stages.slices import TARGET_STAGES, TRANSFORMS, converter, effective_state, generated_datasets, targets
 
 Canonical = dict[str, Any]
+
+# The target chains this tpubuild has stage modules for (stages/slices.py TARGET_STAGES),
+# in this order after `report`. Adding a target's stages is one line here.
+TARGET_CHAINS = (
+    *TARGET_STAGES["cpu_savedmodel"],
+)
 
 # The order of the converter's pipeline (design.md). A recipe runs a subsequence.
 STAGE_ORDER = (
@@ -30,11 +36,13 @@ STAGE_ORDER = (
     "batch",
     "verify",
     "report",
+    *TARGET_CHAINS,  # each target the recipe lists: its build stage, then its verify stage
     "publish",
 )
 ENGINE_STEPS = frozenset({"source", "publish"})
 
-__all__ = ["STAGE_ORDER", "TRANSFORMS", "PlannedStage", "effective_state", "plan", "spec", "stage_names"]
+__all__ = ["STAGE_ORDER", "TARGET_CHAINS", "TRANSFORMS", "PlannedStage", "effective_state", "plan", "spec", "stage_names",
+           "target_chains"]
 
 
 @lru_cache(maxsize=None)
@@ -72,7 +80,14 @@ def stage_names(recipe: Canonical) -> list[str]:
         "report": True,
         "publish": True,
     }
-    return [name for name in STAGE_ORDER if wanted[name]]
+    for target in targets(recipe):
+        wanted.update(dict.fromkeys(TARGET_STAGES[target], True))
+    return [name for name in STAGE_ORDER if wanted.get(name)]
+
+
+def target_chains(names: list[str]) -> dict[str, tuple[str, str]]:
+    """Target -> (build stage, verify stage), for the target chains among `names`."""
+    return {target: chain for target, chain in TARGET_STAGES.items() if chain and chain[0] in names}
 
 
 def plan(recipe: Canonical) -> list[PlannedStage]:
@@ -83,9 +98,14 @@ def plan(recipe: Canonical) -> list[PlannedStage]:
         if name == "source":
             planned.append(PlannedStage(name, {"saved_model": recipe["model"]["saved_model"]}))
         elif name == "publish":
-            # The final model and the report's files; the recipe name names the directory.
-            consumes = {"model": roles["model"], **({"report": "report"} if "report" in roles else {})}
-            planned.append(PlannedStage(name, {"name": recipe["name"]}, [], consumes))
+            # The final model, the report's files and each target's build output (published
+            # beside it, role = target name); each target's verdict is read as a summary.
+            # The recipe name names the directory.
+            chains = target_chains([p.name for p in planned])
+            consumes = {"model": roles["model"], **({"report": "report"} if "report" in roles else {}),
+                        **{target: build for target, (build, _) in chains.items()}}
+            summaries = tuple(verify for _, verify in chains.values())
+            planned.append(PlannedStage(name, {"name": recipe["name"]}, [], consumes, summaries))
         else:
             s = spec(name)
             consumes = {role: roles[role] for role in s.consumes if role in roles}

@@ -79,9 +79,10 @@ def test_list_json_and_glob_targets(ws):
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == [
         {"name": "nlp-a", "file": "recipes/nlp-a.yaml", "model": "models/toy",
-         "stages": ["source", "tpu", "bfloat16", "io_shape", "verify", "report", "publish"]},
+         "stages": ["source", "tpu", "bfloat16", "io_shape", "verify", "report", "publish"],
+         "targets": ["tpu_savedmodel"]},
         {"name": "nlp-b", "file": "recipes/nlp-b.yaml", "model": "models/toy",
-         "stages": ["source", "verify", "report", "publish"]},
+         "stages": ["source", "verify", "report", "publish"], "targets": ["tpu_savedmodel"]},
     ]
 
 

@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 
 from tpubuild.config import load_recipes
 from tpubuild.errors import ConfigError
-from tpubuild.pipeline import plan
+from tpubuild.pipeline import STAGE_ORDER, plan
 from tpubuild.review.compare import Side, stage_changes
+from tpubuild.stages.slices import TARGET_STAGES
 from tpubuild.workspace import load_workspace
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,9 +98,29 @@ MUTATIONS = [
     ("verify.representative_datasets", ("verify", "representative_datasets"),
      {"serving_default": {"tfrecord_file_path": "data/e.tfrecord"}}),
 ]
-# Leaves not edited here, and why: the file's own metadata, and the export form of `model`
-# (its script, function and deps are inputs of the export stage: tests/diff/test_diff.py).
-NOT_MUTATED = {"$schema", "name", "extends", "model.export.script", "model.export.function", "model.export.deps"}
+# `targets:` (issue 12): each option of each target whose stages this tpubuild has.
+TARGET_MUTATIONS = [
+    ("targets.cpu_savedmodel.optimize", ("targets", "cpu_savedmodel", "optimize"), False),
+    ("targets.cpu_savedmodel.rtol", ("targets", "cpu_savedmodel", "rtol"), 0.1),
+    ("targets.cpu_savedmodel.atol", ("targets", "cpu_savedmodel", "atol"), 0.01),
+    ("targets.litert.quantization", ("targets", "litert", "quantization"), "dynamic_range"),
+    ("targets.litert.composites", ("targets", "litert", "composites"), ["lstm"]),
+    ("targets.litert.select_tf_ops", ("targets", "litert", "select_tf_ops"), True),
+    ("targets.litert.signatures", ("targets", "litert", "signatures"), ["serving_default"]),
+    ("targets.litert.rtol", ("targets", "litert", "rtol"), 0.1),
+    ("targets.litert.atol", ("targets", "litert", "atol"), 0.01),
+    ("targets.xla_aot.signatures", ("targets", "xla_aot"), {"batch_sizes": [1], "signatures": ["other"]}),
+    ("targets.xla_aot.batch_sizes", ("targets", "xla_aot"), {"batch_sizes": [1, 2]}),
+    ("targets.xla_aot.rtol", ("targets", "xla_aot"), {"batch_sizes": [1], "rtol": 0.1}),
+    ("targets.xla_aot.atol", ("targets", "xla_aot"), {"batch_sizes": [1], "atol": 0.01}),
+]
+_MISSING = [t for t, chain in TARGET_STAGES.items() if chain and chain[0] not in STAGE_ORDER]
+MUTATIONS += [m for m in TARGET_MUTATIONS if m[1][1] not in _MISSING]
+# Leaves not edited here, and why: the file's own metadata, the export form of `model`
+# (its script, function and deps are inputs of the export stage: tests/diff/test_diff.py),
+# and the options of a target whose stages are not in this tpubuild (a recipe naming it is refused).
+NOT_MUTATED = {"$schema", "name", "extends", "model.export.script", "model.export.function", "model.export.deps",
+               *(m[0] for m in TARGET_MUTATIONS if m[1][1] in _MISSING)}
 
 
 def schema_leaves() -> set[str]:

@@ -9,7 +9,7 @@ from tpubuild.commands._common import changed_targets, recipes_from
 
 @click.command(
     "list",
-    short_help="List recipes with their model and the stages they run.",
+    short_help="List recipes with their model, the stages they run and their targets.",
     epilog="\b\nExamples:\n  tpubuild list\n  tpubuild list --json 'nlp-*' | jq '.[].stages'",
 )
 @click.argument("targets", nargs=-1)
@@ -17,8 +17,11 @@ from tpubuild.commands._common import changed_targets, recipes_from
 @click.option("--changed-since", metavar="REV", help="Only the recipes `tpubuild diff REV` reports as affected.")
 @click.pass_context
 def command(ctx: click.Context, targets: tuple[str, ...], as_json: bool, changed_since: str | None) -> int:
-    """List the workspace's recipes: name, file, model and the pipeline stages."""
+    """List the workspace's recipes: name, file, model, the pipeline stages and the
+    serving targets (`targets:`; shown when there is more than the TPU SavedModel)."""
     from tpubuild.pipeline import stage_names
+    from tpubuild.stages.slices import DEFAULT_TARGETS
+    from tpubuild.stages.slices import targets as recipe_targets
 
     if changed_since is not None:
         targets = changed_targets(ctx, targets, changed_since)
@@ -29,6 +32,7 @@ def command(ctx: click.Context, targets: tuple[str, ...], as_json: bool, changed
             "file": r.rel_file,
             "model": _model(r.canonical["model"]),
             "stages": stage_names(r.canonical),
+            "targets": list(recipe_targets(r.canonical)),
         }
         for r in recipes
     ]
@@ -37,7 +41,9 @@ def command(ctx: click.Context, targets: tuple[str, ...], as_json: bool, changed
         return 0
     width = max((len(row["name"]) for row in rows), default=0)
     for row in rows:
-        click.echo(f"{row['name']:<{width}}  {row['model']}  [{' > '.join(row['stages'])}]")
+        # The default target (the TPU SavedModel alone) goes without saying.
+        shown = f"  targets: {', '.join(row['targets'])}" if row["targets"] != list(DEFAULT_TARGETS) else ""
+        click.echo(f"{row['name']:<{width}}  {row['model']}  [{' > '.join(row['stages'])}]{shown}")
     return 0
 
 

@@ -43,6 +43,10 @@ def command(ctx: click.Context, target: str, fmt: str, path_prefix: str) -> int:
     --converter_options_string: quantization goes under
     external_feature_configs { quantization_options { ... } } and dataset paths are
     relative to the workspace root unless --path-prefix is given.
+
+    Only ConverterOptions are printed, in every format: `verify:`, `targets:` and
+    tpubuild's own extensions (allow_unquantized) are not converter options
+    (`tpubuild list` shows each recipe's targets).
     """
     from tpubuild.render import render
 

@@ -24,9 +24,12 @@ def command(ctx: click.Context, target: str, fmt: str, version: int | None, agai
     """Print the conversion report saved in `<output_dir>/<recipe>/<N>/tpubuild-report.json`.
 
     TPU vs CPU cost (per TPU function), sizes, parameters by dtype, verification errors,
-    the quantization summary and the HLO files. TensorFlow is not imported.
+    the quantization summary and the HLO files; with `targets:`, every target side by side
+    (size, verified max error, per-call and load latency, from the version's manifest).
+    TensorFlow is not imported.
     """
-    from tpubuild.engine.versions import version_numbers
+    from tpubuild import targets_report
+    from tpubuild.engine.versions import read_manifest, version_numbers
     from tpubuild.savedmodel import report_format
 
     ws, recipes = recipes_from(ctx, [target])
@@ -46,13 +49,20 @@ def command(ctx: click.Context, target: str, fmt: str, version: int | None, agai
                 click.echo(f"{recipe.name}: version {against} -> version {chosen}")
                 click.echo(report_format.difference_text(diff, f"version {against}", f"version {chosen}"), nl=False)
             continue
+        # Serving targets beside the TPU SavedModel: from the manifest (targets_report.py).
+        manifest = read_manifest(recipe_dir / str(chosen)) or {}
+        table = targets_report.rows(manifest) if manifest.get("targets") else []
         if fmt == "json":
-            click.echo(report_format.to_json(report), nl=False)
+            click.echo(report_format.to_json({**report, "targets": table} if table else report), nl=False)
         elif fmt == "markdown":  # as published: shared by every recipe with this build, it names none
             click.echo(report_format.to_markdown(report), nl=False)
+            if table:
+                click.echo(targets_report.to_markdown(table), nl=False)
         else:
             click.echo(f"version {chosen} ({recipe_dir / str(chosen)})")
             click.echo(report_format.to_text({"recipe": recipe.name, **report}), nl=False)
+            if table:
+                click.echo(targets_report.to_text(table), nl=False)
     return 0
 
 

@@ -22,6 +22,13 @@ BATCH_DEFAULTS = {
 }
 VERIFY_DEFAULTS = {"samples": 32, "seed": 0, "rtol": None, "atol": None, "representative_datasets": {}}
 DEFAULT_TAGS = ["serve"]
+# Each target's options as the targets contract (docs/architecture.md, "Targets") defines them.
+TARGET_DEFAULTS: dict[str, dict[str, Any]] = {
+    "cpu_savedmodel": {"optimize": True, "rtol": None, "atol": None},
+    "litert": {"quantization": "none", "composites": "all", "select_tf_ops": False, "signatures": None,
+               "rtol": None, "atol": None},
+    "xla_aot": {"signatures": ["serving_default"], "rtol": None, "atol": None},  # batch_sizes: required
+}
 DEFAULT_NUM_SAMPLES = 200
 
 
@@ -44,7 +51,28 @@ def canonicalize(data: dict[str, Any], name: str, root: Path) -> dict[str, Any]:
         "model": canonical_model,
         "converter": _converter(data.get("converter", {}), tags),
         "verify": {**VERIFY_DEFAULTS, **data.get("verify", {})},
+        **_targets(data.get("targets") or {}),
     }
+
+
+def _targets(targets: dict[str, Any]) -> dict[str, Any]:
+    """`targets`, defaults filled, every target after the always-built TPU SavedModel.
+    The TPU SavedModel alone (absent or `{tpu_savedmodel: {}}`) is the default and leaves
+    the key out, so recipes without other targets keep their canonical form and digest."""
+    extra = {name: _target(name, options or {}) for name, options in targets.items() if name != "tpu_savedmodel"}
+    if not extra:
+        return {}
+    return {"targets": {"tpu_savedmodel": {}, **dict(sorted(extra.items()))}}
+
+
+def _target(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    out = {**TARGET_DEFAULTS[name], **options}
+    for key in ("signatures", "batch_sizes"):  # sets: their order means nothing
+        if isinstance(out.get(key), list):
+            out[key] = sorted(set(out[key]))
+    if isinstance(out.get("composites"), list):
+        out["composites"] = sorted(set(out["composites"]))
+    return out
 
 
 def _converter(converter: dict[str, Any], tags: list[str]) -> dict[str, Any]:

@@ -45,6 +45,7 @@ class Checker:
             (self.check_batch_options, converter.get("batch_options", [])),
             (self.check_xla_sharding, converter.get("xla_sharding_options")),
             (self.check_quantization, converter.get("quantization_options")),
+            (self.check_targets, self.data.get("targets")),
         )
         for check, *args in checks:
             # The schema's errors are reported too; a check that meets a value of the
@@ -230,6 +231,21 @@ class Checker:
                     path + ("representative_datasets",) if "representative_datasets" in options else path,
                     f"STATIC_RANGE quantization needs a representative dataset for {', '.join(map(repr, missing))}",
                 )
+
+    def check_targets(self, targets: dict[str, Any] | None) -> None:
+        from tpubuild.pipeline import STAGE_ORDER
+        from tpubuild.stages.slices import TARGET_STAGES
+
+        for name, options in (targets or {}).items():
+            path = ("targets", name)
+            missing = [stage for stage in TARGET_STAGES.get(name, ()) if stage not in STAGE_ORDER]
+            if missing:
+                self.error(path, f"target {name} is not available in this tpubuild (no stage {missing[0]})",
+                           at_key=True)
+            for key in ("rtol", "atol"):
+                value = (options or {}).get(key)
+                if isinstance(value, float) and not math.isfinite(value) and not value < 0:
+                    self.error(path + (key,), f"must be a finite number >= 0, got {value}")
 
 
 def _oneof_message(choices: tuple[str, ...], given: list[str]) -> str:

@@ -88,7 +88,9 @@ def _message(error) -> str:
         names = [expected] if isinstance(expected, str) else list(expected)
         return f"expected {' or '.join(_TYPE_NAMES.get(n, n) for n in names)}, got {_show(value)}"
     if kind == "enum":
-        choices = [c for c in error.validator_value if not (isinstance(c, str) and c != c.upper())]
+        # Case-insensitive enums list both spellings; name the upper-case one only.
+        values = error.validator_value
+        choices = [c for c in values if not (isinstance(c, str) and c != c.upper() and c.upper() in values)]
         return f"{_show(value)} is not one of {', '.join(map(str, choices))}"
     if kind == "const":
         return f"must be {_show(error.validator_value)}, got {_show(value)}"
@@ -96,6 +98,8 @@ def _message(error) -> str:
         return error.message.replace("is a required property", "is required")
     if kind == "minProperties" and error.validator_value == 1:
         return "must not be empty"
+    if kind == "anyOf" and "anyOfErrorMessage" in error.schema:
+        return f"{_show(value)} {error.schema['anyOfErrorMessage']}"
     if kind == "minimum":
         return f"must be >= {error.validator_value}, got {_show(value)}"
     if kind == "maximum":

@@ -18,6 +18,7 @@ from typing import Any, Callable
 from tpubuild import __version__
 from tpubuild.engine.keys import toolchain, worker_env
 from tpubuild.engine.lockfile import lock_document, write_lock
+from tpubuild.engine import siblings
 from tpubuild.engine.resolve import (
     Output,
     Pending,
@@ -25,6 +26,7 @@ from tpubuild.engine.resolve import (
     Resolver,
     changed_inputs,
     new_runs,
+    published_targets,
 )
 from tpubuild.engine.statcache import StatCache
 from tpubuild.engine.store import StageEntry, Store
@@ -233,12 +235,22 @@ class Engine:
     def manifest(self, run: RecipeRun, content: str) -> dict[str, Any]:
         """What a published version says of itself; the recipe-specific part of the
         artifact (cached outputs never name a recipe)."""
+        publish = run.plan[-1]
+        targets = published_targets(publish)
+        main, by_target = siblings.split(run.outputs["publish"].files, sorted(targets))
+        verdicts = dict(zip(targets, publish.summaries))  # plan order: each target's verify stage
         return {
             "recipe": run.name,
             "recipe_file": run.recipe.rel_file,
             "recipe_digest": run.recipe.digest,
             "content": content,
-            "files": {f.path: f.hash for f in run.outputs["publish"].files},
+            "files": {f.path: f.hash for f in main},
+            # Each target version `<recipe>/<target>/<N>/`: its files, build facts and verdict.
+            **({"targets": {
+                target: {"files": {rel: f.hash for rel, f in by_target[target]},
+                         "build": run.outputs[stage].summary,
+                         "verify": run.outputs[verdicts[target]].summary}
+                for target, stage in targets.items()}} if targets else {}),
             "stages": [{"stage": name, "key": out.key, "output": out.tree}
                        for name, out in run.outputs.items() if name != "publish"],
             "inputs": run_inputs(run),
@@ -311,6 +323,18 @@ def artifact_facts(run: RecipeRun, model_measured: bool) -> list[tuple[str, Any,
     if summary.get("argmax_agreement") is not None:
         facts.append(("argmax_agreement", f"{100 * summary['argmax_agreement']:.1f}%", True))
     facts.append(("warnings", sum(len(out.warnings) for out in run.outputs.values()), False))
+    return facts + target_facts(run)
+
+
+def target_facts(run: RecipeRun) -> list[tuple[str, Any, bool]]:
+    """One fact per published target: its size and verification (measured)."""
+    publish = run.plan[-1]
+    facts: list[tuple[str, Any, bool]] = []
+    for (target, stage), verdict in zip(published_targets(publish).items(), publish.summaries):
+        summary = run.outputs[verdict].summary if verdict in run.outputs else {}
+        value = {"size_bytes": sum(f.size for f in run.outputs[stage].files)} if stage in run.outputs else {}
+        value.update({k: summary[k] for k in ("passed", "max_abs_error") if k in summary})
+        facts.append((target, value, True))
     return facts
 
 
@@ -394,11 +418,15 @@ def memo_files(engine: Engine, run: RecipeRun) -> list[str] | None:
             declared = {k: v for k, v in out.record.items() if k != "discovered"}
             files.append(str(engine.resolver.depfile(stage_key(declared))))
     recipe_dir = Path(engine.ws.output_dir) / run.name
-    version_dir = recipe_dir / str(run.version)
     files.append(str(recipe_dir))
-    for dirpath, dirnames, filenames in os.walk(version_dir):
-        files.append(dirpath)
-        files.extend(os.path.join(dirpath, n) for n in filenames)
+    version_dirs = [recipe_dir / str(run.version)]
+    for target in published_targets(run.plan[-1]):  # each target version too: a deleted one must rerun publish
+        files.append(str(recipe_dir / target))
+        version_dirs.append(recipe_dir / target / str(run.version))
+    for version_dir in version_dirs:
+        for dirpath, dirnames, filenames in os.walk(version_dir):
+            files.append(dirpath)
+            files.extend(os.path.join(dirpath, n) for n in filenames)
     return files
 
 

@@ -30,6 +30,8 @@ from tpubuild.engine.statcache import StatCache
 from tpubuild.engine.store import StageEntry, Store
 from tpubuild.errors import StageError
 from tpubuild.pipeline import ENGINE_STEPS, STAGE_ORDER, PlannedStage, plan, spec
+from tpubuild.engine.siblings import MANIFEST
+from tpubuild.stages.slices import TARGET_STAGES
 
 
 @dataclass
@@ -203,7 +205,8 @@ class Resolver:
 
     # --- publish ------------------------------------------------------------------
     def publish_files(self, run: RecipeRun) -> list[FileEntry]:
-        """The published tree: the final model, plus the files the report stage wrote."""
+        """The published tree: the final model, plus the files the report stage wrote, plus
+        each target's build output named `<target>/<path>` (engine/siblings.py)."""
         planned = run.plan[-1]
         files = {f.path: f for f in run.outputs[planned.consumes["model"]].files}
         report = run.outputs.get("report")
@@ -211,7 +214,25 @@ class Resolver:
             if f.path in files:
                 raise StageError(f"report file {f.path} would overwrite a file of the model")
             files[f.path] = f
+        targets = published_targets(planned)
+        clash = sorted({path.split("/")[0] for path in files} & set(targets))
+        if clash:
+            raise StageError(f"the model has a top-level {clash[0]!r}, the name of the target published beside it")
+        for target, stage in targets.items():
+            if any(f.path == MANIFEST for f in run.outputs[stage].files):
+                raise StageError(f"stage {stage} wrote {MANIFEST}, the name of the target version's manifest")
+            for f in run.outputs[stage].files:
+                files[f"{target}/{f.path}"] = FileEntry(f"{target}/{f.path}", f.hash, f.size)
         return sorted(files.values(), key=lambda f: f.path)
+
+    def publish_content(self, run: RecipeRun, files: list[FileEntry]) -> str:
+        """What a published version holds: its files and, with targets, each target's
+        verification (in its manifest), so a new verdict is a new version."""
+        content = tree_digest(files)
+        verdicts = {name: run.outputs[name].tree for name in run.plan[-1].summaries}
+        if verdicts:
+            content = hash_bytes(canonical_dumps({"files": content, "verified": verdicts}).encode())
+        return content
 
     def publish_key(self, run: RecipeRun, content: str) -> str:
         return hash_bytes(canonical_dumps({"stage": "publish", "recipe": run.name, "content": content}).encode())
@@ -224,7 +245,7 @@ class Resolver:
         from tpubuild.engine import versions
 
         files = self.publish_files(run)
-        content = tree_digest(files)
+        content = self.publish_content(run, files)
         repair = [(f, self.store.object_path(f.hash)) for f in files] if link_type else None
         number = versions.newest_matching(Path(self.ws.output_dir) / run.name, content, self.stat,
                                           repair, link_type or "copy", restored)
@@ -265,6 +286,11 @@ class Resolver:
             run.outputs[planned.name] = self.output_of(planned, entry, self.store.trees / entry.tree)
             out.append(Resolved(planned.name, "cached", entry.key, entry.record, [], entry.tree))
         return out
+
+
+def published_targets(publish: PlannedStage) -> dict[str, str]:
+    """Target -> its build stage, for the targets the publish step publishes."""
+    return {role: stage for role, stage in publish.consumes.items() if role in TARGET_STAGES}
 
 
 @dataclass

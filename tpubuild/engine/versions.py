@@ -17,6 +17,10 @@ Publishing modes (workspace `link_type`):
 What tpubuild deletes (`clean`, pruning): only a directory `<recipe>/<N>/` holding a
 `tpubuild-manifest.json` that names that recipe and lists exactly the files there.
 Anything else in the output directory is the user's: it is left and reported.
+
+Targets (recipe `targets:`): each other target of version N is published first at
+`<recipe>/<target>/<N>/` (engine/siblings.py), the main `<N>/` last; the main manifest
+lists their files too, so the no-op check, repair, pruning and `clean` cover them.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+from tpubuild.engine import siblings
 from tpubuild.engine.fsutil import fsync_path, place_file, replace_file
 from tpubuild.engine.hashing import FileEntry, hash_file
 from tpubuild.engine.statcache import StatCache
@@ -54,14 +59,15 @@ def read_manifest(version_dir: Path) -> dict[str, Any] | None:
 
 
 def damaged_files(version_dir: Path, manifest: dict[str, Any], stat_cache: StatCache) -> list[str]:
-    """The files of a published version whose content is not what its manifest lists."""
+    """The files of a published version (its target versions' too, named `<target>/<path>`)
+    whose content is not what its manifest lists."""
     bad = []
-    for rel, digest in sorted(manifest.get("files", {}).items()):
+    for name, path, digest in siblings.version_files(version_dir.parent, version_dir.name, manifest):
         try:
-            if stat_cache.file_hash(os.path.join(version_dir, rel)) != digest:
-                bad.append(rel)
+            if stat_cache.file_hash(os.fspath(path)) != digest:
+                bad.append(name)
         except OSError:
-            bad.append(rel)
+            bad.append(name)
     return bad
 
 
@@ -91,19 +97,26 @@ def newest_matching(
     if not manifest or manifest.get("content") != content:
         return None
     bad = damaged_files(version_dir, manifest, stat_cache)
-    if not bad:
+    stale = siblings.stale_manifests(recipe_dir, numbers[-1], manifest)
+    if not bad and not stale:
         return numbers[-1]
     if files is None:
         return None
     objects = {entry.path: (entry, obj) for entry, obj in files}
     if any(rel not in objects for rel in bad):
         return None
+    paths = {name: path for name, path, _ in siblings.version_files(recipe_dir, numbers[-1], manifest)}
+    for target in stale:  # a target version's own manifest: what `clean` trusts
+        siblings.write_manifest(recipe_dir, numbers[-1], manifest, target)
+        if restored is not None:
+            restored.append(recipe_dir / target / str(numbers[-1]) / MANIFEST)
     for rel in bad:
         entry, obj = objects[rel]
-        replace_file(obj, version_dir / rel, link_type)
-        stat_cache.record(os.fspath(version_dir / rel), os.stat(version_dir / rel), entry.hash)
+        paths[rel].parent.mkdir(parents=True, exist_ok=True)  # a deleted target version is rebuilt in place
+        replace_file(obj, paths[rel], link_type)
+        stat_cache.record(os.fspath(paths[rel]), os.stat(paths[rel]), entry.hash)
         if restored is not None:
-            restored.append(version_dir / rel)
+            restored.append(paths[rel])
     return numbers[-1]
 
 
@@ -117,13 +130,24 @@ def publish(
     warn: Callable[[str], None] | None = None,
 ) -> int:
     """Write a new version from (entry, object path) pairs and the manifest; returns N.
-    `link_type`: "copy" (reflink or copy, the default) or "hardlink" (module docstring)."""
+    `link_type`: "copy" (reflink or copy, the default) or "hardlink" (module docstring).
+    Files named `<target>/<path>` for a target in `manifest["targets"]` go to the target
+    version `<recipe>/<target>/<N>/`, written before the main version."""
+    targets = sorted(manifest.get("targets") or {})
+    files, target_files = siblings.split(files, targets)
     try:
         recipe_dir.mkdir(parents=True, exist_ok=True)
+        remove_orphans(recipe_dir, warn)
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=recipe_dir))
     except OSError as exc:
         raise StageError(f"cannot write the output directory {recipe_dir}: {exc.strerror}") from None
+    written: list[Path] = []
     try:
+        number = max([0, *version_numbers(recipe_dir), *(n for t in targets for n in siblings.numbers(recipe_dir / t))]) + 1
+        manifest = dict(manifest, version=number)
+        for target in targets:
+            written.append(siblings.write_version(recipe_dir / target, number, target_files[target],
+                                                  siblings.target_manifest(manifest, target), link_type))
         made = {tmp}
         for entry, obj in files:
             target = tmp / entry.path
@@ -131,8 +155,6 @@ def publish(
                 target.parent.mkdir(parents=True, exist_ok=True)
                 made.add(target.parent)
             place_file(obj, target, link_type)
-        number = (version_numbers(recipe_dir) or [0])[-1] + 1
-        manifest = dict(manifest, version=number)
         with open(tmp / MANIFEST, "w") as f:
             json.dump(manifest, f, indent=2, sort_keys=True)
             f.write("\n")
@@ -147,8 +169,14 @@ def publish(
             for entry, _ in files:
                 path = os.path.join(recipe_dir, str(number), entry.path)
                 stat_cache.record(path, os.stat(path), entry.hash)
+            for target in targets:
+                for rel, (entry, _) in target_files[target]:
+                    path = os.path.join(recipe_dir, target, str(number), rel)
+                    stat_cache.record(path, os.stat(path), entry.hash)
     except (OSError, StageError) as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        for directory in written:  # target versions of a main version that does not exist
+            _delete(directory)
         if isinstance(exc, StageError):
             raise
         if exc.errno == errno.ENOSPC:
@@ -178,8 +206,7 @@ def repair_version(version_dir: Path, object_path: Callable[[str], Path], link_t
     verified the objects). Returns (restored, damaged and not restorable)."""
     manifest = read_manifest(version_dir) or {}
     restored, lost = [], []
-    for rel, digest in sorted(manifest.get("files", {}).items()):
-        path = version_dir / rel
+    for _, path, digest in siblings.version_files(version_dir.parent, version_dir.name, manifest):
         try:
             if hash_file(path) == digest:
                 continue
@@ -194,9 +221,10 @@ def repair_version(version_dir: Path, object_path: Callable[[str], Path], link_t
     return restored, lost
 
 
-def not_published_reason(version_dir: Path, recipe: str) -> str | None:
+def not_published_reason(version_dir: Path, recipe: str, target: str | None = None) -> str | None:
     """None when `version_dir` is a version tpubuild published for `recipe` (its manifest
-    names the recipe and lists exactly the files there); else why it is not."""
+    names the recipe, and `target` for a target version, and lists exactly the files
+    there); else why it is not."""
     if version_dir.is_symlink() or not version_dir.is_dir():
         return "not a directory tpubuild published"
     manifest = read_manifest(version_dir)
@@ -204,6 +232,8 @@ def not_published_reason(version_dir: Path, recipe: str) -> str | None:
         return f"no readable {MANIFEST}"
     if manifest.get("recipe") != recipe:
         return f"its {MANIFEST} is for recipe {manifest.get('recipe')!r}, not {recipe!r}"
+    if manifest.get("target") != target:
+        return f"its {MANIFEST} is for target {manifest.get('target')!r}, not {target!r}"
     listed = set(manifest.get("files", {})) | {MANIFEST}
     present = set()
     for dirpath, dirnames, filenames in os.walk(version_dir):
@@ -236,8 +266,40 @@ def prune(recipe_dir: Path, keep: int, warn: Callable[[str], None] | None = None
             if warn is not None:
                 warn(f"{version_dir}: {reason}; left in place")
             continue
+        _delete_siblings(recipe_dir, number, warn)  # target versions first: the main one is what a build trusts
         _delete(version_dir)
         removed.append(number)
+    return removed
+
+
+def _delete_siblings(recipe_dir: Path, number: int, warn: Callable[[str], None] | None) -> list[Path]:
+    """Delete the target versions `<recipe>/<target>/<number>/` tpubuild published."""
+    removed = []
+    for target_dir in siblings.target_dirs(recipe_dir):
+        path = target_dir / str(number)
+        if not os.path.lexists(path):
+            continue
+        reason = not_published_reason(path, recipe_dir.name, target_dir.name)
+        if reason is not None:
+            if warn is not None:
+                warn(f"{path}: {reason}; left in place")
+            continue
+        _delete(path)
+        removed.append(path)
+    return removed
+
+
+def remove_orphans(recipe_dir: Path, warn: Callable[[str], None] | None = None) -> list[Path]:
+    """Delete target versions whose main version does not exist (a killed publish)."""
+    main = set(version_numbers(recipe_dir))
+    removed = []
+    for target_dir in siblings.target_dirs(recipe_dir):
+        clean_temp(target_dir)
+        for number in siblings.numbers(target_dir):
+            path = target_dir / str(number)
+            if number not in main and not_published_reason(path, recipe_dir.name, target_dir.name) is None:
+                _delete(path)
+                removed.append(path)
     return removed
 
 
@@ -252,12 +314,21 @@ def remove_published(recipe_dir: Path, recipe: str) -> tuple[list[Path], list[tu
         return removed, left
     names = sorted(os.listdir(recipe_dir))
     reasons = {name: not_published_reason(recipe_dir / name, recipe) for name in names if name.isdigit()}
-    if None not in reasons.values():  # nothing here is ours: one line for the directory
+    target_reasons = {path / str(n): not_published_reason(path / str(n), recipe, path.name)
+                      for path in siblings.target_dirs(recipe_dir) for n in siblings.numbers(path)}
+    if None not in reasons.values() and None not in target_reasons.values():  # nothing here is ours
         left.append((recipe_dir, f"holds no version tpubuild published for recipe {recipe!r}"))
         return removed, left
     clean_temp(recipe_dir)
+    handled = siblings.target_dirs(recipe_dir)
+    for target_dir in handled:  # target versions first: the main version is what a build trusts
+        gone, kept = _remove_target_dir(target_dir, target_reasons)
+        removed += gone
+        left += kept
     for name in sorted(os.listdir(recipe_dir)):
         path = recipe_dir / name
+        if path in handled:
+            continue  # what is left in it was reported above
         reason = reasons.get(name, "not a version tpubuild published")
         if reason is not None:
             left.append((path, reason))
@@ -270,6 +341,28 @@ def remove_published(recipe_dir: Path, recipe: str) -> tuple[list[Path], list[tu
             removed = [recipe_dir]
         except OSError:
             pass
+    return removed, left
+
+
+def _remove_target_dir(target_dir: Path, reasons: dict[Path, str | None]) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """`clean` of one `<recipe>/<target>/`: its versions tpubuild published, then the
+    directory when nothing else is left in it."""
+    removed: list[Path] = []
+    left: list[tuple[Path, str]] = []
+    clean_temp(target_dir)
+    for name in sorted(os.listdir(target_dir)):
+        path = target_dir / name
+        reason = reasons.get(path, "not a version tpubuild published")
+        if reason is not None:
+            left.append((path, reason))
+            continue
+        _delete(path)
+        removed.append(path)
+    if not left:
+        try:
+            os.rmdir(target_dir)
+        except OSError as exc:
+            left.append((target_dir, f"cannot remove it: {exc.strerror}"))
     return removed, left
 
 

@@ -24,10 +24,12 @@ from typing import Any
 from tpubuild.engine.lockfile import read_lock
 from tpubuild.engine.resolve import expand_inputs
 from tpubuild.pipeline import ENGINE_STEPS, PlannedStage, plan, spec
+from tpubuild.stages.slices import TARGET_STAGES
 
 # The lock file's `artifact:` figures compared when both sides have them (the lead's
 # lock files gain them; absent keys are skipped, so older lock files still work).
-ARTIFACT_KEYS = ("size_bytes", "parameters", "cost", "max_abs_error", "argmax_agreement", "warnings")
+ARTIFACT_KEYS = ("size_bytes", "parameters", "cost", "max_abs_error", "argmax_agreement", "warnings",
+                 *(target for target, chain in TARGET_STAGES.items() if chain))  # each target's size and error
 _MISSING = object()
 
 

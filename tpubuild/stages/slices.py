@@ -47,3 +47,32 @@ def tfrecord_files(sources: dict[str, dict[str, Any]]) -> list[str]:
 def verify_datasets(recipe: Canonical) -> dict[str, dict[str, Any]]:
     """Verify's samples: its own datasets where given, else the quantization datasets."""
     return {**dataset_sources(recipe), **recipe["verify"].get("representative_datasets", {})}
+
+
+# Serving targets (recipe `targets:`) -> the chain of stages that builds and verifies each,
+# after `report` and before `publish`. The TPU SavedModel is the recipe's main chain.
+TARGET_STAGES: dict[str, tuple[str, ...]] = {
+    "tpu_savedmodel": (),
+    "cpu_savedmodel": ("cpu_savedmodel", "cpu_savedmodel_verify"),
+    "litert": ("litert", "litert_verify"),
+    "xla_aot": ("xla_aot", "xla_aot_verify"),
+}
+DEFAULT_TARGETS = {"tpu_savedmodel": {}}
+
+
+def targets(recipe: Canonical) -> dict[str, dict[str, Any]]:
+    """The recipe's targets with their options (canonical: defaults filled)."""
+    return recipe.get("targets", DEFAULT_TARGETS)
+
+
+def target_options(recipe: Canonical, target: str) -> dict[str, Any]:
+    """A target stage's options: the target's own, the tags, and verify's sampling
+    (`samples`, `seed`, representative datasets) so every target is checked on the
+    same inputs as the TPU artifact."""
+    return {
+        **targets(recipe)[target],
+        "tags": tags(recipe),
+        "samples": recipe["verify"]["samples"],
+        "seed": recipe["verify"]["seed"],
+        "representative_datasets": verify_datasets(recipe),
+    }

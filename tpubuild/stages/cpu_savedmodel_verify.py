@@ -1,0 +1,87 @@
+"""Stage `cpu_savedmodel_verify`: the CPU SavedModel computes what the source computes,
+and how fast it loads and answers next to the source.
+
+Samples and tolerances are verify's (stages/verify.py: verification_samples, tolerances):
+the target's `rtol`/`atol`, else verify's, else the defaults for the stages that changed
+the model. Writes `cpu_savedmodel_verify.json`; exceeding the tolerances or a NaN fails
+the build with one line (verify's describe_failure / describe_nan).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tpubuild.errors import StageError
+from tpubuild.stages import slices
+from tpubuild.stages.base import DATASET, SOURCE, StageContext, StageResult, StageSpec
+from tpubuild.stages.verify import _applied, _write_json, describe_failure, describe_nan, tolerances, \
+    verification_samples
+
+TARGET = "cpu_savedmodel"
+
+
+def _options(recipe: dict[str, Any]) -> dict[str, Any]:
+    options = slices.target_options(recipe, TARGET)
+    for key in ("rtol", "atol"):  # the TPU artifact's tolerances hold for its CPU twin too
+        if options.get(key) is None:
+            options[key] = recipe["verify"].get(key)
+    return {**options, "applied": _applied(recipe)}
+
+
+SPEC = StageSpec(
+    "cpu_savedmodel_verify",
+    options=_options,
+    files=lambda r: slices.tfrecord_files(slices.verify_datasets(r)),
+    consumes=(SOURCE, DATASET, TARGET),
+    machine_dependent=lambda options: True,  # measured errors and latencies
+)
+
+VERIFY_JSON = "cpu_savedmodel_verify.json"
+RUNS, CALLS = 5, 50  # loads, calls (savedmodel/latency.py)
+
+
+def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
+    from tpubuild.savedmodel import compare, latency, params
+    from tpubuild.savedmodel.model import INIT_OP_KEY, SavedModel
+
+    tags = options["tags"]
+    kind, rtol, atol = tolerances(list(options["applied"]), options, f"targets.{TARGET}")
+    source_dir, artifact_dir = context.inputs[SOURCE], context.inputs[TARGET]
+    source = SavedModel.load(source_dir, tags)
+    artifact = SavedModel.load(artifact_dir, tags)
+    keys = sorted(k for k in source.meta_graph.signature_def
+                  if k != INIT_OP_KEY and k in artifact.meta_graph.signature_def)
+    if not keys:
+        raise StageError("nothing to verify: no signature of the source is in the CPU SavedModel")
+    samples_by_key, origin = verification_samples(source, keys, options, context)
+    try:
+        errors = compare.compare_models(source_dir, artifact_dir, tags, samples_by_key, rtol, atol)
+    except ValueError as exc:
+        raise StageError(str(exc)) from None
+    timing = {"source": latency.measure(source_dir, tags, samples_by_key, RUNS, CALLS),
+              TARGET: latency.measure(artifact_dir, tags, samples_by_key, RUNS, CALLS)}
+    summary = {
+        "target": TARGET,
+        "passed": all(e.passed for e in errors) and not any(e.nan_in_artifact or e.nan_in_source for e in errors),
+        "max_abs_error": max((e.max_abs_error for e in errors), default=0.0),
+        "max_rel_error": max((e.max_rel_error for e in errors), default=0.0),
+        "tolerance": {"kind": kind, "rtol": rtol, "atol": atol},
+        "samples": {key: {"count": len(s), "from": origin[key]} for key, s in samples_by_key.items()},
+        "outputs": [e.as_dict() for e in errors],
+        "size": params.sizes(artifact_dir)["total"],
+        "latency": {
+            "method": latency.METHOD.format(runs=RUNS, calls=CALLS),
+            "load_seconds": {side: t["load_seconds"] for side, t in timing.items()},
+            "call_seconds": {side: t["call_seconds"] for side, t in timing.items()},
+        },
+    }
+    _write_json(output_dir / VERIFY_JSON, summary)
+    with_nan = [e for e in errors if e.nan_in_artifact or e.nan_in_source]
+    if with_nan:
+        raise StageError(describe_nan(with_nan[0]))
+    failed = [e for e in errors if e.mismatched]
+    if failed:
+        worst = max(failed, key=lambda e: e.max_abs_error - (atol + rtol * e.max_reference))
+        raise StageError(describe_failure(worst, rtol, atol))
+    return StageResult(summary=summary)
