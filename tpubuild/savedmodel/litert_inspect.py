@@ -1,0 +1,70 @@
+"""Facts read from a LiteRT flatbuffer: its ops by count, its signatures (TensorFlow-free).
+
+Reads the flatbuffer with the schema module that ships in the `ai-edge-litert` wheel
+(ai_edge_litert/schema_py_generated.py, generated from LiteRT's schema.fbs): the op of an
+operator is `operator_codes[opcode_index]`; builtin ops are named by the BuiltinOperator
+enum, CUSTOM ops (fused `tfl_fusable_op` composites, `Flex<TFOp>` select-TF ops) by
+their `custom_code`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+FLEX_PREFIX = "Flex"  # select-TF ops are CUSTOM ops named Flex<TF op> (tensorflow/lite/delegates/flex)
+
+
+def _schema() -> Any:
+    from ai_edge_litert import schema_py_generated
+
+    return schema_py_generated
+
+
+def _model(data: bytes) -> Any:
+    schema = _schema()
+    if not schema.Model.ModelBufferHasIdentifier(data, 0):
+        raise ValueError("not a LiteRT flatbuffer (no TFL3 file identifier)")
+    return schema.Model.GetRootAs(data, 0)
+
+
+def op_counts(data: bytes) -> dict[str, int]:
+    """Op name -> number of operators of that op, over every subgraph; sorted by name."""
+    schema = _schema()
+    model = _model(data)
+    names = {value: name for name, value in vars(schema.BuiltinOperator).items() if not name.startswith("_")}
+    counts: Counter[str] = Counter()
+    for s in range(model.SubgraphsLength()):
+        subgraph = model.Subgraphs(s)
+        for o in range(subgraph.OperatorsLength()):
+            code = model.OperatorCodes(subgraph.Operators(o).OpcodeIndex())
+            # Codes above 127 live in builtin_code; deprecated_builtin_code holds the rest.
+            builtin = max(code.BuiltinCode(), code.DeprecatedBuiltinCode())
+            if builtin == schema.BuiltinOperator.CUSTOM:
+                counts[code.CustomCode().decode()] += 1
+            else:
+                counts[names.get(builtin, f"BUILTIN_{builtin}")] += 1
+    return dict(sorted(counts.items()))
+
+
+def signature_keys(data: bytes) -> list[str]:
+    model = _model(data)
+    return sorted(model.SignatureDefs(i).SignatureKey().decode() for i in range(model.SignatureDefsLength()))
+
+
+def variable_tensors(data: bytes) -> int:
+    """Tensors marked `is_variable`: state the interpreter keeps from one call to the next
+    (the fused LSTM ops' inputs 18 and 19, "Stateful input tensors that are variables and
+    will be modified by the Op", tensorflow/lite/kernels/unidirectional_sequence_lstm.cc)."""
+    model = _model(data)
+    return sum(
+        1
+        for s in range(model.SubgraphsLength())
+        for t in range(model.Subgraphs(s).TensorsLength())
+        if model.Subgraphs(s).Tensors(t).IsVariable()
+    )
+
+
+def flex_ops(ops: dict[str, int]) -> list[str]:
+    """The select-TF ops among `ops` (they run only with the Flex delegate linked in)."""
+    return sorted(op for op in ops if op.startswith(FLEX_PREFIX))
