@@ -15,7 +15,18 @@ from typing import Any
 FLEX_PREFIX = "Flex"  # select-TF ops are CUSTOM ops named Flex<TF op> (tensorflow/lite/delegates/flex)
 
 
+def require_litert() -> None:
+    """StageError (environment, exit code 1) when the ai-edge-litert wheel is missing."""
+    import importlib.util
+
+    if importlib.util.find_spec("ai_edge_litert") is None:
+        from tpubuild.errors import StageError
+
+        raise StageError("the LiteRT target needs the ai-edge-litert package: pip install 'tpubuild[litert]'")
+
+
 def _schema() -> Any:
+    require_litert()
     from ai_edge_litert import schema_py_generated
 
     return schema_py_generated

@@ -28,7 +28,7 @@ import numpy as np
 
 from tpubuild.errors import StageError
 from tpubuild.savedmodel.litert_convert import captured_output
-from tpubuild.savedmodel.litert_inspect import FLEX_PREFIX
+from tpubuild.savedmodel.litert_inspect import FLEX_PREFIX, require_litert
 
 Sample = dict[str, np.ndarray]
 
@@ -37,6 +37,7 @@ class LiteRTModel:
     """The interpreter of one flatbuffer and a runner per signature."""
 
     def __init__(self, path: Path, stateful: bool):
+        require_litert()
         from ai_edge_litert.interpreter import Interpreter
 
         self.path = path
