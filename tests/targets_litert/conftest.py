@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from litert_helpers import TwoSignatures, Unary, Runner, example_module, flex_only, no_kernel, save, scaled_tanh
+from litert_helpers import DynamicBatch, TwoSignatures, Unary, Runner, example_module, flex_only, no_kernel, save, scaled_tanh
 
 from tpubuild.stages.base import StageResult
 
@@ -20,6 +20,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     example = example_module()
     example.export(str(root / "models" / "example"))
     example.export(str(root / "models" / "other"), seed=7)  # same shapes, other weights
+    save(DynamicBatch(example), root / "models" / "dynamic_batch")
     save(Unary(flex_only), root / "models" / "flex")
     save(Unary(no_kernel), root / "models" / "no_kernel")
     save(Unary(scaled_tanh), root / "models" / "fusable")

@@ -27,6 +27,24 @@ def example_module() -> Any:
     return module
 
 
+class DynamicBatch(tf.Module):
+    """The example's LSTM composite called with a batch of unknown size: not fusable
+    (CheckFusableKerasLstm wants the state's shape static)."""
+
+    def __init__(self, example: Any) -> None:
+        super().__init__()
+        self.example = example
+        self.weights = example.SequenceClassifier()
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3, 8], tf.float32, name="x")])
+    def serve(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+        zeros = tf.zeros([tf.shape(x)[0], self.example.UNITS])
+        w = self.weights
+        last, _, _, _, _ = self.example.lstm(x, zeros, zeros, tf.convert_to_tensor(w.kernel),
+                                             tf.convert_to_tensor(w.recurrent), tf.convert_to_tensor(w.bias))
+        return {"last": last}
+
+
 class Unary(tf.Module):
     """y = op(x) + x on a fixed [2, 3] float input: one op decides whether LiteRT converts it."""
 

@@ -59,6 +59,16 @@ def test_composites_by_name_keep_only_those(runner: Runner, example: Path) -> No
     )
 
 
+def test_a_kept_composite_that_did_not_fuse_is_a_warning(runner: Runner, workspace: Path) -> None:
+    _, result = runner.build(workspace / "models" / "dynamic_batch")
+    assert "UNIDIRECTIONAL_SEQUENCE_LSTM" not in result.summary["ops"] and "LOGISTIC" in result.summary["ops"]
+    assert [c["fused"] for c in result.summary["composites"]] == [False]
+    assert result.warnings == [
+        "targets.litert: composite 'lstm_all_targets' was kept but not fused into UNIDIRECTIONAL_SEQUENCE_LSTM; "
+        "converted op by op (an LSTM fuses only with a fixed batch size)"
+    ]
+
+
 def test_conversion_is_byte_identical(runner: Runner, example: Path, fused: tuple[Path, StageResult]) -> None:
     again, _ = runner.build(example)
     for name in ("model.tflite", "litert.json"):

@@ -66,10 +66,23 @@ class Composite:
                 "fused_op": self.fused_op}
 
 
-def composites(model: SavedModel) -> list[Composite]:
-    """Every annotated composite of the model, by name, in name order."""
+def composites(model: SavedModel, signature_keys: list[str]) -> list[Composite]:
+    """The annotated composites the signatures call, by name, in name order.
+
+    Only those: the library also holds the functions of every other tf.function saved
+    with the model, which the converter never sees."""
+    signatures = model.signatures
+    called: set[str] = set()
+    for key in signature_keys:
+        root = signatures.get(key)
+        if root is None:  # a signature whose function cannot be named: look at everything
+            called = set(model.functions)
+            break
+        called |= {root, *model.reachable(root)}
     found: dict[tuple[str, str], tuple[list[str], str | None]] = {}
     for fname, fdef in sorted(model.functions.items()):
+        if fname not in called:
+            continue
         annotation = _annotation(fdef)
         if annotation is None:
             continue

@@ -37,8 +37,8 @@ WHERE = "targets.litert"
 def convert(
     saved_model: Path, tags: list[str], signature_keys: list[str], quantization: str,
     select_tf_ops: bool, representative: Callable[[], Iterator[Any]] | None = None,
-) -> tuple[bytes, list[str]]:
-    """(flatbuffer, converter warnings worth showing). ConversionError: one line."""
+) -> bytes:
+    """The flatbuffer; ConversionError with one line when the converter fails."""
     import tensorflow as tf
 
     converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model), signature_keys=signature_keys, tags=set(tags))
@@ -54,14 +54,14 @@ def convert(
         converter.representative_dataset = representative
         builtins = tf.lite.OpsSet.TFLITE_BUILTINS_INT8
     converter.target_spec.supported_ops = [builtins, *([tf.lite.OpsSet.SELECT_TF_OPS] if select_tf_ops else [])]
-    with captured_output() as captured, warnings.catch_warnings():
+    with captured_output(), warnings.catch_warnings():
         # int8 calibration runs the deprecated tf.lite.Interpreter, which warns on creation.
         warnings.simplefilter("ignore")
         try:
             flatbuffer = converter.convert()
         except Exception as exc:  # ConverterError, or ValueError/RuntimeError from the Python side
             raise ConversionError(f"{WHERE}: {describe_converter_error(exc, select_tf_ops)}") from None
-    return flatbuffer, fusion_warnings(captured.text)
+    return flatbuffer
 
 
 def describe_converter_error(exc: Exception, select_tf_ops: bool) -> str:
@@ -118,31 +118,16 @@ def first_error_line(message: str) -> str:
     return lines[0] if lines else "no message"
 
 
-def fusion_warnings(text: str) -> list[str]:
-    """The converter's own reasons for not fusing a kept composite (CheckFusableKerasLstm,
-    CheckFusableLstmCellSimple in prepare_composite_functions_tf.cc emit MLIR warnings)."""
-    found = []
-    for line in text.splitlines():
-        if "warning:" in line and "fuse" in line:
-            message = line.split("warning:", 1)[1].strip()
-            if message not in found:
-                found.append(message)
-    return found
-
-
-class _Captured:
-    text = ""
-
-
 @contextlib.contextmanager
-def captured_output() -> Iterator[_Captured]:
-    """File descriptors 1 and 2 into a temporary file for the block; its text afterwards.
+def captured_output() -> Iterator[None]:
+    """File descriptors 1 and 2 point at a discarded temporary file for the block.
 
-    The converter's C++ code writes to both ("fully_quantize: 0, inference_type: 6" on
-    stdout during int8 calibration; absl's "All log messages before absl::InitializeLog()"
-    from its own copy of absl; MLIR diagnostics on stderr): none of it reaches the user.
+    The converter's and the interpreter's C++ code write to both ("fully_quantize: 0,
+    inference_type: 6" on stdout during int8 calibration; absl's "All log messages before
+    absl::InitializeLog()" from the converter's own copy of absl; "INFO: Created TensorFlow
+    Lite XNNPACK delegate for CPU."): none of it reaches the user, and what matters comes
+    back as exceptions (ConverterError.errors, the interpreter's RuntimeError).
     """
-    captured = _Captured()
     sys.stdout.flush()
     sys.stderr.flush()
     saved = [os.dup(1), os.dup(2)]
@@ -150,12 +135,10 @@ def captured_output() -> Iterator[_Captured]:
         os.dup2(sink.fileno(), 1)
         os.dup2(sink.fileno(), 2)
         try:
-            yield captured
+            yield
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
             for fd, copy in zip((1, 2), saved):
                 os.dup2(copy, fd)
                 os.close(copy)
-            sink.seek(0)
-            captured.text = sink.read().decode("utf-8", "replace")

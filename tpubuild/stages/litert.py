@@ -72,7 +72,7 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
                          f"{', '.join(litert_convert.QUANTIZATIONS)}")
     model = SavedModel.load(source_dir, tags)
     keys = _signature_keys(model, options["signatures"], INIT_OP_KEY)
-    found = litert_composites.composites(model)
+    found = litert_composites.composites(model, keys)
     kept = litert_composites.kept_composites(found, options["composites"])
     dropped = [c for c in found if c not in kept]
     representative = _representative(model, keys, options, context) if options["quantization"] == "int8" else None
@@ -84,17 +84,19 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
             converted_from = Path(scratch) / "source"
             converted_from.mkdir()
             model.save(converted_from)
-        flatbuffer, converter_warnings = litert_convert.convert(
+        flatbuffer = litert_convert.convert(
             converted_from, tags, keys, options["quantization"], options["select_tf_ops"], representative)
     ops = litert_inspect.op_counts(flatbuffer)
     composites = [{**c.to_json(), "kept": c in kept, "fused": c in kept and c.fused_op in ops} for c in found]
-    warnings = [f"targets.litert: {message}" for message in converter_warnings]
-    warnings += [
+    warnings = [
         f"targets.litert: composite {c['name']!r} is not one TensorFlow's converter fuses; converted op by op"
         for c in composites if c["kept"] and c["fused_op"] is None
     ]
     warnings += [
+        # The converter says why only in MLIR warnings its Python API drops; the usual
+        # reason (CheckFusableKerasLstm) is an LSTM state of unknown batch size.
         f"targets.litert: composite {c['name']!r} was kept but not fused into {c['fused_op']}; converted op by op"
+        + (" (an LSTM fuses only with a fixed batch size)" if "LSTM" in c["fused_op"] else "")
         for c in composites if c["kept"] and c["fused_op"] is not None and not c["fused"]
     ]
     flex = litert_inspect.flex_ops(ops)
