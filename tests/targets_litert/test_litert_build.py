@@ -79,13 +79,13 @@ def test_unconvertible_op_fails_with_one_line_naming_it(runner: Runner, workspac
     with pytest.raises(StageError) as raised:
         runner.build(workspace / "models" / "flex")
     assert str(raised.value) == (
-        "targets.litert: op tf.MatrixInverse (node MatrixInverse in function serve) has no LiteRT builtin kernel; "
+        "op tf.MatrixInverse (node MatrixInverse in function serve) has no LiteRT builtin kernel; "
         "the flex runtime runs it as a TensorFlow op: set targets.litert.select_tf_ops: true"
     )
     with pytest.raises(StageError) as raised:
         runner.build(workspace / "models" / "no_kernel", {"select_tf_ops": True})
     assert str(raised.value) == (
-        "targets.litert: op tf.Digamma (node Digamma in function serve) has no LiteRT kernel, builtin or "
+        "op tf.Digamma (node Digamma in function serve) has no LiteRT kernel, builtin or "
         "select-TF (flex); LiteRT cannot run this model"
     )
 

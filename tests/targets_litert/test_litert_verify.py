@@ -37,7 +37,7 @@ def test_verification_catches_a_mismatch_in_one_line(runner: Runner, workspace: 
         runner.verify(workspace / "models" / "other", fused[0])
     message = str(raised.value)
     assert "\n" not in message
-    assert message.startswith("litert: signature 'serving_default' output ") and " differs from the source: max abs error " in message
+    assert message.startswith("signature 'serving_default' output ") and " differs from the source: max abs error " in message
 
 
 def test_int8_matches_within_int8_tolerance_and_stays_quiet(

@@ -60,7 +60,7 @@ def convert(
         try:
             flatbuffer = converter.convert()
         except Exception as exc:  # ConverterError, or ValueError/RuntimeError from the Python side
-            raise ConversionError(f"{WHERE}: {describe_converter_error(exc, select_tf_ops)}") from None
+            raise ConversionError(describe_converter_error(exc, select_tf_ops)) from None
     return flatbuffer
 
 

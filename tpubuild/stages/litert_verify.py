@@ -103,11 +103,11 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     write_atomic(output_dir / VERIFY_JSON, (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode())
     with_nan = [e for e in errors if e.nan_in_artifact or e.nan_in_source]
     if with_nan:
-        raise StageError(f"litert: {describe_nan(with_nan[0])}")
+        raise StageError(describe_nan(with_nan[0]))
     failed = [e for e in errors if e.mismatched]
     if failed:
         worst = max(failed, key=lambda e: e.max_abs_error - (atol + rtol * e.max_reference))
-        raise StageError(f"litert: {describe_failure(worst, rtol, atol)}")
+        raise StageError(describe_failure(worst, rtol, atol))
     return StageResult(summary=summary)
 
 
