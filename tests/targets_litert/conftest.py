@@ -6,7 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from litert_helpers import DynamicBatch, TwoSignatures, Unary, Runner, example_module, flex_only, no_kernel, save, scaled_tanh
+from litert_helpers import (
+    DynamicBatch, Runner, TwoSignatures, Unary, example_module, flex_only, no_kernel, save, scaled_tanh, unknown_composite,
+)
 
 from tpubuild.stages.base import StageResult
 
@@ -24,6 +26,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     save(Unary(flex_only), root / "models" / "flex")
     save(Unary(no_kernel), root / "models" / "no_kernel")
     save(Unary(scaled_tanh), root / "models" / "fusable")
+    save(Unary(unknown_composite), root / "models" / "unknown_composite")
     two = TwoSignatures()
     save(two, root / "models" / "two_signatures", {"project": two.project, "squash": two.squash})
     from tpubuild.savedmodel.datasets import write_tfrecord

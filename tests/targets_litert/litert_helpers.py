@@ -74,6 +74,12 @@ def scaled_tanh(x: tf.Tensor) -> tf.Tensor:
     return 2.0 * tf.tanh(x)
 
 
+# A composite of a name the converter does not know: kept, it is still converted op by op.
+@tf.function(experimental_implements="tpubuild_test.unknown")
+def unknown_composite(x: tf.Tensor) -> tf.Tensor:
+    return tf.tanh(x) * 0.5
+
+
 class TwoSignatures(tf.Module):
     def __init__(self) -> None:
         super().__init__()

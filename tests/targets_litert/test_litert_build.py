@@ -69,6 +69,15 @@ def test_a_kept_composite_that_did_not_fuse_is_a_warning(runner: Runner, workspa
     ]
 
 
+def test_a_composite_the_converter_does_not_know_is_a_warning(runner: Runner, workspace: Path) -> None:
+    _, result = runner.build(workspace / "models" / "unknown_composite")
+    assert result.summary["ops"] == {"ADD": 1, "MUL": 1, "TANH": 1}
+    assert [(c["name"], c["fused_op"], c["fused"]) for c in result.summary["composites"]] == [("tpubuild_test.unknown", None, False)]
+    assert result.warnings == [
+        "targets.litert: composite 'tpubuild_test.unknown' is not one TensorFlow's converter fuses; converted op by op"
+    ]
+
+
 def test_conversion_is_byte_identical(runner: Runner, example: Path, fused: tuple[Path, StageResult]) -> None:
     again, _ = runner.build(example)
     for name in ("model.tflite", "litert.json"):

@@ -62,7 +62,7 @@ SPEC = StageSpec(
 
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
     from tpubuild.atomic import write_atomic
-    from tpubuild.savedmodel import litert_composites, litert_convert, litert_inspect
+    from tpubuild.savedmodel import litert_composites, litert_convert
     from tpubuild.savedmodel.model import INIT_OP_KEY, SavedModel
 
     source_dir = context.inputs["source"]
@@ -86,28 +86,22 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
             model.save(converted_from)
         flatbuffer = litert_convert.convert(
             converted_from, tags, keys, options["quantization"], options["select_tf_ops"], representative)
+    facts = _facts(flatbuffer, found, kept, options)
+    warnings = _warnings(facts)
+    write_atomic(output_dir / MODEL_FILE, flatbuffer)
+    write_atomic(output_dir / FACTS_FILE, (json.dumps(facts, indent=2, sort_keys=True) + "\n").encode())
+    for message in warnings:
+        context.log(f"warning: {message}")
+    return StageResult(summary=facts, warnings=warnings)
+
+
+def _facts(flatbuffer: bytes, found: list[Any], kept: list[Any], options: dict[str, Any]) -> dict[str, Any]:
+    """litert.json: what the flatbuffer holds, and what became of each composite."""
+    from tpubuild.savedmodel import litert_inspect
+
     ops = litert_inspect.op_counts(flatbuffer)
     composites = [{**c.to_json(), "kept": c in kept, "fused": c in kept and c.fused_op in ops} for c in found]
-    warnings = [
-        f"targets.litert: composite {c['name']!r} is not one TensorFlow's converter fuses; converted op by op"
-        for c in composites if c["kept"] and c["fused_op"] is None
-    ]
-    warnings += [
-        # The converter says why only in MLIR warnings its Python API drops; the usual
-        # reason (CheckFusableKerasLstm) is an LSTM state of unknown batch size.
-        f"targets.litert: composite {c['name']!r} was kept but not fused into {c['fused_op']}; converted op by op"
-        + (" (an LSTM fuses only with a fixed batch size)" if "LSTM" in c["fused_op"] else "")
-        for c in composites if c["kept"] and c["fused_op"] is not None and not c["fused"]
-    ]
-    flex = litert_inspect.flex_ops(ops)
-    variables = litert_inspect.variable_tensors(flatbuffer)
-    if variables:
-        warnings.append(
-            f"targets.litert: {MODEL_FILE} keeps {variables} variable tensor{'s' if variables != 1 else ''} "
-            "(fused LSTM state) from one call to the next; a caller that wants the source's stateless calls "
-            "resets them before each call (Interpreter.reset_all_variables())"
-        )
-    facts = {
+    return {
         "file": MODEL_FILE,
         "size": len(flatbuffer),
         "signatures": litert_inspect.signature_keys(flatbuffer),
@@ -115,16 +109,36 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
         "select_tf_ops": options["select_tf_ops"],
         "ops": ops,
         "op_count": sum(ops.values()),
-        "flex_ops": flex,
-        "variable_tensors": variables,
+        "flex_ops": litert_inspect.flex_ops(ops),
+        "variable_tensors": litert_inspect.variable_tensors(flatbuffer),
         "composites": composites,
         "fused": sorted(c["name"] for c in composites if c["fused"]),
     }
-    write_atomic(output_dir / MODEL_FILE, flatbuffer)
-    write_atomic(output_dir / FACTS_FILE, (json.dumps(facts, indent=2, sort_keys=True) + "\n").encode())
-    for message in warnings:
-        context.log(f"warning: {message}")
-    return StageResult(summary=facts, warnings=warnings)
+
+
+def _warnings(facts: dict[str, Any]) -> list[str]:
+    """Kept composites that did not fuse, and state kept between calls."""
+    warnings = []
+    for c in facts["composites"]:
+        if not c["kept"] or c["fused"]:
+            continue
+        if c["fused_op"] is None:
+            warnings.append(f"targets.litert: composite {c['name']!r} is not one TensorFlow's converter fuses; "
+                            "converted op by op")
+        else:
+            # The converter says why only in MLIR warnings its Python API drops; the usual
+            # reason (CheckFusableKerasLstm) is an LSTM state of unknown batch size.
+            hint = " (an LSTM fuses only with a fixed batch size)" if "LSTM" in c["fused_op"] else ""
+            warnings.append(f"targets.litert: composite {c['name']!r} was kept but not fused into {c['fused_op']}; "
+                            f"converted op by op{hint}")
+    variables = facts["variable_tensors"]
+    if variables:
+        warnings.append(
+            f"targets.litert: {MODEL_FILE} keeps {variables} variable tensor{'s' if variables != 1 else ''} "
+            "(the state of fused recurrent ops) from one call to the next; a caller that wants the source's "
+            "stateless calls resets them before each call (Interpreter.reset_all_variables())"
+        )
+    return warnings
 
 
 def _signature_keys(model: Any, wanted: list[str] | None, init_key: str) -> list[str]:
