@@ -1,11 +1,13 @@
 """SavedModel -> LiteRT flatbuffer with TensorFlow's converter (tf.lite.TFLiteConverter).
 
-`convert()` returns the flatbuffer's bytes. The converter is deterministic for a given
-SavedModel and TensorFlow release (measured: the same bytes from two processes and from
-two copies of the SavedModel at different paths; its only metadata, `min_runtime_version`
-and `CONVERSION_METADATA`, hold versions and options, no time or path), so nothing is
-canonicalized after it. int8 calibration is the exception across machines: its scales
-come from float runs of the model (see stages/litert.py, machine_dependent).
+`convert()` returns the flatbuffer's bytes. The float converter is deterministic for a
+given SavedModel and TensorFlow release (measured: the same bytes from two processes and
+from two copies of the SavedModel at different paths; its only metadata,
+`min_runtime_version` and `CONVERSION_METADATA`, hold versions and options, no time or
+path). int8 quantization is not: it leaves buffers no tensor refers to holding bytes that
+differ from run to run, which `litert_inspect.zero_unreferenced_buffers` zeroes. Its
+scales, from float calibration runs, may still differ between machines (see
+stages/litert.py, machine_dependent).
 
 Its failures become one line: the converter reports each op it cannot lower as a
 ConverterErrorData proto (tensorflow/compiler/mlir/lite/metrics/converter_error_data.proto)
@@ -61,7 +63,9 @@ def convert(
             flatbuffer = converter.convert()
         except Exception as exc:  # ConverterError, or ValueError/RuntimeError from the Python side
             raise ConversionError(describe_converter_error(exc, select_tf_ops)) from None
-    return flatbuffer
+    from tpubuild.savedmodel.litert_inspect import zero_unreferenced_buffers
+
+    return zero_unreferenced_buffers(flatbuffer)
 
 
 def describe_converter_error(exc: Exception, select_tf_ops: bool) -> str:

@@ -76,6 +76,37 @@ def variable_tensors(data: bytes) -> int:
     )
 
 
+def zero_unreferenced_buffers(data: bytes) -> bytes:
+    """The flatbuffer with the bytes of every buffer no tensor or metadata entry refers to set
+    to zero, in place (same layout, same size).
+
+    TensorFlow's int8 quantizer leaves such buffers behind: the quantized initial values of
+    a fused LSTM's state, whose variable tensors then point at buffer 0 (none), hold bytes
+    that differ from one conversion of the same model to the next (measured: 0x0f...
+    in one, 0x7f... in the other). Nothing can read them (a tensor reaches data only through
+    its `buffer` index; metadata through `Metadata.buffer` and the deprecated
+    `metadata_buffer` list), so zeroing them makes the file deterministic without changing
+    what it computes.
+    """
+    model = _model(data)
+    referenced = {0}
+    for s in range(model.SubgraphsLength()):
+        subgraph = model.Subgraphs(s)
+        referenced.update(subgraph.Tensors(t).Buffer() for t in range(subgraph.TensorsLength()))
+    referenced.update(model.Metadata(m).Buffer() for m in range(model.MetadataLength()))
+    referenced.update(model.MetadataBuffer(m) for m in range(model.MetadataBufferLength()))
+    patched = bytearray(data)
+    for index in range(model.BuffersLength()):
+        buffer = model.Buffers(index)
+        if index in referenced or buffer.DataLength() == 0:
+            continue
+        # The data vector's first byte: the generated Buffer.Data(j) reads at
+        # _tab.Vector(_tab.Offset(4)) + j.
+        start = buffer._tab.Vector(buffer._tab.Offset(4))
+        patched[start:start + buffer.DataLength()] = bytes(buffer.DataLength())
+    return bytes(patched)
+
+
 def flex_ops(ops: dict[str, int]) -> list[str]:
     """The select-TF ops among `ops` (they run only with the Flex delegate linked in)."""
     return sorted(op for op in ops if op.startswith(FLEX_PREFIX))
