@@ -57,12 +57,13 @@ def _applied(quantization: str) -> list[str]:
 
 
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
+    import tensorflow as tf
+
+    from tpubuild.atomic import write_atomic
     from tpubuild.savedmodel import compare
-    from tpubuild.savedmodel.litert_run import LiteRTModel, median_latency_us
+    from tpubuild.savedmodel.litert_run import LiteRTModel
     from tpubuild.savedmodel.model import SavedModel
     from tpubuild.stages.verify import describe_failure, describe_nan, tolerances, verification_samples
-
-    import tensorflow as tf
 
     applied = _applied(options["quantization"])
     kind, rtol, atol = tolerances(applied, options, "targets.litert")
@@ -81,7 +82,7 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
             errors.extend(compare.compare_outputs(key, reference, litert.run_signature(key, samples_by_key[key]), rtol, atol))
         except ValueError as exc:
             raise StageError(str(exc)) from None
-    latency = _latency(reference_model, litert, keys[0], samples_by_key[keys[0]][0], median_latency_us)
+    latency = _latency(reference_model, litert, keys[0], samples_by_key[keys[0]][0])
     summary = {
         "applied": applied,
         "tolerance": {"kind": kind, "rtol": rtol, "atol": atol,
@@ -98,8 +99,6 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
         "composites": facts["composites"],
         "quantization": options["quantization"],
     }
-    from tpubuild.atomic import write_atomic
-
     write_atomic(output_dir / VERIFY_JSON, (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode())
     with_nan = [e for e in errors if e.nan_in_artifact or e.nan_in_source]
     if with_nan:
@@ -111,11 +110,13 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     return StageResult(summary=summary)
 
 
-def _latency(reference_model: Any, litert: Any, key: str, sample: dict[str, Any], median: Any) -> dict[str, Any]:
+def _latency(reference_model: Any, litert: Any, key: str, sample: dict[str, Any]) -> dict[str, Any]:
     """Per-call median latency of the source in TensorFlow and of the interpreter, on the
     same sample of the first signature, each called through its Python API (the
     interpreter's call includes resetting a stateful model's variables, as verified)."""
     import tensorflow as tf
+
+    from tpubuild.savedmodel.litert_run import median_latency_us as median
 
     function = reference_model.signatures[key]
     tensors = {name: tf.constant(value) for name, value in sample.items()}
