@@ -1,0 +1,135 @@
+"""Per-call latency of the example model (recipes/models/all_targets.py) on each serving target,
+and the fused vs unfused op count of its LiteRT flatbuffer (issue 12's "Done when").
+
+Without arguments: exports the example, converts it with the real `litert` stage twice
+(`composites: all` and `none`), and times, on the same input, the source SavedModel in
+TensorFlow and both flatbuffers in the LiteRT interpreter (median of --runs calls, after
+warm-up; the interpreter's call resets the fused LSTM's state, as a stateless caller must).
+With --built out/all_targets (a built recipe's publish directory), the published targets
+are timed too: the CPU SavedModel directly, the XLA AOT library through the figures its
+verify stage measured (the harness it compiles). Prints; asserts nothing.
+Run: python3 benchmarks/targets_latency.py [--built out/all_targets] [--runs 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tpubuild.quiet import quiet_tensorflow
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def example() -> Any:
+    spec = importlib.util.spec_from_file_location("all_targets", REPO / "recipes" / "models" / "all_targets.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def convert(source: Path, root: Path, composites: str) -> Path:
+    """The real `litert` stage, called as the engine calls it."""
+    from tpubuild.stages import litert
+    from tpubuild.stages.base import StageContext
+
+    output = root / f"litert-{composites}"
+    output.mkdir()
+    options = litert.SPEC.options({"model": {"tags": ["serve"]}, "converter": {}, "verify": {},
+                                   "targets": {"litert": {"composites": composites}}})
+    litert.run(source, output, options, StageContext(root, inputs={"source": source}))
+    return output
+
+
+def tf_latency(saved_model: Path, sample: dict[str, np.ndarray], runs: int) -> float:
+    import tensorflow as tf
+
+    from tpubuild.savedmodel.litert_run import median_latency_us
+
+    function = tf.saved_model.load(str(saved_model)).signatures["serving_default"]
+    tensors = {name: tf.constant(value) for name, value in sample.items()}
+    return median_latency_us(lambda: function(**tensors), runs)
+
+
+def litert_latency(built: Path, sample: dict[str, np.ndarray], runs: int) -> float:
+    from tpubuild.savedmodel.litert_run import LiteRTModel, median_latency_us
+
+    facts = json.loads((built / "litert.json").read_text())
+    model = LiteRTModel(built / "model.tflite", stateful=facts["variable_tensors"] > 0)
+    return median_latency_us(lambda: model.invoke("serving_default", sample), runs)
+
+
+def describe_ops(built: Path) -> str:
+    facts = json.loads((built / "litert.json").read_text())
+    listed = ", ".join(f"{op} {n}" for op, n in sorted(facts["ops"].items(), key=lambda kv: (-kv[1], kv[0])))
+    return f"{facts['op_count']} ops ({listed})"
+
+
+def latest_version(base: Path) -> Path | None:
+    versions = sorted((int(p.name), p) for p in base.iterdir() if p.name.isdigit()) if base.is_dir() else []
+    return versions[-1][1] if versions else None
+
+
+def reported_figures(version: Path, stage: str) -> dict[str, Any] | None:
+    """A verify stage's latency figures from the published report, wherever the report keeps them."""
+    for report in sorted(version.glob("*.json")):
+        data = json.loads(report.read_text())
+        found = _find(data, stage)
+        if found is not None:
+            return found
+    return None
+
+
+def _find(data: Any, stage: str) -> dict[str, Any] | None:
+    if isinstance(data, dict):
+        if isinstance(data.get(stage), dict) and "latency" in data[stage]:
+            return data[stage]["latency"]
+        for value in data.values():
+            found = _find(value, stage)
+            if found is not None:
+                return found
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--built", type=Path, help="a built recipe's publish directory, e.g. out/all_targets")
+    parser.add_argument("--runs", type=int, default=200)
+    args = parser.parse_args()
+    quiet_tensorflow()
+    model = example()
+    rng = np.random.default_rng(0)
+    sample = {"ids": rng.integers(0, model.VOCAB, size=(model.BATCH, model.STEPS)).astype(np.int32)}
+    rows: list[tuple[str, str]] = []
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch)
+        source = root / "source"
+        model.export(str(source))
+        fused, unfused = convert(source, root, "all"), convert(source, root, "none")
+        print(f"LiteRT flatbuffer, composites fused:   {describe_ops(fused)}")
+        print(f"LiteRT flatbuffer, composites unfused: {describe_ops(unfused)}")
+        rows.append(("source SavedModel in TensorFlow", f"{tf_latency(source, sample, args.runs):9.1f} us"))
+        rows.append(("LiteRT interpreter, fused", f"{litert_latency(fused, sample, args.runs):9.1f} us"))
+        rows.append(("LiteRT interpreter, unfused", f"{litert_latency(unfused, sample, args.runs):9.1f} us"))
+    if args.built:
+        cpu = latest_version(args.built / "cpu_savedmodel")
+        rows.append(("CPU SavedModel (published)",
+                     f"{tf_latency(cpu, sample, args.runs):9.1f} us" if cpu else "not built"))
+        tpu = latest_version(args.built)
+        figures = reported_figures(tpu, "xla_aot_verify") if tpu else None
+        rows.append(("XLA AOT library (its verify stage)", json.dumps(figures) if figures else "not in the report"))
+    else:
+        rows.append(("CPU SavedModel, XLA AOT library", "pass --built out/all_targets"))
+    print(f"per-call latency, median of {args.runs} calls on one [1, 8] input:")
+    for name, figure in rows:
+        print(f"  {name:<36} {figure}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""Stage `litert`: the float source SavedModel as one LiteRT flatbuffer, composites fused.
+
+TensorFlow's converter (tf.lite.TFLiteConverter.from_saved_model) turns every selected
+signature into one `model.tflite` (LiteRT's multi-signature flatbuffer: one SignatureDef
+per key, each runnable by its own signature runner). Functions annotated as composites
+(`experimental_implements`, Keras-style `api_implements`) become single fused ops
+(savedmodel/litert_composites.py says which and how); `composites` picks which are kept.
+`quantization` is the converter's post-training mode: int8 calibrates on the recipe's
+representative datasets. Writes `model.tflite` and `litert.json` (ops by count, composites
+and whether each was fused, size): deterministic files only.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tpubuild.errors import StageError
+from tpubuild.stages import slices
+from tpubuild.stages.base import DATASET, SOURCE, StageContext, StageResult, StageSpec
+
+MODEL_FILE = "model.tflite"
+FACTS_FILE = "litert.json"
+# The contract's defaults (TARGETS_CONTRACT.md), for a recipe whose canonical form has no
+# targets.litert filled in.
+DEFAULTS: dict[str, Any] = {
+    "quantization": "none", "composites": "all", "select_tf_ops": False, "signatures": None,
+    "rtol": None, "atol": None,
+}
+
+
+def target_options(recipe: dict[str, Any]) -> dict[str, Any]:
+    """`targets.litert` of the canonical recipe with the defaults filled in."""
+    return {**DEFAULTS, **((recipe.get("targets") or {}).get("litert") or {})}
+
+
+def calibration_datasets(recipe: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """int8's representative datasets: the quantization's, else verify's (per signature)."""
+    return {**recipe["verify"].get("representative_datasets", {}), **slices.dataset_sources(recipe)}
+
+
+def _options(recipe: dict[str, Any]) -> dict[str, Any]:
+    target = target_options(recipe)
+    options = {"tags": slices.tags(recipe), **{k: target[k] for k in ("quantization", "composites", "select_tf_ops", "signatures")}}
+    if target["quantization"] == "int8":
+        # Only int8 reads datasets: other modes are not rebuilt when a dataset changes.
+        options["representative_datasets"] = calibration_datasets(recipe)
+    return options
+
+
+SPEC = StageSpec(
+    "litert",
+    options=_options,
+    files=lambda r: slices.tfrecord_files(_options(r).get("representative_datasets", {})),
+    consumes=(SOURCE, DATASET),
+    # int8 scales come from float calibration runs, whose last digits differ between CPUs.
+    machine_dependent=lambda options: options["quantization"] == "int8",
+)
+
+
+def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
+    from tpubuild.atomic import write_atomic
+    from tpubuild.savedmodel import litert_composites, litert_convert
+    from tpubuild.savedmodel.model import INIT_OP_KEY, SavedModel
+
+    source_dir = context.inputs["source"]
+    tags = options["tags"]
+    if options["quantization"] not in litert_convert.QUANTIZATIONS:
+        raise StageError(f"targets.litert.quantization: {options['quantization']!r} is not one of "
+                         f"{', '.join(litert_convert.QUANTIZATIONS)}")
+    model = SavedModel.load(source_dir, tags)
+    keys = _signature_keys(model, options["signatures"], INIT_OP_KEY)
+    found = litert_composites.composites(model, keys)
+    kept = litert_composites.kept_composites(found, options["composites"])
+    dropped = [c for c in found if c not in kept]
+    representative = _representative(model, keys, options, context) if options["quantization"] == "int8" else None
+    with tempfile.TemporaryDirectory(prefix=".litert-", dir=output_dir) as scratch:
+        converted_from = source_dir
+        if dropped:
+            # A copy without the dropped composites' annotations (variables are hard links).
+            litert_composites.strip_composites(model, dropped)
+            converted_from = Path(scratch) / "source"
+            converted_from.mkdir()
+            model.save(converted_from)
+        flatbuffer = litert_convert.convert(
+            converted_from, tags, keys, options["quantization"], options["select_tf_ops"], representative)
+    facts = _facts(flatbuffer, found, kept, options)
+    warnings = _warnings(facts)
+    write_atomic(output_dir / MODEL_FILE, flatbuffer)
+    write_atomic(output_dir / FACTS_FILE, (json.dumps(facts, indent=2, sort_keys=True) + "\n").encode())
+    for message in warnings:
+        context.log(f"warning: {message}")
+    return StageResult(summary=facts, warnings=warnings)
+
+
+def _facts(flatbuffer: bytes, found: list[Any], kept: list[Any], options: dict[str, Any]) -> dict[str, Any]:
+    """litert.json: what the flatbuffer holds, and what became of each composite."""
+    from tpubuild.savedmodel import litert_inspect
+
+    ops = litert_inspect.op_counts(flatbuffer)
+    composites = [{**c.to_json(), "kept": c in kept, "fused": c in kept and c.fused_op in ops} for c in found]
+    return {
+        "file": MODEL_FILE,
+        "size": len(flatbuffer),
+        "signatures": litert_inspect.signature_keys(flatbuffer),
+        "quantization": options["quantization"],
+        "select_tf_ops": options["select_tf_ops"],
+        "ops": ops,
+        "op_count": sum(ops.values()),
+        "flex_ops": litert_inspect.flex_ops(ops),
+        "variable_tensors": litert_inspect.variable_tensors(flatbuffer),
+        "composites": composites,
+        "fused": sorted(c["name"] for c in composites if c["fused"]),
+    }
+
+
+def _warnings(facts: dict[str, Any]) -> list[str]:
+    """Kept composites that did not fuse, and state kept between calls."""
+    warnings = []
+    for c in facts["composites"]:
+        if not c["kept"] or c["fused"]:
+            continue
+        if c["fused_op"] is None:
+            warnings.append(f"targets.litert: composite {c['name']!r} is not one TensorFlow's converter fuses; "
+                            "converted op by op")
+        else:
+            # The converter says why only in MLIR warnings its Python API drops; the usual
+            # reason (CheckFusableKerasLstm) is an LSTM state of unknown batch size.
+            hint = " (an LSTM fuses only with a fixed batch size)" if "LSTM" in c["fused_op"] else ""
+            warnings.append(f"targets.litert: composite {c['name']!r} was kept but not fused into {c['fused_op']}; "
+                            f"converted op by op{hint}")
+    variables = facts["variable_tensors"]
+    if variables:
+        warnings.append(
+            f"targets.litert: {MODEL_FILE} keeps {variables} variable tensor{'s' if variables != 1 else ''} "
+            "(the state of fused recurrent ops) from one call to the next; a caller that wants the source's "
+            "stateless calls resets them before each call (Interpreter.reset_all_variables())"
+        )
+    return warnings
+
+
+def _signature_keys(model: Any, wanted: list[str] | None, init_key: str) -> list[str]:
+    available = sorted(k for k in model.meta_graph.signature_def if k != init_key)
+    if not available:
+        raise StageError(f"{model.path}: the SavedModel has no signature; LiteRT converts signatures")
+    if wanted is None:
+        return available
+    missing = [k for k in wanted if k not in available]
+    if missing:
+        raise StageError(f"targets.litert.signatures: the model has no signature {missing[0]!r}; "
+                         f"its signatures: {', '.join(available)}")
+    return sorted(wanted)
+
+
+def _representative(model: Any, keys: list[str], options: dict[str, Any], context: StageContext) -> Any:
+    """The calibration generator: (signature key, sample) over each signature's dataset,
+    the form of TFLite's calibrator for multi-signature models (optimize/calibrator.py)."""
+    from tpubuild.savedmodel import datasets
+    from tpubuild.stages.quantize import dataset_paths
+
+    paths = dataset_paths(options, context)
+    missing = [key for key in keys if key not in paths]
+    if missing:
+        raise StageError(
+            f"targets.litert.quantization: int8 calibrates on a representative dataset and signature "
+            f"{missing[0]!r} has none (converter.quantization_options.representative_datasets or "
+            "verify.representative_datasets)"
+        )
+    samples = {}
+    for key in keys:
+        specs = datasets.signature_inputs(model, key)
+        label = f"targets.litert: representative_datasets.{key}: {paths[key].name}"
+        samples[key] = [datasets.check_sample(s, specs, f"{label}: sample {i}")
+                        for i, s in enumerate(datasets.read_tfrecord(paths[key], label))]
+
+    def generate() -> Any:
+        for key in keys:
+            for sample in samples[key]:
+                yield key, sample
+
+    return generate

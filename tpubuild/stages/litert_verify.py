@@ -1,0 +1,128 @@
+"""Stage `litert_verify`: the flatbuffer, run by the LiteRT interpreter, computes what the source computes.
+
+Each signature of the flatbuffer runs on verify's samples (stages/verify.py
+`verification_samples`) through the `ai_edge_litert` interpreter's signature runner, and
+its outputs are compared with the source SavedModel's in TensorFlow, within the
+tolerances of the LiteRT conversion's kind (`_applied`). An op without a kernel in the
+interpreter (a fused custom op, a select-TF op) fails the stage with one line naming it.
+The summary adds per-call latency (median) of the interpreter and of the source in
+TensorFlow on the same input, the flatbuffer's ops, fused composites and size.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tpubuild.errors import StageError
+from tpubuild.stages import slices
+from tpubuild.stages.base import DATASET, SOURCE, StageContext, StageResult, StageSpec
+from tpubuild.stages.litert import FACTS_FILE, MODEL_FILE, target_options
+
+VERIFY_JSON = "litert_verify.json"
+LATENCY_RUNS = 50  # timed calls per figure; the median is reported
+
+
+def _options(recipe: dict[str, Any]) -> dict[str, Any]:
+    verify = recipe["verify"]
+    return {
+        "tags": slices.tags(recipe),
+        **target_options(recipe),
+        "samples": verify["samples"],
+        "seed": verify["seed"],
+        "representative_datasets": slices.verify_datasets(recipe),
+    }
+
+
+SPEC = StageSpec(
+    "litert_verify",
+    options=_options,
+    files=lambda r: slices.tfrecord_files(slices.verify_datasets(r)),
+    consumes=(SOURCE, DATASET, "litert"),
+    # Measured errors and latencies differ between CPUs.
+    machine_dependent=lambda options: True,
+)
+
+
+def _applied(quantization: str) -> list[str]:
+    """The stage names whose default tolerances (compare.default_tolerances) fit the mode.
+
+    none: float32 kernels that sum in another order than TensorFlow's (XNNPACK, the fused
+    LSTM kernel): the exact kind. dynamic_range and int8: int8 weights (and, for int8,
+    activations): quantize's. float16: weights rounded to float16 (11-bit significand,
+    finer than bfloat16's 8) and computed in float32: bfloat16's bound covers it.
+    """
+    return {"int8": ["quantize"], "dynamic_range": ["quantize"], "float16": ["bfloat16"]}.get(quantization, [])
+
+
+def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
+    import tensorflow as tf
+
+    from tpubuild.atomic import write_atomic
+    from tpubuild.savedmodel import compare
+    from tpubuild.savedmodel.litert_run import LiteRTModel
+    from tpubuild.savedmodel.model import SavedModel
+    from tpubuild.stages.verify import describe_failure, describe_nan, tolerances, verification_samples
+
+    applied = _applied(options["quantization"])
+    kind, rtol, atol = tolerances(applied, options, "targets.litert")
+    built = context.inputs["litert"]
+    facts = json.loads((built / FACTS_FILE).read_text())
+    source_dir = context.inputs["source"]
+    source = SavedModel.load(source_dir, options["tags"])
+    keys = facts["signatures"]
+    samples_by_key, origin = verification_samples(source, keys, options, context)
+    litert = LiteRTModel(built / MODEL_FILE, stateful=facts["variable_tensors"] > 0)
+    reference_model = tf.saved_model.load(str(source_dir), tags=options["tags"])
+    errors = []
+    for key in keys:
+        try:
+            reference = compare.run_signature(reference_model, key, samples_by_key[key])
+            errors.extend(compare.compare_outputs(key, reference, litert.run_signature(key, samples_by_key[key]), rtol, atol))
+        except ValueError as exc:
+            raise StageError(str(exc)) from None
+    latency = _latency(reference_model, litert, keys[0], samples_by_key[keys[0]][0])
+    summary = {
+        "applied": applied,
+        "tolerance": {"kind": kind, "rtol": rtol, "atol": atol,
+                      "given": {"rtol": options.get("rtol"), "atol": options.get("atol")}},
+        "samples": {key: {"count": len(s), "from": origin[key]} for key, s in samples_by_key.items()},
+        "outputs": [e.as_dict() for e in errors],
+        "max_abs_error": max((e.max_abs_error for e in errors), default=0.0),
+        "max_rel_error": max((e.max_rel_error for e in errors), default=0.0),
+        "passed": all(e.passed for e in errors),
+        "latency": latency,
+        "size": facts["size"],
+        "ops": facts["ops"],
+        "fused": facts["fused"],
+        "composites": facts["composites"],
+        "quantization": options["quantization"],
+    }
+    write_atomic(output_dir / VERIFY_JSON, (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode())
+    with_nan = [e for e in errors if e.nan_in_artifact or e.nan_in_source]
+    if with_nan:
+        raise StageError(describe_nan(with_nan[0]))
+    failed = [e for e in errors if e.mismatched]
+    if failed:
+        worst = max(failed, key=lambda e: e.max_abs_error - (atol + rtol * e.max_reference))
+        raise StageError(describe_failure(worst, rtol, atol))
+    return StageResult(summary=summary)
+
+
+def _latency(reference_model: Any, litert: Any, key: str, sample: dict[str, Any]) -> dict[str, Any]:
+    """Per-call median latency of the source in TensorFlow and of the interpreter, on the
+    same sample of the first signature, each called through its Python API (the
+    interpreter's call includes resetting a stateful model's variables, as verified)."""
+    import tensorflow as tf
+
+    from tpubuild.savedmodel.litert_run import median_latency_us as median
+
+    function = reference_model.signatures[key]
+    tensors = {name: tf.constant(value) for name, value in sample.items()}
+    return {
+        "signature": key,
+        "runs": LATENCY_RUNS,
+        "source_tf_us": round(median(lambda: function(**tensors), LATENCY_RUNS), 1),
+        "litert_us": round(median(lambda: litert.invoke(key, sample), LATENCY_RUNS), 1),
+    }
