@@ -22,6 +22,7 @@ Canonical = dict[str, Any]
 # in this order after `report`. Adding a target's stages is one line here.
 TARGET_CHAINS = (
     *TARGET_STAGES["cpu_savedmodel"],
+    *TARGET_STAGES["litert"],
 )
 
 # The order of the converter's pipeline (design.md). A recipe runs a subsequence.

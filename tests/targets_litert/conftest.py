@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from litert_helpers import (
+from tests.targets_litert.litert_helpers import (
     DynamicBatch, Runner, TwoSignatures, Unary, example_module, flex_only, no_kernel, save, scaled_tanh, unknown_composite,
 )
 

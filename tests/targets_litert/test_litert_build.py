@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from litert_helpers import Runner
+from tests.targets_litert.litert_helpers import Runner
 
 from tpubuild.errors import StageError
 from tpubuild.savedmodel import litert_inspect

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from litert_helpers import REPO, recipe
+from tests.targets_litert.litert_helpers import REPO, recipe
 
 from tpubuild.stages import litert, litert_verify
 
