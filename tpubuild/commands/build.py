@@ -171,7 +171,8 @@ class _Progress:
         with self.lock:
             self.running.pop((row.recipe, row.stage), None)
             self._clear()
-            self.out.write(f"{row.recipe}: {row.stage}: {row.status} ({row.seconds:.2f} s)\n")
+            where = " from the remote cache" if getattr(row, "remote", False) else ""
+            self.out.write(f"{row.recipe}: {row.stage}: {row.status}{where} ({row.seconds:.2f} s)\n")
             self.out.flush()
 
     def error(self, message: str) -> None:

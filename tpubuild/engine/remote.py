@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 # An unreachable server must cost seconds, not the SDKs' default minutes of retries.
 CONNECT_TIMEOUT = 5
 READ_TIMEOUT = 60
+FETCH_THREADS = 4  # concurrent object downloads of one record
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -229,12 +230,16 @@ class RemoteCache:
             return False
         work = store.new_workdir("remote-fetch")
         try:
-            ok = True
-            for f in missing:  # past a wrong one too: every wrong object is reported (and replaced by a push)
-                ok = self._fetch_object(f, store, work, owner) and ok
-                if not self.enabled:
-                    return False
-            return ok
+            # All of them, past a wrong one too: every wrong object is reported (and then
+            # replaced by a push); a few at a time, since each costs a round trip.
+            if len(missing) == 1:
+                results = [self._fetch_object(missing[0], store, work, owner)]
+            else:
+                from concurrent.futures import ThreadPoolExecutor
+
+                with ThreadPoolExecutor(max_workers=min(FETCH_THREADS, len(missing))) as pool:
+                    results = list(pool.map(lambda f: self._fetch_object(f, store, work, owner), missing))
+            return all(results) and self.enabled
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
@@ -482,16 +487,21 @@ def open_backend(url: str) -> _Backend:
         options["config_kwargs"] = {"connect_timeout": CONNECT_TIMEOUT, "read_timeout": READ_TIMEOUT,
                                     "retries": {"max_attempts": 2, "mode": "standard"}}
     elif package == "gcsfs":
-        options["timeout"] = READ_TIMEOUT
+        options["requests_timeout"] = READ_TIMEOUT
     fs, root = fsspec.core.url_to_fs(url, **options)
     return _FsspecBackend(fs, f"{root.rstrip('/')}/{LAYOUT}")
 
 
 class _FsspecBackend(_Backend):
-    """Object stores through fsspec. Conditional create: s3fs passes `mode="create"` as
-    S3's `If-None-Match: *` (a 412 becomes FileExistsError; moto honours it, checked in
-    tests/remote), gcsfs as `ifGenerationMatch=0`. An object store's PUT is atomic: an
-    object appears whole or not at all, so no temp name is needed."""
+    """Object stores through fsspec. Create-only is the server's own conditional write,
+    never a check-then-put (two racers would both pass the check): s3fs sends
+    `pipe_file(mode="create")` as S3's `If-None-Match: *` and raises FileExistsError on
+    the 412 (s3fs/core.py `_pipe_file`; moto's server honours it, which
+    tests/remote/test_remote_cache.py's race checks), gcsfs as `ifGenerationMatch=0`
+    (gcsfs/core.py `_pipe_file`, its 412 -> FileExistsError in gcsfs/retry.py). A server
+    that ignores the condition degrades to last writer wins; hence the trust model:
+    only trusted builders push (README). An object store's PUT (or multipart upload)
+    is atomic: an object appears whole or not at all, so no temp name is needed."""
 
     def __init__(self, fs: Any, root: str):
         self.fs, self.root = fs, root
