@@ -120,7 +120,7 @@ class Engine:
 
     def _push_now(self, entry: StageEntry) -> None:
         try:
-            self.remote.push_entry(entry, self.store, self.stat)
+            self.remote.push_entry(entry, self.store)  # not self.stat: shared with doit's threads
         except Exception as exc:  # a bug in tpubuild: said, and the build goes on
             self.errors(f"remote cache {self.remote.url}: internal error uploading stage record {entry.key}: "
                         f"{type(exc).__name__}: {exc}")
