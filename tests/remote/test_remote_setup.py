@@ -134,3 +134,19 @@ def test_a_downloaded_record_is_checked_before_use(pushed):
     assert problem({**good, "tree": "0" * 64}) == "its tree hash is not its files'"
     assert problem({**good, "files": [[good["files"][0][0], "../x", 1]]}).startswith("bad object entry")
     assert parse_entry(key, b"{not json")[0] is None
+
+
+def test_the_readme_example_is_a_valid_workspace_file(tmp_path):
+    import re
+
+    from tpubuild.workspace import load_workspace
+
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("\n## A shared remote cache (teams and CI)\n"):]
+    example = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
+    (tmp_path / "tpubuild.yaml").write_text(example)
+    ws = load_workspace(override=tmp_path)
+    assert (ws.remote_cache, ws.remote_push) == ("s3://ml-build-cache/tpubuild", True)
+    (tmp_path / "tpubuild.yaml").write_text(example.split("# or: ", 1)[1])
+    ws = load_workspace(override=tmp_path)
+    assert (ws.remote_cache, ws.remote_push) == ("s3://ml-build-cache/tpubuild", False)
