@@ -17,14 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.engine.conftest import (  # noqa: F401 (a fixture, re-exported for this directory)
-    BUILT_RECIPES,
-    export_recipe,
-    source_recipe,
-    tiny_saved_model,
-    tpubuild,
-    write_workspace,
-)
+from tests.engine.conftest import BUILT_RECIPES, tpubuild, write_workspace
+from tests.engine.conftest import tiny_saved_model  # noqa: F401 (a session fixture, shared with this directory)
 
 BUCKET = "cache"
 SHARED = f"s3://{BUCKET}/shared"
