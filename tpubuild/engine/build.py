@@ -31,7 +31,7 @@ from tpubuild.engine.resolve import (
 from tpubuild.engine.statcache import StatCache
 from tpubuild.engine.store import StageEntry, Store
 from tpubuild.errors import StageError
-from tpubuild.pipeline import PlannedStage, spec
+from tpubuild.pipeline import ENGINE_STEPS, PlannedStage, spec
 
 __all__ = ["Engine", "RecipeRun", "Row", "build", "new_runs"]
 
@@ -46,10 +46,11 @@ class Row:
     status: str
     key: str | None
     seconds: float
+    remote: bool = False  # a `cached` stage whose record came from the remote cache
 
     def to_json(self) -> dict[str, Any]:
         return {"recipe": self.recipe, "stage": self.stage, "status": self.status, "key": self.key,
-                "seconds": round(self.seconds, 3)}
+                "seconds": round(self.seconds, 3), "remote": self.remote}
 
 
 class Engine:
@@ -72,11 +73,72 @@ class Engine:
         self.pending: dict[tuple[str, str], Pending] = {}
         self.timeout = float(getattr(ws, "stage_timeout", None) or DEFAULT_STAGE_TIMEOUT)
         self.link_type = getattr(ws, "link_type", None) or "copy"
+        self.remote: Any = None  # engine/remote.py RemoteCache, when the build has one
+        self._uploads: Any = None  # the threads that push built stages to it
+        self._upload_futures: list[Any] = []
+
+    # --- the remote cache -----------------------------------------------------------
+    def attach_remote(self, url: str, push: bool = True) -> None:
+        """Use the remote cache at `url` for this build (imports fsspec and the backend)."""
+        from tpubuild.engine.remote import RemoteCache
+
+        self.remote = RemoteCache(url, push, report=self.errors)
+        self.remote.connect()
+
+    def _from_remote(self, run: RecipeRun, planned: PlannedStage, pending: Pending) -> StageEntry | None:
+        """The stage's record from the remote cache, entered into the local store; None
+        on a miss. Called without `state_lock`, so that -j N threads download at once:
+        only the stat-cache and resolver steps take it."""
+        candidate = None
+        key = pending.key
+        if planned.name not in ENGINE_STEPS and spec(planned.name).runs_user_code:
+            candidates = self.remote.fetch_discovered(pending.key)
+            with self.state_lock:
+                candidate = self.resolver.matching_candidate(run, candidates)
+            if candidate is None:
+                self.remote.note_miss()
+                return None
+            key = candidate["key"]
+        entry = self.remote.fetch_entry(key, self.store)
+        if entry is None:
+            return None
+        with self.state_lock:
+            self.resolver.remember(entry)
+            if candidate is not None:  # the local dep file learns it: the next lookup is local
+                self.resolver.add_discovered(pending.key, candidate["files"])
+        return entry
+
+    def _push(self, entry: StageEntry) -> None:
+        """Upload a stage built here (its inputs were verified unchanged after it ran:
+        Bazel #3360), in the background; `finish_uploads` waits for it."""
+        if self.remote is None or not self.remote.can_push:
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        with self.pool_lock:
+            if self._uploads is None:
+                self._uploads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tpubuild-upload")
+            self._upload_futures.append(self._uploads.submit(self._push_now, entry))
+
+    def _push_now(self, entry: StageEntry) -> None:
+        try:
+            self.remote.push_entry(entry, self.store)  # not self.stat: shared with doit's threads
+        except Exception as exc:  # a bug in tpubuild: said, and the build goes on
+            self.errors(f"remote cache {self.remote.url}: internal error uploading stage record {entry.key}: "
+                        f"{type(exc).__name__}: {exc}")
+
+    def finish_uploads(self, wait: bool = True) -> None:
+        """Wait for the uploads (before the store session ends: gc must not collect their
+        objects meanwhile); on an interrupt, drop the ones not started."""
+        if self._uploads is not None:
+            self._uploads.shutdown(wait=wait, cancel_futures=not wait)
+            self._uploads = None
 
     # --- doit: the up-to-date test and the action of one (recipe, stage) task --------
     def uptodate(self, run: RecipeRun, planned: PlannedStage) -> bool:
         """Resolve the stage's key from its current inputs; True (and the output taken
-        from the store) when a record with that key exists and its objects are intact."""
+        from the store) when a record with that key exists and its objects are intact,
+        locally or, with a remote cache, there (then it is fetched: `cached`, remote)."""
         start = time.monotonic()
         with self.state_lock:
             try:
@@ -91,13 +153,22 @@ class Engine:
                 self.pending[(run.name, planned.name)] = Pending(
                     None, None, error=f"internal error: {type(exc).__name__}: {exc}", detail=traceback.format_exc())
                 return False
+        fetched = False
+        if entry is None and self.remote is not None:
+            try:
+                entry = self._from_remote(run, planned, pending)
+            except Exception as exc:  # a bug in tpubuild: said, and the stage is built here
+                self.errors(f"remote cache {self.remote.url}: internal error fetching {run.name}:{planned.name}: "
+                            f"{type(exc).__name__}: {exc}")
+            fetched = entry is not None
+        with self.state_lock:
             if entry is None:
                 self.pending[(run.name, planned.name)] = pending
                 return False
             self.store.touch(entry.key)
         directory = self.store.checkout(entry)
         run.outputs[planned.name] = self.resolver.output_of(planned, entry, directory)
-        self._row(run, Row(run.name, planned.name, "cached", entry.key, time.monotonic() - start))
+        self._row(run, Row(run.name, planned.name, "cached", entry.key, time.monotonic() - start, remote=fetched))
         return True
 
     def action(self, run: RecipeRun, planned: PlannedStage) -> bool:
@@ -127,6 +198,7 @@ class Engine:
         except Exception as exc:  # a bug in tpubuild: the recipe fails, the build goes on
             self._fail(run, planned, f"internal error: {type(exc).__name__}: {exc}", start, traceback.format_exc())
             return False
+        self._push(entry)
         directory = self.store.checkout(entry)
         run.outputs[planned.name] = self.resolver.output_of(planned, entry, directory)
         for warning in entry.warnings:
@@ -440,9 +512,12 @@ def build(
     started: Callable[[RecipeRun, str], None] | None = None,
     memo: Any = None,
     since_ns: int | None = None,
+    remote: tuple[str, bool] | None = None,
 ) -> tuple[list[RecipeRun], Engine]:
     """Build `recipes` under the workspace lock. With a NoopMemo, every recipe the full
-    check finds up to date is remembered (if its files are older than `since_ns`)."""
+    check finds up to date is remembered (if its files are older than `since_ns`). With
+    `remote` (url, push), stages missing locally are looked up in that remote cache and
+    stages built here are uploaded to it; a build with nothing to do never contacts it."""
     from tpubuild.engine.wslock import WorkspaceLock
 
     engine = Engine(ws, jobs, printer, errors, started)
@@ -466,6 +541,8 @@ def build(
             from tpubuild.engine.tasks import run_tasks
 
             engine.store.clean_tmp()
+            if remote is not None:
+                engine.attach_remote(*remote)
             clean = False
             try:
                 run_tasks(engine, todo, jobs, ws.state_dir / "doit-deps.json")
@@ -473,6 +550,7 @@ def build(
             finally:
                 if engine.pool is not None:
                     engine.pool.close(kill=not clean)  # Ctrl-C: stop the stages now, not in 10 s
+                engine.finish_uploads(wait=clean)
             for run in todo:
                 if run.failed:
                     _skip_rest(engine, run)

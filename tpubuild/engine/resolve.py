@@ -174,10 +174,20 @@ class Resolver:
             candidates = json.loads(self.depfile(key).read_text())
         except (OSError, ValueError):
             return None
-        for candidate in reversed(candidates):
+        match = self.matching_candidate(run, reversed(candidates))
+        return match["key"] if match else None
+
+    def matching_candidate(self, run: RecipeRun, candidates: Any) -> dict[str, Any] | None:
+        """The first candidate ({"files": {path: hash}, "key": final key}) whose discovered
+        files all still have the content that was imported (local or remote candidates)."""
+        for candidate in candidates:
             if all(self._current_hash(run, rel) == digest for rel, digest in candidate["files"].items()):
-                return candidate["key"]
+                return candidate
         return None
+
+    def remember(self, entry: StageEntry) -> None:
+        """A record that entered the store from elsewhere (the remote cache)."""
+        self._entries[entry.key] = entry
 
     def _current_hash(self, run: RecipeRun, rel: str) -> str | None:
         try:
