@@ -27,6 +27,9 @@ class Workspace:
     keep_versions: int | None = None
     link_type: str = "copy"  # how versions are published: copy (reflink or copy) | hardlink
     stage_timeout: float = 3600.0  # seconds before a stage's worker is killed
+    executor: str = "local"  # where stages run: local worker processes | ray (engine/ray_executor.py)
+    ray_address: str | None = None  # the Ray cluster; None: RAY_ADDRESS, else a cluster on this machine
+    ray_resources: dict[str, dict[str, float]] = field(default_factory=dict)  # stage -> Ray resources per task
     defaults: dict[str, Any] = field(default_factory=dict)
     defaults_marks: Marks = field(default_factory=Marks)
 
@@ -89,6 +92,9 @@ def load_workspace(start: Path | None = None, override: Path | None = None) -> W
         keep_versions=data.get("keep_versions"),
         link_type=data.get("link_type", "copy"),
         stage_timeout=float(data.get("stage_timeout", 3600.0)),
+        executor=data.get("executor", "local"),
+        ray_address=data.get("ray_address"),
+        ray_resources=data.get("ray_resources", {}),
         defaults=defaults,
         defaults_marks=defaults_marks,
     )

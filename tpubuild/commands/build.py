@@ -23,9 +23,14 @@ import click
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document with a row per stage.")
 @click.option("--check", is_flag=True, help="Exit 1, listing the recipes, if building would change a lock file.")
 @click.option("--changed-since", metavar="REV", help="Only the recipes `tpubuild diff REV` reports as affected.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default=None,
+              help="Where stages run: local worker processes, or Ray tasks (needs a remote cache). "
+                   "Default: the workspace's executor, else local.")
+@click.option("--ray-address", metavar="ADDR", help="The Ray cluster of --executor ray (default: RAY_ADDRESS, "
+              "else the cluster on this machine).")
 @click.pass_context
 def command(ctx: click.Context, targets: tuple[str, ...], jobs: int, dry_run: bool, as_json: bool, check: bool,
-            changed_since: str | None) -> int:
+            changed_since: str | None, executor: str | None = None, ray_address: str | None = None) -> int:
     """Build the workspace's recipes (names or globs; none = all).
 
     A stage reruns only when its options or the content of its inputs changed; its
@@ -49,6 +54,8 @@ def command(ctx: click.Context, targets: tuple[str, ...], jobs: int, dry_run: bo
     from tpubuild.commands._common import recipes_from
 
     ws, recipes = recipes_from(ctx, targets)
+    ws.executor = executor or ws.executor
+    ws.ray_address = ray_address or ws.ray_address
     if check:
         return _check(ws, recipes)
     if dry_run:

@@ -70,6 +70,7 @@ class Engine:
         self.pending: dict[tuple[str, str], Pending] = {}
         self.timeout = float(getattr(ws, "stage_timeout", None) or DEFAULT_STAGE_TIMEOUT)
         self.link_type = getattr(ws, "link_type", None) or "copy"
+        self.executor = getattr(ws, "executor", None) or "local"  # or "ray": engine/ray_executor.py
 
     # --- doit: the up-to-date test and the action of one (recipe, stage) task --------
     def uptodate(self, run: RecipeRun, planned: PlannedStage) -> bool:
@@ -170,6 +171,11 @@ class Engine:
             "inputs": inputs,
             "results": {name: _result(run.outputs[name]) for name in planned.summaries},
         }
+        if self.executor == "ray":  # no driver paths reach a node: input trees, and what the key holds
+            request["trees"] = {role: [[f.path, f.hash, f.size] for f in run.outputs[name].files]
+                                for role, name in planned.consumes.items()}
+            request["keyed"] = {field: pending.record[field] for field in ("code", "toolchain", "env")}
+            request["declared"] = {k[5:]: v for k, v in pending.record["inputs"].items() if k.startswith("file:")}
         try:
             reply = self.workers().run(request, self.timeout, Path(run.recipe.root) if stage.runs_user_code else None)
             if not reply["ok"]:
@@ -198,6 +204,12 @@ class Engine:
 
     def workers(self) -> Any:
         with self.pool_lock:
+            if self.pool is None and self.executor == "ray":
+                from tpubuild.engine.ray_executor import RayExecutor
+
+                self.pool = RayExecutor(self.store, getattr(self.ws, "remote_cache", None),
+                                        getattr(self.ws, "ray_address", None), getattr(self.ws, "ray_resources", None),
+                                        getattr(self, "remote", None))
             if self.pool is None:
                 from tpubuild.engine.workers import WorkerPool
 
@@ -438,6 +450,8 @@ def build(
             from tpubuild.engine.tasks import run_tasks
 
             engine.store.clean_tmp()
+            if engine.executor == "ray":  # checked and connected once: one error line, not one per stage
+                engine.workers()
             clean = False
             try:
                 run_tasks(engine, todo, jobs, ws.state_dir / "doit-deps.json")
