@@ -410,6 +410,12 @@ class Store:
         self.ingest_copies(files, src_root, stat_cache)
         return self._record(key, stage, files, {}, [], record)
 
+    def add_entry(self, entry: StageEntry) -> StageEntry:
+        """Record an entry whose objects are already in the store, verified (one fetched
+        from the remote cache, engine/remote.py)."""
+        self.session_dir()
+        return self._record(entry.key, entry.stage, entry.files, entry.summary, entry.warnings, entry.record)
+
     def _record(self, key: str, stage: str, files: list[FileEntry], summary: dict, warnings: list[str],
                 record: dict) -> StageEntry:
         """Write the stage entry of objects already in the store (atomic, durable, indexed)."""
@@ -440,6 +446,22 @@ class Store:
             self._verified[digest] = stat_key(st)
             return True
         return False
+
+    def has_object(self, digest: str, stat_cache: StatCache | None = None) -> bool:
+        """Whether the object exists with the right content (see `_object_ok`)."""
+        return self._object_ok(digest, stat_cache)
+
+    def adopt_object(self, path: Path | str, digest: str) -> None:
+        """Move a file the caller hashed to `digest` into the store as that object (a
+        remote cache download, verified before it comes here): read-only, durable."""
+        self.session_dir()  # from here on, gc waits for this process
+        obj = self.object_path(digest)
+        obj.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(path, 0o444)
+        fsync_path(path)
+        os.replace(path, obj)
+        fsync_path(obj.parent)
+        self._verified[digest] = stat_key(os.stat(obj))
 
     def verify(self, entry: StageEntry, stat_cache: StatCache) -> bool:
         """Whether every object of `entry` exists with the right content; a corrupted object

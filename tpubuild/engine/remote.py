@@ -1,0 +1,674 @@
+"""A shared remote cache on an fsspec URL (`s3://bucket/prefix`, `gs://bucket/prefix`,
+`file:///shared/dir`): the local store's stage records and objects, shared by every
+builder that names the same URL.
+
+Layout under `<url>/v1/` (the local one's, engine/store.py):
+- `objects/ab/cdef...`: file contents by BLAKE3 hash. Self-verifying: every download is
+  re-hashed before it enters the local store (an S3-compatible server may accept a wrong
+  checksum, a disk may rot), so a wrong object is reported and never used, and an upload
+  may replace an existing object whose content is wrong.
+- `stages/ab/<key>.json`: the StageEntry JSON of the local store, written CREATE-ONLY
+  (Nx CVE-2025-36852 "CREEP": two writers racing on a key leave exactly one record; the
+  loser never overwrites it) and only after all its objects are uploaded, so no reader
+  ever meets a record without its objects.
+- `discovered/<declared key>/<final key>.json`: the discovered-input candidates of stages
+  that run user code (the local dep file is a mutable list; a remote one would be a
+  lost-update race, so here each candidate is its own create-only file).
+
+Every upload is atomic under its final name: an S3 or GCS object appears whole when its
+PUT (or multipart upload) completes, never in part; on a file system the content is
+written to a dot-named temp file, fsynced, then renamed (objects) or hard-linked
+(records, create-only: link fails if the name exists). A builder killed mid-upload leaves
+at most unreferenced objects (collected by `gc --remote`), never a partial object or a
+record without its objects.
+
+Failures are said, never silent (Turborepo's lesson): each one is a line in `stats` and
+reported as it happens. A server that cannot be reached, or refuses our credentials, is
+reported once and the remote is disabled for the rest of the command: the build goes on
+locally. fsspec and the backends are imported only when a build first uses the remote,
+never by planning commands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+from urllib.parse import parse_qsl, urlsplit
+
+from tpubuild.engine.hashing import SCHEME, FileEntry, hash_bytes, hash_file, tree_digest
+from tpubuild.engine.keys import canonical_dumps, stage_key
+from tpubuild.engine.store import LAYOUT, StageEntry
+from tpubuild.errors import TpubuildError
+
+if TYPE_CHECKING:
+    from tpubuild.engine.statcache import StatCache
+    from tpubuild.engine.store import Store
+
+# URL scheme -> (the package fsspec needs for it, the extra that installs it).
+BACKENDS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "file": None}
+EXTRA = "tpubuild[remote]"
+# An unreachable server must cost seconds, not the SDKs' default minutes of retries.
+CONNECT_TIMEOUT = 5
+READ_TIMEOUT = 60
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+# Query parameters that carry secrets (presigned URLs, SAS tokens): never in a workspace file.
+_SECRET_PARAMS = re.compile(r"(key|secret|token|signature|credential|password|sig)", re.IGNORECASE)
+
+
+class RemoteSetupError(TpubuildError):
+    """The remote cannot be used at all on this machine (a backend is not installed)."""
+
+    exit_code = 1
+
+
+def url_problem(url: str) -> str | None:
+    """Why `url` cannot name a remote cache (credentials in it, an unknown scheme), or
+    None. Credentials come only from the backends' own environment and config files."""
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        return f"{url!r} is not a URL ({exc})"
+    if not parts.scheme or "://" not in url:
+        return f"{url!r} is not a URL like s3://bucket/prefix, gs://bucket/prefix or file:///shared/dir"
+    if parts.scheme not in BACKENDS:
+        return f"{url!r}: the {parts.scheme}:// scheme is not supported (s3://, gs://, file://)"
+    if "@" in parts.netloc:
+        return ("the URL holds credentials (user:password@); remove them: credentials come from the "
+                "backend's environment (AWS_*, GOOGLE_APPLICATION_CREDENTIALS) or its config files")
+    for name, _ in parse_qsl(parts.query, keep_blank_values=True):
+        if _SECRET_PARAMS.search(name):
+            return (f"the URL holds key material (query parameter {name!r}); remove it: credentials come "
+                    "from the backend's environment or config files")
+    if parts.scheme == "file" and parts.netloc not in ("", "localhost"):
+        return f"{url!r}: a file:// URL needs an absolute path (file:///shared/dir)"
+    if parts.scheme != "file" and not parts.netloc:
+        return f"{url!r} names no bucket"
+    return None
+
+
+@dataclass
+class RemoteStats:
+    hits: int = 0
+    misses: int = 0
+    uploads: int = 0  # stage records this builder created
+    bytes_down: int = 0
+    bytes_up: int = 0
+    failures: list[str] = field(default_factory=list)
+
+    def line(self, url: str) -> str:
+        return (f"remote cache {url}: {self.hits} hits, {self.misses} misses, {self.uploads} uploads, "
+                f"{self.bytes_down / 2**20:.1f} MiB down, {self.bytes_up / 2**20:.1f} MiB up")
+
+    def to_json(self, url: str) -> dict[str, Any]:
+        return {"url": url, "hits": self.hits, "misses": self.misses, "uploads": self.uploads,
+                "bytes_down": self.bytes_down, "bytes_up": self.bytes_up, "failures": list(self.failures)}
+
+
+class _Off(Exception):
+    """The remote (or uploading to it) was disabled earlier in this command."""
+
+
+class RemoteCache:
+    """One command's use of the remote cache at `url`. Thread-safe: doit's -j N threads
+    and the engine's upload threads share it.
+
+    The engine and the Ray executor use: `fetch_entry`, `fetch_objects`, `push_entry`,
+    `push_objects`, `fetch_discovered`, `push_discovered`, `note_miss`, `stats`,
+    `enabled`, `can_push`, `url`.
+    """
+
+    def __init__(self, url: str, push: bool = True, report: Callable[[str], None] | None = None):
+        self.url = url.rstrip("/")
+        self.push = push
+        self.report = report or (lambda message: None)
+        self.stats = RemoteStats()
+        self._lock = threading.Lock()
+        self._io: _Backend | None = None
+        self._off: str | None = None  # why the remote is disabled for this command
+        self._push_off: str | None = None  # why uploads are
+        self._bad: set[str] = set()  # remote objects seen with wrong content: uploads replace them
+
+    # --- state -------------------------------------------------------------------------
+    @property
+    def enabled(self) -> bool:
+        return self._off is None
+
+    @property
+    def can_push(self) -> bool:
+        return self.push and self._off is None and self._push_off is None
+
+    def connect(self) -> None:
+        """Make the backend now (imports fsspec and the scheme's package): a missing
+        package is a RemoteSetupError naming the extra to install."""
+        with self._lock:
+            if self._io is None:
+                self._io = open_backend(self.url)
+
+    def _backend(self) -> _Backend:
+        if self._off is not None:
+            raise _Off
+        if self._io is None:
+            self.connect()
+        assert self._io is not None
+        return self._io
+
+    def _fail(self, message: str) -> None:
+        with self._lock:
+            self.stats.failures.append(message)
+        self.report(message)
+
+    def _disable(self, exc: BaseException, writing: bool) -> None:
+        """Report once, then stop using the remote (or, for a refused upload, stop uploading)."""
+        reason = _reason(exc)
+        with self._lock:
+            if self._off is not None or (writing and self._push_off is not None):
+                return
+            if writing and isinstance(exc, (PermissionError, FileNotFoundError)):
+                self._push_off = reason
+                message = f"remote cache {self.url}: uploads refused: {reason}; not uploading"
+            else:
+                self._off = reason
+                message = f"remote cache {self.url} unreachable: {reason}; building locally"
+        self._fail(message)
+
+    def _read(self, call: Callable[[_Backend], Any]) -> Any:
+        """A read: FileNotFoundError is an answer (absent); any other error disables."""
+        io = self._backend()
+        try:
+            return call(io)
+        except FileNotFoundError:
+            raise
+        except Exception as exc:  # the SDKs raise their own types (botocore, aiohttp, google.auth)
+            self._disable(exc, writing=False)
+            raise _Off from exc
+
+    def _write(self, call: Callable[[_Backend], Any]) -> Any:
+        """A write: FileExistsError is an answer (create-only lost); any other error stops uploads."""
+        if not self.can_push:
+            raise _Off
+        io = self._backend()
+        try:
+            return call(io)
+        except FileExistsError:
+            raise
+        except Exception as exc:
+            self._disable(exc, writing=True)
+            raise _Off from exc
+
+    def note_miss(self) -> None:
+        """Count a lookup that found nothing usable without reaching `fetch_entry` (no
+        discovered candidate matched)."""
+        with self._lock:
+            self.stats.misses += 1
+
+    def _count(self, **deltas: int) -> None:
+        with self._lock:
+            for name, delta in deltas.items():
+                setattr(self.stats, name, getattr(self.stats, name) + delta)
+
+    # --- fetching ------------------------------------------------------------------------
+    def fetch_entry(self, key: str, store: Store, stat_cache: StatCache | None = None) -> StageEntry | None:
+        """The stage record `key` from the remote, with every object the local store lacks
+        downloaded and verified, then recorded in the local store (so later lookups are
+        local). None on a miss; a malformed record or a wrong object is reported and is a
+        miss too, never used."""
+        if not self.enabled or not _DIGEST.match(key):
+            return None
+        try:
+            raw = self._read(lambda io: io.read(_stage_rel(key)))
+        except FileNotFoundError:
+            self.note_miss()
+            return None
+        except _Off:
+            return None
+        self._count(bytes_down=len(raw))
+        entry, problem = parse_entry(key, raw)
+        if entry is None:
+            self._fail(f"remote cache {self.url}: stage record {key} is malformed ({problem}); not used")
+            self.note_miss()
+            return None
+        if not self.fetch_objects(entry.files, store, stat_cache, owner=f"stage record {key}"):
+            self.note_miss()
+            return None
+        local = store.add_entry(entry)
+        self._count(hits=1)
+        return local
+
+    def fetch_objects(self, files: Iterable[FileEntry], store: Store, stat_cache: StatCache | None = None,
+                      owner: str = "") -> bool:
+        """Download the objects of `files` the local store lacks, each re-hashed before it
+        enters the store. True when every one is in the local store, verified."""
+        wanted = {f.hash: f for f in files}
+        missing = [f for digest, f in wanted.items() if not store.has_object(digest, stat_cache)]
+        if not missing:
+            return True
+        if not self.enabled:
+            return False
+        work = store.new_workdir("remote-fetch")
+        try:
+            for f in missing:
+                if not self._fetch_object(f, store, work, owner):
+                    return False
+            return True
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    def _fetch_object(self, f: FileEntry, store: Store, work: Path, owner: str) -> bool:
+        if not _DIGEST.match(f.hash):
+            self._fail(f"remote cache {self.url}: {owner or 'a record'} names a malformed object {f.hash!r}; not used")
+            return False
+        tmp = os.path.join(work, f.hash)
+        of = f" of {owner}" if owner else ""
+        try:
+            self._read(lambda io: io.download(_object_rel(f.hash), tmp))
+        except FileNotFoundError:
+            self._fail(f"remote cache {self.url}: object {f.hash}{of} is missing; not used")
+            return False
+        except _Off:
+            return False
+        size = os.path.getsize(tmp)
+        self._count(bytes_down=size)
+        if size != f.size:
+            problem = f"is truncated or padded ({size} bytes, expected {f.size})"
+        elif hash_file(tmp, size) != f.hash:
+            problem = "is corrupted (its BLAKE3 hash does not match its name)"
+        else:
+            store.adopt_object(tmp, f.hash)
+            return True
+        with self._lock:
+            self._bad.add(f.hash)
+        self._fail(f"remote cache {self.url}: object {f.hash}{of} {problem}; not used")
+        return False
+
+    def fetch_discovered(self, declared_key: str) -> list[dict[str, Any]]:
+        """The discovered-input candidates stored for `declared_key`: a list of
+        {"files": {path: hash}, "key": final key}, each checked to hash to its final key."""
+        if not self.enabled or not _DIGEST.match(declared_key):
+            return []
+        prefix = f"discovered/{declared_key}"
+        try:
+            listing = self._read(lambda io: io.list(prefix))
+        except (FileNotFoundError, _Off):
+            return []
+        candidates = []
+        for rel, _size, mtime in sorted(listing, key=lambda item: -item[2]):  # newest first
+            try:
+                raw = self._read(lambda io: io.read(rel))
+            except FileNotFoundError:
+                continue  # collected meanwhile
+            except _Off:
+                return []
+            self._count(bytes_down=len(raw))
+            candidate = _parse_candidate(declared_key, raw)
+            if candidate is None or f"{prefix}/{candidate['key']}.json" != rel:
+                self._fail(f"remote cache {self.url}: discovered-input record {rel} is malformed; not used")
+                continue
+            candidates.append(candidate)
+        return candidates
+
+    # --- pushing ---------------------------------------------------------------------------
+    def push_objects(self, files: Iterable[FileEntry], store: Store, stat_cache: StatCache | None = None) -> bool:
+        """Upload the objects of `files` the remote lacks (or holds with a wrong size or a
+        content seen wrong). Each must be intact in the local store. True when all are there."""
+        seen = set()
+        for f in files:
+            if f.hash in seen:
+                continue
+            seen.add(f.hash)
+            if not self._push_object(f, store, stat_cache):
+                return False
+        return True
+
+    def _push_object(self, f: FileEntry, store: Store, stat_cache: StatCache | None) -> bool:
+        rel = _object_rel(f.hash)
+        try:
+            size = self._read(lambda io: io.size(rel))
+        except FileNotFoundError:
+            size = None
+        except _Off:
+            return False
+        with self._lock:
+            known_bad = f.hash in self._bad
+        if size == f.size and not known_bad:
+            return True
+        if not store.has_object(f.hash, stat_cache):
+            self._fail(f"remote cache {self.url}: object {f.hash} is not intact in the local store; not uploaded")
+            return False
+        try:
+            self._write(lambda io: io.upload(os.fspath(store.object_path(f.hash)), rel))
+        except (_Off, FileExistsError):
+            return False
+        self._count(bytes_up=f.size)
+        with self._lock:
+            self._bad.discard(f.hash)
+        return True
+
+    def push_entry(self, entry: StageEntry, store: Store, stat_cache: StatCache | None = None) -> bool:
+        """Upload `entry`'s objects, then its record, create-only: when another builder
+        wrote the key first, its record stays. Then, for a stage that ran user code, its
+        discovered-input candidate. Only call this for a stage whose inputs were verified
+        unchanged after it ran (Bazel #3360). True when the remote holds the record."""
+        if not self.can_push:
+            return False
+        if not self.push_objects(entry.files, store, stat_cache):
+            return False
+        try:
+            data = store.entry_path(entry.key).read_bytes()  # byte for byte the local record
+        except OSError:
+            data = json.dumps(entry.to_json(), sort_keys=True).encode()
+        try:
+            created = self._write(lambda io: io.create(_stage_rel(entry.key), data))
+        except _Off:
+            return False
+        if created:
+            self._count(uploads=1, bytes_up=len(data))
+        discovered = entry.record.get("discovered")
+        if isinstance(discovered, dict):
+            declared = stage_key({k: v for k, v in entry.record.items() if k != "discovered"})
+            self.push_discovered(declared, entry.key, discovered)
+        return True
+
+    def push_discovered(self, declared_key: str, final_key: str, files: dict[str, str]) -> bool:
+        """Record the candidate `files` -> `final_key` for `declared_key` (create-only)."""
+        if final_key != discovered_final_key(declared_key, files):
+            raise ValueError(f"{final_key} is not the final key of {declared_key} with these discovered files")
+        data = canonical_dumps({"files": files, "key": final_key}).encode()
+        try:
+            created = self._write(lambda io: io.create(f"discovered/{declared_key}/{final_key}.json", data))
+        except _Off:
+            return False
+        if created:
+            self._count(bytes_up=len(data))
+        return True
+
+
+# --- records and candidates --------------------------------------------------------------
+def discovered_final_key(declared_key: str, discovered: dict[str, str]) -> str:
+    """The key a user-code stage's record is stored under (engine/resolve.py add_discovered)."""
+    return hash_bytes(canonical_dumps({"key": declared_key, "discovered": discovered}).encode())
+
+
+def record_key(record: dict[str, Any]) -> str:
+    """The key that a stored key record must be stored under."""
+    if "discovered" in record:
+        declared = stage_key({k: v for k, v in record.items() if k != "discovered"})
+        return discovered_final_key(declared, record["discovered"])
+    return stage_key(record)
+
+
+def parse_entry(key: str, raw: bytes) -> tuple[StageEntry | None, str]:
+    """The StageEntry in a downloaded record, or (None, what is wrong with it). The record
+    must name `key`, hash to it, list safe relative paths and well-formed digests, and
+    its tree hash must be its files'."""
+    try:
+        data = json.loads(raw)
+        if not isinstance(data, dict):
+            return None, "not a JSON object"
+        if data.get("scheme") != SCHEME:
+            return None, f"scheme {data.get('scheme')!r}, expected {SCHEME}"
+        if data.get("key") != key:
+            return None, f"it names the key {data.get('key')!r}"
+        entry = StageEntry.from_json(data)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"[:200]
+    for f in entry.files:
+        if not (isinstance(f.path, str) and _safe_path(f.path)):
+            return None, f"unsafe path {f.path!r}"
+        if not (isinstance(f.hash, str) and _DIGEST.match(f.hash)) or not isinstance(f.size, int) or f.size < 0:
+            return None, f"bad object entry for {f.path!r}"
+    if entry.tree != tree_digest(entry.files):
+        return None, "its tree hash is not its files'"
+    try:
+        if record_key(entry.record) != key:
+            return None, "its key record does not hash to its key"
+    except (TypeError, ValueError):
+        return None, "its key record is not hashable"
+    return entry, ""
+
+
+def _parse_candidate(declared_key: str, raw: bytes) -> dict[str, Any] | None:
+    try:
+        data = json.loads(raw)
+        files, final = data["files"], data["key"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+        return None
+    if final != discovered_final_key(declared_key, files):
+        return None
+    return {"files": files, "key": final}
+
+
+def _safe_path(path: str) -> bool:
+    """A relative POSIX path that stays inside its tree (a record must never make a
+    checkout write outside it)."""
+    return not path.startswith("/") and "\\" not in path and "\0" not in path and all(
+        part not in ("", ".", "..") for part in path.split("/"))
+
+
+def _stage_rel(key: str) -> str:
+    return f"stages/{key[:2]}/{key}.json"
+
+
+def _object_rel(digest: str) -> str:
+    return f"objects/{digest[:2]}/{digest[2:]}"
+
+
+def _reason(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:300]
+
+
+# --- backends ------------------------------------------------------------------------------
+class _Backend:
+    """Paths are relative to `<url>/v1/`. Listing returns (relative path, size, mtime)."""
+
+    def read(self, rel: str) -> bytes: ...
+    def download(self, rel: str, local: str) -> None: ...
+    def size(self, rel: str) -> int: ...
+    def upload(self, local: str, rel: str) -> None: ...
+    def create(self, rel: str, data: bytes) -> bool: ...
+    def list(self, rel_prefix: str) -> list[tuple[str, int, float]]: ...
+    def delete(self, rels: list[str]) -> None: ...
+
+
+def open_backend(url: str) -> _Backend:
+    problem = url_problem(url)
+    if problem:
+        raise TpubuildError(f"remote cache: {problem}")
+    scheme = urlsplit(url).scheme
+    try:
+        import fsspec
+    except ImportError:
+        raise RemoteSetupError(f"remote cache {url}: fsspec is not installed (pip install '{EXTRA}')") from None
+    package = BACKENDS[scheme]
+    if package is not None:
+        try:
+            __import__(package)
+        except ImportError:
+            raise RemoteSetupError(
+                f"remote cache {url}: the {scheme}:// backend needs {package} (pip install '{EXTRA}')") from None
+    if scheme == "file":
+        fs, root = fsspec.core.url_to_fs(url)
+        return _LocalBackend(Path(root) / LAYOUT)
+    options: dict[str, Any] = {"skip_instance_cache": True, "use_listings_cache": False}
+    if package == "s3fs":
+        # Short connect timeout and few retries: an unreachable endpoint costs seconds.
+        options["config_kwargs"] = {"connect_timeout": CONNECT_TIMEOUT, "read_timeout": READ_TIMEOUT,
+                                    "retries": {"max_attempts": 2, "mode": "standard"}}
+    elif package == "gcsfs":
+        options["timeout"] = READ_TIMEOUT
+    fs, root = fsspec.core.url_to_fs(url, **options)
+    return _FsspecBackend(fs, f"{root.rstrip('/')}/{LAYOUT}")
+
+
+class _FsspecBackend(_Backend):
+    """Object stores through fsspec. Conditional create: s3fs passes `mode="create"` as
+    S3's `If-None-Match: *` (a 412 becomes FileExistsError; moto honours it, checked in
+    tests/remote), gcsfs as `ifGenerationMatch=0`. An object store's PUT is atomic: an
+    object appears whole or not at all, so no temp name is needed."""
+
+    def __init__(self, fs: Any, root: str):
+        self.fs, self.root = fs, root
+
+    def _path(self, rel: str) -> str:
+        return f"{self.root}/{rel}"
+
+    def read(self, rel: str) -> bytes:
+        return self.fs.cat_file(self._path(rel))
+
+    def download(self, rel: str, local: str) -> None:
+        self.fs.get_file(self._path(rel), local)
+
+    def size(self, rel: str) -> int:
+        return int(self.fs.info(self._path(rel))["size"])
+
+    def upload(self, local: str, rel: str) -> None:
+        self.fs.put_file(local, self._path(rel))
+
+    def create(self, rel: str, data: bytes) -> bool:
+        try:
+            self.fs.pipe_file(self._path(rel), data, mode="create")
+        except FileExistsError:
+            return False
+        return True
+
+    def list(self, rel_prefix: str) -> list[tuple[str, int, float]]:
+        try:
+            found = self.fs.find(self._path(rel_prefix), detail=True)
+        except FileNotFoundError:
+            return []
+        out = []
+        for name, info in found.items():
+            if info.get("type") == "directory":
+                continue
+            rel = name[len(self.root) + 1:] if name.startswith(self.root + "/") else None
+            if rel is None:
+                continue
+            out.append((rel, int(info.get("size") or 0), _mtime(info)))
+        return out
+
+    def delete(self, rels: list[str]) -> None:
+        for start in range(0, len(rels), 500):
+            self.fs.rm([self._path(r) for r in rels[start:start + 500]])
+
+
+def _mtime(info: dict[str, Any]) -> float:
+    for name in ("LastModified", "mtime", "updated", "created"):
+        value = info.get(name)
+        if value is None:
+            continue
+        if hasattr(value, "timestamp"):
+            return float(value.timestamp())
+        if isinstance(value, (int, float)):
+            return float(value)
+        try:
+            from datetime import datetime
+
+            return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            continue
+    return 0.0
+
+
+class _LocalBackend(_Backend):
+    """A directory (a shared mount). Objects: a dot-named temp file in the target
+    directory, fsynced, renamed over the name (whole or absent; a reader never sees a
+    part). Records: the same temp file hard-linked to the name, which fails when the name
+    exists (create-only, like O_EXCL, but never a visible half-written record)."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def read(self, rel: str) -> bytes:
+        return (self.root / rel).read_bytes()
+
+    def download(self, rel: str, local: str) -> None:
+        shutil.copyfile(self.root / rel, local)
+
+    def size(self, rel: str) -> int:
+        return os.stat(self.root / rel).st_size
+
+    def _temp_copy(self, target: Path, write: Callable[[Any], None]) -> str:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.parent / f".{target.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+        with open(tmp, "xb") as out:
+            write(out)
+            out.flush()
+            os.fsync(out.fileno())
+        return os.fspath(tmp)
+
+    def upload(self, local: str, rel: str) -> None:
+        from tpubuild.engine.fsutil import fsync_path
+
+        target = self.root / rel
+        tmp = self._temp_copy(target, lambda out: _copy_into(local, out))
+        try:
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, target)
+        finally:
+            _unlink(tmp)
+        fsync_path(target.parent)
+
+    def create(self, rel: str, data: bytes) -> bool:
+        from tpubuild.engine.fsutil import fsync_path
+
+        target = self.root / rel
+        tmp = self._temp_copy(target, lambda out: out.write(data))
+        try:
+            os.link(tmp, target)
+        except FileExistsError:
+            return False
+        finally:
+            _unlink(tmp)
+        fsync_path(target.parent)
+        return True
+
+    def list(self, rel_prefix: str) -> list[tuple[str, int, float]]:
+        out = []
+        for dirpath, _dirs, names in os.walk(self.root / rel_prefix):
+            for name in names:
+                if name.startswith("."):
+                    continue  # a temp file of a write in progress (or of a killed writer)
+                path = os.path.join(dirpath, name)
+                try:
+                    st = os.stat(path)
+                except FileNotFoundError:
+                    continue
+                out.append((Path(path).relative_to(self.root).as_posix(), st.st_size, st.st_mtime))
+        return out
+
+    def delete(self, rels: list[str]) -> None:
+        for rel in rels:
+            _unlink(self.root / rel)
+
+    def stale_temps(self, older_than: float) -> list[str]:
+        """Temp files of killed writers (dot-named, older than `older_than`, a timestamp)."""
+        found = []
+        for dirpath, _dirs, names in os.walk(self.root):
+            for name in names:
+                path = os.path.join(dirpath, name)
+                try:
+                    if name.startswith(".") and name.endswith(".tmp") and os.stat(path).st_mtime < older_than:
+                        found.append(Path(path).relative_to(self.root).as_posix())
+                except FileNotFoundError:
+                    continue
+        return found
+
+
+def _copy_into(local: str, out: Any) -> None:
+    with open(local, "rb") as src:
+        shutil.copyfileobj(src, out, 1 << 20)
+
+
+def _unlink(path: Any) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
