@@ -207,9 +207,8 @@ class Engine:
             if self.pool is None and self.executor == "ray":
                 from tpubuild.engine.ray_executor import RayExecutor
 
-                self.pool = RayExecutor(self.store, getattr(self.ws, "remote_cache", None),
-                                        getattr(self.ws, "ray_address", None), getattr(self.ws, "ray_resources", None),
-                                        getattr(self, "remote", None))
+                self.pool = RayExecutor(self.store, getattr(self, "remote", None), getattr(self.ws, "ray_address", None),
+                                        getattr(self.ws, "ray_resources", None))
             if self.pool is None:
                 from tpubuild.engine.workers import WorkerPool
 

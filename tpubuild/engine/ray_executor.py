@@ -78,6 +78,11 @@ def _open_remote(url: str, push: bool = True) -> Any:
     return RemoteCache(url, push)
 
 
+def _last_failure(remote: Any) -> str:
+    failures = getattr(remote.stats, "failures", None)
+    return failures[-1] if failures else f"remote cache {remote.url}"
+
+
 def _files(rows: list[list[Any]]) -> list[FileEntry]:
     return [FileEntry(p, h, s) for p, h, s in rows]
 
@@ -91,17 +96,17 @@ class RayExecutor:
     a Ray task and leaves its output files in `request["output_dir"]`, as a local worker
     does; `close(kill)` cancels what is still running."""
 
-    def __init__(self, store: Any, remote_url: str, address: str | None = None,
-                 resources: dict[str, dict[str, float]] | None = None, remote: Any = None):
-        check_ray_executor(remote_url)
+    def __init__(self, store: Any, remote: Any, address: str | None = None,
+                 resources: dict[str, dict[str, float]] | None = None):
+        check_ray_executor(remote.url if remote is not None else None, remote is not None and remote.can_push)
         import logging
 
         import ray
 
         self.ray = ray
         self.store = store
-        self.remote_url = remote_url
-        self.remote = remote if remote is not None else _open_remote(remote_url)
+        self.remote = remote  # the build's RemoteCache (engine/remote.py): its stats count the driver's transfers
+        self.remote_url = remote.url
         self.resources = resources or {}
         self.address = address or os.environ.get("RAY_ADDRESS") or "auto"
         self.lock = threading.Lock()
@@ -163,7 +168,9 @@ class RayExecutor:
         with self.lock:
             todo = [f for f in {f.hash: f for f in files}.values() if f.hash not in self.pushed]
         if todo:
-            self.remote.push_objects(todo, self.store)
+            if not self.remote.push_objects(todo, self.store):
+                raise StageError(f"the inputs of the stage could not be uploaded to the remote cache "
+                                 f"({_last_failure(self.remote)}); the Ray node cannot read them")
             with self.lock:
                 self.pushed.update(f.hash for f in todo)
 
@@ -173,10 +180,10 @@ class RayExecutor:
         from tpubuild.engine.statcache import StatCache
         from tpubuild.engine.store import StageEntry
 
-        self.remote.fetch_objects(files, self.store)
-        if not self.store.verify(StageEntry("", stage, tree_digest(files), files), StatCache(None)):
+        if not (self.remote.fetch_objects(files, self.store)
+                and self.store.verify(StageEntry("", stage, tree_digest(files), files), StatCache(None))):
             raise StageError(f"the outputs of stage {stage} built on Ray node {host} could not be fetched intact "
-                             f"from the remote cache {self.remote_url}")
+                             f"from the remote cache ({_last_failure(self.remote)})")
         with self.lock:
             self.pushed.update(f.hash for f in files)
         self.store.materialize(files, out_dir)
@@ -314,10 +321,9 @@ def run_on_node(request: dict[str, Any], timeout: float | None, remote_url: str)
         for role, rows in sorted(request["trees"].items()):
             files = _files(rows)
             entry = StageEntry("", role, tree_digest(files), files)
-            remote.fetch_objects(files, store)
-            if not store.verify(entry, stat):
-                return failed(f"input {role} could not be fetched intact from the remote cache {remote_url} "
-                              f"on ray node {host}")
+            if not (remote.fetch_objects(files, store, stat) and store.verify(entry, stat)):
+                return failed(f"ray node {host} could not fetch input {role} intact from the remote cache "
+                              f"({_last_failure(remote)})")
             dirs[role] = str(store.checkout(entry))
         work = store.new_workdir(request["stage"])
         out_dir = work / "out"
@@ -345,7 +351,9 @@ def run_on_node(request: dict[str, Any], timeout: float | None, remote_url: str)
         files = [FileEntry(rel, hash_file(out_dir / rel, st.st_size), st.st_size)
                  for rel, st in walk_files(out_dir, symlinks="reject")]
         store.ingest_copies(files, out_dir, stat)
-        remote.push_objects(files, store)
+        if not remote.push_objects(files, store, stat):
+            return failed(f"ray node {host} could not upload the outputs to the remote cache "
+                          f"({_last_failure(remote)})")
         return {"reply": reply, "files": _rows(files), "host": host}
     except StageError as exc:
         if isinstance(exc, WorkerDied):
