@@ -27,6 +27,8 @@ class Workspace:
     keep_versions: int | None = None
     link_type: str = "copy"  # how versions are published: copy (reflink or copy) | hardlink
     stage_timeout: float = 3600.0  # seconds before a stage's worker is killed
+    remote_cache: str | None = None  # an fsspec URL (engine/remote.py)
+    remote_push: bool = True  # upload stages built here to the remote cache
     executor: str = "local"  # where stages run: local worker processes | ray (engine/ray_executor.py)
     ray_address: str | None = None  # the Ray cluster; None: RAY_ADDRESS, else a cluster on this machine
     ray_resources: dict[str, dict[str, float]] = field(default_factory=dict)  # stage -> Ray resources per task
@@ -76,7 +78,7 @@ def load_workspace(start: Path | None = None, override: Path | None = None) -> W
     if not isinstance(data, dict):
         raise ConfigError([Diagnostic(marks.value(()), "", "the workspace file must be a mapping")])
     problems = schema_diagnostics("workspace", data, marks) + _recipe_glob_problems(data, marks, root)
-    problems += _directory_problems(data, marks, root)
+    problems += _directory_problems(data, marks, root) + _remote_problems(data, marks)
     if problems:
         raise ConfigError(problems)
     defaults_marks = _sub_marks(marks, ("defaults",))
@@ -92,6 +94,8 @@ def load_workspace(start: Path | None = None, override: Path | None = None) -> W
         keep_versions=data.get("keep_versions"),
         link_type=data.get("link_type", "copy"),
         stage_timeout=float(data.get("stage_timeout", 3600.0)),
+        remote_cache=_remote_setting(data)[0],
+        remote_push=_remote_setting(data)[1],
         executor=data.get("executor", "local"),
         ray_address=data.get("ray_address"),
         ray_resources=data.get("ray_resources", {}),
@@ -128,6 +132,28 @@ def _directory_problems(data: dict, marks: Marks, root: Path) -> list[Diagnostic
         if problem:
             problems.append(Diagnostic(marks.value((key,)), key, f"{value!r} {problem}"))
     return problems
+
+
+def _remote_setting(data: dict) -> tuple[str | None, bool]:
+    """`remote_cache:` as (url, push): a URL string, or {url, push}."""
+    value = data.get("remote_cache")
+    if isinstance(value, dict):
+        return value.get("url"), bool(value.get("push", True))
+    return value, True
+
+
+def _remote_problems(data: dict, marks: Marks) -> list[Diagnostic]:
+    """A remote cache URL with credentials in it (user:password@, a secret query
+    parameter), an unknown scheme: errors at the line that wrote it."""
+    value = data.get("remote_cache")
+    path: tuple = ("remote_cache", "url") if isinstance(value, dict) else ("remote_cache",)
+    url = _remote_setting(data)[0] if isinstance(value, (str, dict)) else None
+    if not isinstance(url, str):
+        return []  # absent, or a wrong type the schema reports
+    from tpubuild.engine.remote_url import url_problem
+
+    problem = url_problem(url)
+    return [Diagnostic(marks.value(path), format_path(path), problem)] if problem else []
 
 
 def _sub_marks(marks: Marks, prefix: tuple) -> Marks:

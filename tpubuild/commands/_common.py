@@ -33,3 +33,24 @@ def changed_targets(ctx: click.Context, targets: tuple[str, ...], rev: str) -> t
 
     names = changed_since(workspace_from(ctx), rev)
     return tuple(n for n in names if not targets or any(fnmatch.fnmatchcase(n, t) for t in targets))
+
+
+def remote_setting(ws, url: str | None, read_only: bool) -> tuple[str, bool] | None:
+    """(url, push) of the remote cache: --remote-cache wins over the workspace file's
+    `remote_cache:`; --remote-cache-read-only turns uploads off. None: no remote."""
+    from tpubuild.errors import UsageError
+
+    if url is not None:
+        from tpubuild.engine.remote_url import url_problem
+
+        problem = url_problem(url)
+        if problem:
+            raise UsageError(f"--remote-cache: {problem}")
+        return url, not read_only
+    if ws.remote_cache is None:
+        if read_only:
+            raise UsageError("--remote-cache-read-only: no remote cache (give --remote-cache URL or remote_cache: "
+                             f"in {ws.display(ws.file)})")
+        return None
+    return ws.remote_cache, ws.remote_push and not read_only
+

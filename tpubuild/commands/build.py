@@ -23,6 +23,10 @@ import click
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document with a row per stage.")
 @click.option("--check", is_flag=True, help="Exit 1, listing the recipes, if building would change a lock file.")
 @click.option("--changed-since", metavar="REV", help="Only the recipes `tpubuild diff REV` reports as affected.")
+@click.option("--remote-cache", metavar="URL",
+              help="A shared cache (s3://bucket/prefix, gs://..., file:///dir); overrides remote_cache: in tpubuild.yaml.")
+@click.option("--remote-cache-read-only", is_flag=True,
+              help="Fetch from the remote cache but upload nothing (pull requests, untrusted builds).")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default=None,
               help="Where stages run: local worker processes, or Ray tasks (needs a remote cache). "
                    "Default: the workspace's executor, else local.")
@@ -30,7 +34,8 @@ import click
               "else the cluster on this machine).")
 @click.pass_context
 def command(ctx: click.Context, targets: tuple[str, ...], jobs: int, dry_run: bool, as_json: bool, check: bool,
-            changed_since: str | None, executor: str | None = None, ray_address: str | None = None) -> int:
+            changed_since: str | None, remote_cache: str | None, remote_cache_read_only: bool,
+            executor: str | None = None, ray_address: str | None = None) -> int:
     """Build the workspace's recipes (names or globs; none = all).
 
     A stage reruns only when its options or the content of its inputs changed; its
@@ -51,9 +56,10 @@ def command(ctx: click.Context, targets: tuple[str, ...], jobs: int, dry_run: bo
         code = _noop_fast_path(ctx, targets, as_json)
         if code is not None:
             return code
-    from tpubuild.commands._common import recipes_from
+    from tpubuild.commands._common import recipes_from, remote_setting
 
     ws, recipes = recipes_from(ctx, targets)
+    remote = remote_setting(ws, remote_cache, remote_cache_read_only)  # checked even where unused
     ws.executor = executor or ws.executor
     ws.ray_address = ray_address or ws.ray_address
     if check:
@@ -68,7 +74,7 @@ def command(ctx: click.Context, targets: tuple[str, ...], jobs: int, dry_run: bo
     out = click.get_text_stream("stdout")
     progress = _Progress(out, tty=out.isatty() and not as_json, quiet=as_json)
     runs, engine = build(ws, recipes, jobs, printer=progress.row, errors=progress.error, started=progress.started,
-                         memo=memo, since_ns=since_ns)
+                         memo=memo, since_ns=since_ns, remote=remote)
     memo.save(ws)
     rows = [row for run in runs for row in run.rows]
     failed = [run for run in runs if run.failed]
@@ -79,9 +85,13 @@ def command(ctx: click.Context, targets: tuple[str, ...], jobs: int, dry_run: bo
             "hashed": {"files": engine.stat.files_hashed, "bytes": engine.stat.bytes_hashed},
             "exit_code": 1 if failed else 0,
         }
+        if engine.remote is not None:
+            document["remote"] = engine.remote.stats.to_json(engine.remote.url)
         click.echo(json.dumps(document, indent=2))
     else:
         progress.summary(runs)
+        if engine.remote is not None:
+            click.echo(engine.remote.stats.line(engine.remote.url))
     return 1 if failed else 0
 
 
@@ -109,7 +119,8 @@ def _noop_fast_path(ctx: click.Context, targets: tuple[str, ...], as_json: bool)
         entries = [e for e in entries if e["name"] in wanted]
     if as_json:
         document = {
-            "rows": [{"recipe": e["name"], "stage": stage, "status": "cached", "key": key, "seconds": 0.0}
+            "rows": [{"recipe": e["name"], "stage": stage, "status": "cached", "key": key, "seconds": 0.0,
+                      "remote": False}
                      for e in entries for stage, key in e["rows"]],
             "versions": {e["name"]: e["version"] for e in entries},
             "hashed": {"files": 0, "bytes": 0},

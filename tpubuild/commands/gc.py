@@ -10,12 +10,17 @@ from tpubuild.commands._common import workspace_from
     short_help="Remove cache entries no workspace references.",
     epilog="\b\nExamples:\n  tpubuild gc                   keep what lock files use, and 30 days of others\n"
     "  tpubuild gc --keep-days 0     keep only what lock files use\n"
-    "  tpubuild gc --max-size 2G     drop least recently used entries until 2 GiB",
+    "  tpubuild gc --max-size 2G     drop least recently used entries until 2 GiB\n"
+    "  tpubuild gc --remote          the same rules for the remote cache (remote_cache: in tpubuild.yaml)",
 )
 @click.option("--keep-days", type=click.FloatRange(min=0), help="Keep unreferenced entries used within N days (default 30).")
 @click.option("--max-size", help="Drop unreferenced entries, least recently used first, until the cache fits (e.g. 500M, 2G).")
+@click.option("--remote", is_flag=True,
+              help="Collect the remote cache instead of the local one (records kept by age of creation).")
+@click.option("--remote-cache", metavar="URL", help="The remote cache to collect (implies --remote; default: remote_cache:).")
 @click.pass_context
-def command(ctx: click.Context, keep_days: float | None, max_size: str | None) -> int:
+def command(ctx: click.Context, keep_days: float | None, max_size: str | None, remote: bool,
+            remote_cache: str | None) -> int:
     """Garbage-collect the workspace cache.
 
     Stage outputs referenced by this workspace's lock files, or by any other existing
@@ -37,6 +42,8 @@ def command(ctx: click.Context, keep_days: float | None, max_size: str | None) -
     ws = workspace_from(ctx)
     locks = [p.with_name(p.name.rsplit(".", 1)[0] + LOCK_SUFFIX) for p in discover(ws)]
     notify = lambda m: click.echo(m, err=True)  # noqa: E731
+    if remote or remote_cache is not None:
+        return _remote_gc(ws, remote_cache, referenced_keys(locks), keep_days, limit, notify)
     with WorkspaceLock(ws.state_dir) as lock:
         lock.acquire(3600, notify=notify)
         store = Store(ws.cache_dir)
@@ -46,5 +53,23 @@ def command(ctx: click.Context, keep_days: float | None, max_size: str | None) -
     click.echo(
         f"removed {result.entries_removed} stage entries and {result.objects_removed} objects "
         f"({result.bytes_freed} bytes); {result.bytes_kept} bytes kept"
+    )
+    return 0
+
+
+def _remote_gc(ws, url: str | None, referenced: set[str], keep_days: float | None, limit: int | None, notify) -> int:
+    from tpubuild.commands._common import remote_setting
+    from tpubuild.engine.remote import RemoteCache
+    from tpubuild.engine.remote_gc import collect_remote
+    from tpubuild.errors import UsageError
+
+    setting = remote_setting(ws, url, False)
+    if setting is None:
+        raise UsageError(f"gc --remote: no remote cache (give --remote-cache URL or remote_cache: in {ws.display(ws.file)})")
+    remote = RemoteCache(setting[0])
+    result = collect_remote(remote, referenced, keep_days, limit, notify)
+    click.echo(
+        f"remote cache {remote.url}: removed {result.entries_removed} stage records and {result.objects_removed} "
+        f"objects ({result.bytes_freed} bytes); {result.bytes_kept} bytes kept"
     )
     return 0

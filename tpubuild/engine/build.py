@@ -44,10 +44,11 @@ class Row:
     status: str
     key: str | None
     seconds: float
+    remote: bool = False  # a `cached` stage whose record came from the remote cache
 
     def to_json(self) -> dict[str, Any]:
         return {"recipe": self.recipe, "stage": self.stage, "status": self.status, "key": self.key,
-                "seconds": round(self.seconds, 3)}
+                "seconds": round(self.seconds, 3), "remote": self.remote}
 
 
 class Engine:
@@ -71,6 +72,44 @@ class Engine:
         self.timeout = float(getattr(ws, "stage_timeout", None) or DEFAULT_STAGE_TIMEOUT)
         self.link_type = getattr(ws, "link_type", None) or "copy"
         self.executor = getattr(ws, "executor", None) or "local"  # or "ray": engine/ray_executor.py
+        self.remote: Any = None  # engine/remote.py RemoteCache, when the build has one
+        self._uploads: Any = None  # the threads that push built stages to it
+        self._upload_futures: list[Any] = []
+
+    # --- the remote cache -----------------------------------------------------------
+    def attach_remote(self, url: str, push: bool = True) -> None:
+        """Use the remote cache at `url` for this build (imports fsspec and the backend)."""
+        from tpubuild.engine.remote import RemoteCache
+
+        self.remote = RemoteCache(url, push, report=self.errors)
+        self.remote.connect()
+        self.resolver.remote = self.remote
+
+    def _push(self, entry: StageEntry) -> None:
+        """Upload a stage built here (its inputs were verified unchanged after it ran:
+        Bazel #3360), in the background; `finish_uploads` waits for it."""
+        if self.remote is None or not self.remote.can_push:
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        with self.pool_lock:
+            if self._uploads is None:
+                self._uploads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tpubuild-upload")
+            self._upload_futures.append(self._uploads.submit(self._push_now, entry))
+
+    def _push_now(self, entry: StageEntry) -> None:
+        try:
+            self.remote.push_entry(entry, self.store, self.stat)
+        except Exception as exc:  # a bug in tpubuild: said, and the build goes on
+            self.errors(f"remote cache {self.remote.url}: internal error uploading stage record {entry.key}: "
+                        f"{type(exc).__name__}: {exc}")
+
+    def finish_uploads(self, wait: bool = True) -> None:
+        """Wait for the uploads (before the store session ends: gc must not collect their
+        objects meanwhile); on an interrupt, drop the ones not started."""
+        if self._uploads is not None:
+            self._uploads.shutdown(wait=wait, cancel_futures=not wait)
+            self._uploads = None
 
     # --- doit: the up-to-date test and the action of one (recipe, stage) task --------
     def uptodate(self, run: RecipeRun, planned: PlannedStage) -> bool:
@@ -82,7 +121,7 @@ class Engine:
                 if planned.name == "publish":
                     return self._publish_uptodate(run, start)
                 pending = self.resolver.record_for(run, planned)
-                entry = self.resolver.lookup(run, planned, pending)
+                entry = self.resolver.lookup(run, planned, pending, remote=True)
             except StageError as exc:  # an input is missing: the action reports it
                 self.pending[(run.name, planned.name)] = Pending(None, None, error=str(exc))
                 return False
@@ -94,9 +133,10 @@ class Engine:
                 self.pending[(run.name, planned.name)] = pending
                 return False
             self.store.touch(entry.key)
+            fetched = self.resolver.took_remote(entry.key)
         directory = self.store.checkout(entry)
         run.outputs[planned.name] = self.resolver.output_of(planned, entry, directory)
-        self._row(run, Row(run.name, planned.name, "cached", entry.key, time.monotonic() - start))
+        self._row(run, Row(run.name, planned.name, "cached", entry.key, time.monotonic() - start, remote=fetched))
         return True
 
     def action(self, run: RecipeRun, planned: PlannedStage) -> bool:
@@ -126,6 +166,7 @@ class Engine:
         except Exception as exc:  # a bug in tpubuild: the recipe fails, the build goes on
             self._fail(run, planned, f"internal error: {type(exc).__name__}: {exc}", start, traceback.format_exc())
             return False
+        self._push(entry)
         directory = self.store.checkout(entry)
         run.outputs[planned.name] = self.resolver.output_of(planned, entry, directory)
         for warning in entry.warnings:
@@ -207,7 +248,7 @@ class Engine:
             if self.pool is None and self.executor == "ray":
                 from tpubuild.engine.ray_executor import RayExecutor
 
-                self.pool = RayExecutor(self.store, getattr(self, "remote", None), getattr(self.ws, "ray_address", None),
+                self.pool = RayExecutor(self.store, self.remote, getattr(self.ws, "ray_address", None),
                                         getattr(self.ws, "ray_resources", None))
             if self.pool is None:
                 from tpubuild.engine.workers import WorkerPool
@@ -423,9 +464,12 @@ def build(
     started: Callable[[RecipeRun, str], None] | None = None,
     memo: Any = None,
     since_ns: int | None = None,
+    remote: tuple[str, bool] | None = None,
 ) -> tuple[list[RecipeRun], Engine]:
     """Build `recipes` under the workspace lock. With a NoopMemo, every recipe the full
-    check finds up to date is remembered (if its files are older than `since_ns`)."""
+    check finds up to date is remembered (if its files are older than `since_ns`). With
+    `remote` (url, push), stages missing locally are looked up in that remote cache and
+    stages built here are uploaded to it; a build with nothing to do never contacts it."""
     from tpubuild.engine.wslock import WorkspaceLock
 
     engine = Engine(ws, jobs, printer, errors, started)
@@ -449,6 +493,8 @@ def build(
             from tpubuild.engine.tasks import run_tasks
 
             engine.store.clean_tmp()
+            if remote is not None:
+                engine.attach_remote(*remote)
             if engine.executor == "ray":  # checked and connected once: one error line, not one per stage
                 engine.workers()
             clean = False
@@ -458,6 +504,7 @@ def build(
             finally:
                 if engine.pool is not None:
                     engine.pool.close(kill=not clean)  # Ctrl-C: stop the stages now, not in 10 s
+                engine.finish_uploads(wait=clean)
             for run in todo:
                 if run.failed:
                     _skip_rest(engine, run)

@@ -59,22 +59,7 @@ def _collect(store: Store, referenced: set[str], keep_days: float | None, max_si
                 hashes = {f[1] for f in data.get("files", [])}
                 entries.append((path.stat().st_mtime, name[: -len(".json")], path, hashes, data.get("tree")))
     sizes = _object_sizes(store)
-    now = time.time()
-    removed_keys = set()
-    if max_size is not None:
-        live = {h for e in entries for h in e[3]}
-        total = sum(sizes.get(h, 0) for h in live)
-        for used, key, path, hashes, _ in sorted(entries):
-            if total <= max_size:
-                break
-            if key in referenced:
-                continue
-            removed_keys.add(key)
-            still = {h for e in entries if e[1] not in removed_keys for h in e[3]}
-            total = sum(sizes.get(h, 0) for h in still)
-    else:
-        horizon = now - (keep_days if keep_days is not None else 30) * 86400
-        removed_keys = {key for used, key, _, _, _ in entries if key not in referenced and used < horizon}
+    removed_keys = choose_removals([(e[0], e[1], e[3]) for e in entries], sizes, referenced, keep_days, max_size)
     kept = [e for e in entries if e[1] not in removed_keys]
     for e in entries:
         if e[1] in removed_keys:
@@ -98,6 +83,29 @@ def _collect(store: Store, referenced: set[str], keep_days: float | None, max_si
                 store.remove_dir(store.trees / tree)  # renamed away first: never half a checkout
     store.forget(removed_keys, gone)
     return GcResult(len(removed_keys), objects_removed, freed, sum(sizes.get(h, 0) for h in live))
+
+
+def choose_removals(entries: list[tuple[float, str, set[str]]], sizes: dict[str, int], referenced: set[str],
+                    keep_days: float | None, max_size: int | None, now: float | None = None) -> set[str]:
+    """The retention rules, shared by the local store and the remote cache: of the
+    entries (last used, key, object hashes), the keys to remove. Referenced keys always
+    stay; with `max_size`, the least recently used others go until the objects the rest
+    reference fit; else the others not used within `keep_days` (default 30) go."""
+    removed: set[str] = set()
+    if max_size is not None:
+        live = {h for e in entries for h in e[2]}
+        total = sum(sizes.get(h, 0) for h in live)
+        for used, key, hashes in sorted(entries, key=lambda e: (e[0], e[1])):
+            if total <= max_size:
+                break
+            if key in referenced:
+                continue
+            removed.add(key)
+            still = {h for e in entries if e[1] not in removed for h in e[2]}
+            total = sum(sizes.get(h, 0) for h in still)
+        return removed
+    horizon = (time.time() if now is None else now) - (keep_days if keep_days is not None else 30) * 86400
+    return {key for used, key, _ in entries if key not in referenced and used < horizon}
 
 
 def _object_sizes(store: Store) -> dict[str, int]:

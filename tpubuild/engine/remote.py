@@ -39,10 +39,11 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import urlsplit
 
 from tpubuild.engine.hashing import SCHEME, FileEntry, hash_bytes, hash_file, tree_digest
 from tpubuild.engine.keys import canonical_dumps, stage_key
+from tpubuild.engine.remote_url import BACKENDS, EXTRA, url_problem
 from tpubuild.engine.store import LAYOUT, StageEntry
 from tpubuild.errors import TpubuildError
 
@@ -50,46 +51,16 @@ if TYPE_CHECKING:
     from tpubuild.engine.statcache import StatCache
     from tpubuild.engine.store import Store
 
-# URL scheme -> (the package fsspec needs for it, the extra that installs it).
-BACKENDS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "file": None}
-EXTRA = "tpubuild[remote]"
 # An unreachable server must cost seconds, not the SDKs' default minutes of retries.
 CONNECT_TIMEOUT = 5
 READ_TIMEOUT = 60
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
-# Query parameters that carry secrets (presigned URLs, SAS tokens): never in a workspace file.
-_SECRET_PARAMS = re.compile(r"(key|secret|token|signature|credential|password|sig)", re.IGNORECASE)
 
 
 class RemoteSetupError(TpubuildError):
     """The remote cannot be used at all on this machine (a backend is not installed)."""
 
     exit_code = 1
-
-
-def url_problem(url: str) -> str | None:
-    """Why `url` cannot name a remote cache (credentials in it, an unknown scheme), or
-    None. Credentials come only from the backends' own environment and config files."""
-    try:
-        parts = urlsplit(url)
-    except ValueError as exc:
-        return f"{url!r} is not a URL ({exc})"
-    if not parts.scheme or "://" not in url:
-        return f"{url!r} is not a URL like s3://bucket/prefix, gs://bucket/prefix or file:///shared/dir"
-    if parts.scheme not in BACKENDS:
-        return f"{url!r}: the {parts.scheme}:// scheme is not supported (s3://, gs://, file://)"
-    if "@" in parts.netloc:
-        return ("the URL holds credentials (user:password@); remove them: credentials come from the "
-                "backend's environment (AWS_*, GOOGLE_APPLICATION_CREDENTIALS) or its config files")
-    for name, _ in parse_qsl(parts.query, keep_blank_values=True):
-        if _SECRET_PARAMS.search(name):
-            return (f"the URL holds key material (query parameter {name!r}); remove it: credentials come "
-                    "from the backend's environment or config files")
-    if parts.scheme == "file" and parts.netloc not in ("", "localhost"):
-        return f"{url!r}: a file:// URL needs an absolute path (file:///shared/dir)"
-    if parts.scheme != "file" and not parts.netloc:
-        return f"{url!r} names no bucket"
-    return None
 
 
 @dataclass
@@ -149,6 +120,12 @@ class RemoteCache:
         with self._lock:
             if self._io is None:
                 self._io = open_backend(self.url)
+
+    def backend(self) -> _Backend:
+        """The storage itself (paths relative to `<url>/v1/`), for `gc --remote`."""
+        self.connect()
+        assert self._io is not None
+        return self._io
 
     def _backend(self) -> _Backend:
         if self._off is not None:
