@@ -79,10 +79,10 @@ def ray_address() -> str:
 
 def stop_group(proc: subprocess.Popen) -> None:
     """Stop `ray start --block` and every process it started (they share its process
-    group); SIGKILL what a SIGTERM did not stop in 20 s."""
+    group); SIGKILL what a SIGTERM did not stop in 3 s."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=20)
+        proc.wait(timeout=3)
     except subprocess.TimeoutExpired:
         pass
     except ProcessLookupError:

@@ -138,7 +138,7 @@ def test_a_stage_error_is_the_local_one_line(builds):
     ray_lines = [x for x in ray.stderr.splitlines() if x.startswith("recipes/bad.yaml")]
     assert ray_lines == local_lines, (local.stderr, ray.stderr)
     assert len(ray_lines) == 1 and ray_lines[0].startswith("recipes/bad.yaml: stage export: "), ray_lines
-    assert ray_lines[0].endswith("ValueError: no model today"), ray_lines
+    assert "ValueError: no model today" in ray_lines[0], ray_lines
     assert not (ray_ws / "recipes" / "bad.lock.yaml").exists()
 
 
