@@ -134,6 +134,8 @@ class RayExecutor:
                                    "num_cpus": resources.pop("CPU", 1), "name": f"tpubuild:{stage}"}
         if "GPU" in resources:
             options["num_gpus"] = resources.pop("GPU")
+        if "memory" in resources:  # bytes of heap the task reserves: Ray's own option
+            options["memory"] = resources.pop("memory")
         if resources:
             options["resources"] = resources
         ref = self.task.options(**options).remote(node_request, timeout, self.remote_url)
