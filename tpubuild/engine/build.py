@@ -249,7 +249,7 @@ class Engine:
                 from tpubuild.engine.ray_executor import RayExecutor
 
                 self.pool = RayExecutor(self.store, self.remote, getattr(self.ws, "ray_address", None),
-                                        getattr(self.ws, "ray_resources", None))
+                                        getattr(self.ws, "ray_resources", None), self.ws.state_dir / "logs")
             if self.pool is None:
                 from tpubuild.engine.workers import WorkerPool
 

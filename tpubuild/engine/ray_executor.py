@@ -97,7 +97,7 @@ class RayExecutor:
     does; `close(kill)` cancels what is still running."""
 
     def __init__(self, store: Any, remote: Any, address: str | None = None,
-                 resources: dict[str, dict[str, float]] | None = None):
+                 resources: dict[str, dict[str, float]] | None = None, log_dir: Path | None = None):
         check_ray_executor(remote.url if remote is not None else None, remote is not None and remote.can_push)
         import logging
 
@@ -108,6 +108,7 @@ class RayExecutor:
         self.remote = remote  # the build's RemoteCache (engine/remote.py): its stats count the driver's transfers
         self.remote_url = remote.url
         self.resources = resources or {}
+        self.log_dir = log_dir  # where a stage bug's traceback from a node is kept, as locally
         self.address = address or os.environ.get("RAY_ADDRESS") or "auto"
         self.lock = threading.Lock()
         self.pushed: set[str] = set()  # objects this build knows the remote holds
@@ -160,8 +161,16 @@ class RayExecutor:
             with self.lock:
                 self.running.discard(ref)
         reply = result["reply"]
+        # The nodes' transfers are this build's too: the summary line and --json count them.
+        self.remote._count(bytes_down=result.get("bytes_down", 0), bytes_up=result.get("bytes_up", 0))
         if reply.get("ok"):
             self._take_outputs(stage, _files(result["files"]), Path(request["output_dir"]), result["host"])
+        elif reply.get("bug") and reply.get("detail") and self.log_dir is not None:
+            from tpubuild.atomic import write_text_atomic
+
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(self.log_dir / f"ray-{stage}-{os.getpid()}-{ref.hex()[:12]}.log",
+                              f"stage {stage} on ray node {result['host']}\n{reply['detail']}")
         return reply
 
     def _push_inputs(self, files: list[FileEntry]) -> None:
@@ -308,6 +317,10 @@ def run_on_node(request: dict[str, Any], timeout: float | None, remote_url: str)
     def failed(message: str) -> dict[str, Any]:
         return {"reply": {"ok": False, "error": message}, "files": [], "host": host}
 
+    def result(reply: dict[str, Any], files: list[FileEntry]) -> dict[str, Any]:
+        return {"reply": reply, "files": _rows(files), "host": host,
+                "bytes_down": remote.stats.bytes_down, "bytes_up": remote.stats.bytes_up}
+
     refresh_installed()
     problem = mismatch(request) or workspace_problem(request)
     if problem:
@@ -349,14 +362,14 @@ def run_on_node(request: dict[str, Any], timeout: float | None, remote_url: str)
         except StageError as exc:  # Worker.call's only other error: the process died
             raise WorkerDied(f"{exc} on ray node {host}") from None
         if not reply.get("ok"):
-            return {"reply": reply, "files": [], "host": host}
+            return result(reply, [])
         files = [FileEntry(rel, hash_file(out_dir / rel, st.st_size), st.st_size)
                  for rel, st in walk_files(out_dir, symlinks="reject")]
         store.ingest_copies(files, out_dir, stat)
         if not remote.push_objects(files, store, stat):
             return failed(f"ray node {host} could not upload the outputs to the remote cache "
                           f"({_last_failure(remote)})")
-        return {"reply": reply, "files": _rows(files), "host": host}
+        return result(reply, files)
     except StageError as exc:
         if isinstance(exc, WorkerDied):
             raise
