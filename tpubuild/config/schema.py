@@ -88,7 +88,10 @@ def _message(error) -> str:
         names = [expected] if isinstance(expected, str) else list(expected)
         return f"expected {' or '.join(_TYPE_NAMES.get(n, n) for n in names)}, got {_show(value)}"
     if kind == "enum":
-        choices = [c for c in error.validator_value if not (isinstance(c, str) and c != c.upper())]
+        # Case-insensitive enums list upper and lower spellings: show the upper ones only
+        # (an all-lower-case enum, such as link_type's, shows its own values).
+        choices = [c for c in error.validator_value if not (isinstance(c, str) and c != c.upper())] \
+            or list(error.validator_value)
         return f"{_show(value)} is not one of {', '.join(map(str, choices))}"
     if kind == "const":
         return f"must be {_show(error.validator_value)}, got {_show(value)}"
