@@ -229,10 +229,12 @@ class RemoteCache:
             return False
         work = store.new_workdir("remote-fetch")
         try:
-            for f in missing:
-                if not self._fetch_object(f, store, work, owner):
+            ok = True
+            for f in missing:  # past a wrong one too: every wrong object is reported (and replaced by a push)
+                ok = self._fetch_object(f, store, work, owner) and ok
+                if not self.enabled:
                     return False
-            return True
+            return ok
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
