@@ -102,7 +102,9 @@ def builds(tmp_path_factory, tiny_saved_model, ray_address):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     ray_build = subprocess.Popen(command, cwd=ray_ws, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                  env=env)
-    local = tpubuild(local_ws, "build", "-j", "2")
+    local_command = [*CLI, "build", "-j", "2"]
+    local_build = subprocess.Popen(local_command, cwd=local_ws, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True, env=env)
     pid_file = flag.with_name("KILL_ME.pid")
     deadline = time.monotonic() + 240
     while not pid_file.exists() and ray_build.poll() is None and time.monotonic() < deadline:
@@ -114,9 +116,10 @@ def builds(tmp_path_factory, tiny_saved_model, ray_address):
     flag.unlink()  # the retry must not wait again
     os.kill(pid, signal.SIGKILL)  # a real kill of the real process running the stage
     out, err = ray_build.communicate(timeout=300)
-    return {"local": (local_ws, local), "ray": (ray_ws, subprocess.CompletedProcess(command, ray_build.returncode,
-                                                                                        out, err)),
-            "killed_parent": parent}
+    local_out, local_err = local_build.communicate(timeout=300)
+    local = subprocess.CompletedProcess(local_command, local_build.returncode, local_out, local_err)
+    ray = subprocess.CompletedProcess(command, ray_build.returncode, out, err)
+    return {"local": (local_ws, local), "ray": (ray_ws, ray), "killed_parent": parent}
 
 
 def test_ray_build_gives_the_local_lock_files_and_outputs(builds):
