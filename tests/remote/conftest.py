@@ -17,14 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.engine.conftest import (  # noqa: F401 (a fixture, re-exported for this directory)
-    BUILT_RECIPES,
-    export_recipe,
-    source_recipe,
-    tiny_saved_model,
-    tpubuild,
-    write_workspace,
-)
+from tests.engine.conftest import BUILT_RECIPES, tpubuild, write_workspace
+from tests.engine.conftest import tiny_saved_model  # noqa: F401 (a session fixture, shared with this directory)
 
 BUCKET = "cache"
 SHARED = f"s3://{BUCKET}/shared"
@@ -92,7 +86,7 @@ def build_remote(ws: Path, s3: S3 | None, *args: str, expect: int = 0, env: dict
 
 
 @pytest.fixture(scope="session")
-def pushed(tmp_path_factory, tiny_saved_model, s3) -> tuple[Path, dict]:
+def pushed(tmp_path_factory, tiny_saved_model, s3) -> tuple[Path, dict]:  # noqa: F811 (the fixture)
     """RECIPES built once per session, cold, pushing to SHARED; the --json document."""
     ws = write_workspace(tmp_path_factory.mktemp("pushed") / "ws", tiny_saved_model, RECIPES)
     doc, _ = build_remote(ws, s3, "-j", "2", "--remote-cache", SHARED)
@@ -100,7 +94,7 @@ def pushed(tmp_path_factory, tiny_saved_model, s3) -> tuple[Path, dict]:
 
 
 @pytest.fixture
-def fresh(tmp_path, tiny_saved_model):
+def fresh(tmp_path, tiny_saved_model):  # noqa: F811 (the fixture)
     """A new, unbuilt workspace (sharing nothing with another: its own cache, outputs)."""
 
     def make(name: str, recipes: dict[str, str] | None = None) -> Path:

@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import time
-from pathlib import Path
 
 import blake3
 
@@ -137,7 +136,11 @@ def test_a_builder_killed_mid_upload_leaves_no_record_without_its_objects(s3, fr
         time.sleep(0.01)
     os.killpg(proc.pid, signal.SIGKILL)  # the build and its worker, mid-upload
     proc.wait()
-    assert_sound(s3.keys("kill"), "kill")
+    killed = s3.keys("kill")
+    assert_sound(killed, "kill")
+    local = [json.loads(p.read_text()) for p in (ws / ".tpubuild/cache/v1/stages").glob("*/*.json")]
+    source = next(entry["key"] for entry in local if entry["stage"] == "source")
+    assert f"kill/v1/stages/{source[:2]}/{source}.json" not in killed  # the kill came before its record
     result = tpubuild(ws, "build", "--remote-cache", url, env=s3.env)
     assert result.returncode == 0, result.stderr
     after = s3.keys("kill")

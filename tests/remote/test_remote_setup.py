@@ -12,9 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.conftest import REPO, tpubuild
-from tests.engine.conftest import source_recipe
-from tests.remote.conftest import build_remote, copy_tree, lock_files, published, stage_keys
+from tests.engine.conftest import REPO, source_recipe, tpubuild
+from tests.remote.conftest import (
+    build_remote,
+    copy_tree,
+    lock_files,
+    published,
+    stage_keys,
+)
 
 
 def test_credentials_in_the_workspace_file_are_an_error_at_their_line(tmp_path):
@@ -98,7 +103,7 @@ def test_planning_and_no_op_builds_never_load_the_remote_backends(pushed, s3, tm
         "print('EXIT', code, sorted(m for m in ('fsspec', 's3fs', 'botocore', 'tensorflow') if m in sys.modules))\n"
     )
     for args in (["build"], ["build"], ["build", "--dry-run"], ["build", "--check"], ["explain", "toy"]):
-        out = subprocess.run([sys.executable, "-c", code, *args], cwd=ws, capture_output=True, text=True,
+        out = subprocess.run([sys.executable, "-c", code, *args], cwd=ws, capture_output=True, text=True, check=False,
                              env={**os.environ, "PYTHONPATH": str(REPO), **s3.env})
         assert out.stdout.strip().splitlines()[-1] == "EXIT 0 []", (args, out.stdout, out.stderr)
 
@@ -134,3 +139,19 @@ def test_a_downloaded_record_is_checked_before_use(pushed):
     assert problem({**good, "tree": "0" * 64}) == "its tree hash is not its files'"
     assert problem({**good, "files": [[good["files"][0][0], "../x", 1]]}).startswith("bad object entry")
     assert parse_entry(key, b"{not json")[0] is None
+
+
+def test_the_readme_example_is_a_valid_workspace_file(tmp_path):
+    import re
+
+    from tpubuild.workspace import load_workspace
+
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("\n## A shared remote cache (teams and CI)\n"):]
+    example = re.search(r"```yaml\n(.*?)```", section, re.DOTALL).group(1)
+    (tmp_path / "tpubuild.yaml").write_text(example)
+    ws = load_workspace(override=tmp_path)
+    assert (ws.remote_cache, ws.remote_push) == ("s3://ml-build-cache/tpubuild", True)
+    (tmp_path / "tpubuild.yaml").write_text(example.split("# or: ", 1)[1])
+    ws = load_workspace(override=tmp_path)
+    assert (ws.remote_cache, ws.remote_push) == ("s3://ml-build-cache/tpubuild", False)

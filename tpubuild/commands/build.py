@@ -14,7 +14,8 @@ import click
     epilog="\b\nExamples:\n  tpubuild build                 every recipe of the workspace\n"
     "  tpubuild build -j 2 'nlp-*'    the recipes whose name matches, two at a time\n"
     "  tpubuild build --dry-run       what would run, without running it\n"
-    "  tpubuild build --check         in CI: exit 1 if a lock file is out of date",
+    "  tpubuild build --check         in CI: exit 1 if a lock file is out of date\n"
+    "  tpubuild build --remote-cache-read-only   in a pull request: the team's cache, no uploads",
 )
 @click.argument("targets", nargs=-1)
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
@@ -179,7 +180,8 @@ class _Progress:
         with self.lock:
             self.running.pop((row.recipe, row.stage), None)
             self._clear()
-            self.out.write(f"{row.recipe}: {row.stage}: {row.status} ({row.seconds:.2f} s)\n")
+            where = " from the remote cache" if getattr(row, "remote", False) else ""
+            self.out.write(f"{row.recipe}: {row.stage}: {row.status}{where} ({row.seconds:.2f} s)\n")
             self.out.flush()
 
     def error(self, message: str) -> None:

@@ -29,7 +29,7 @@ from tpubuild.engine.resolve import (
 from tpubuild.engine.statcache import StatCache
 from tpubuild.engine.store import StageEntry, Store
 from tpubuild.errors import StageError
-from tpubuild.pipeline import PlannedStage, spec
+from tpubuild.pipeline import ENGINE_STEPS, PlannedStage, spec
 
 __all__ = ["Engine", "RecipeRun", "Row", "build", "new_runs"]
 
@@ -83,7 +83,29 @@ class Engine:
 
         self.remote = RemoteCache(url, push, report=self.errors)
         self.remote.connect()
-        self.resolver.remote = self.remote
+
+    def _from_remote(self, run: RecipeRun, planned: PlannedStage, pending: Pending) -> StageEntry | None:
+        """The stage's record from the remote cache, entered into the local store; None
+        on a miss. Called without `state_lock`, so that -j N threads download at once:
+        only the stat-cache and resolver steps take it."""
+        candidate = None
+        key = pending.key
+        if planned.name not in ENGINE_STEPS and spec(planned.name).runs_user_code:
+            candidates = self.remote.fetch_discovered(pending.key)
+            with self.state_lock:
+                candidate = self.resolver.matching_candidate(run, candidates)
+            if candidate is None:
+                self.remote.note_miss()
+                return None
+            key = candidate["key"]
+        entry = self.remote.fetch_entry(key, self.store)
+        if entry is None:
+            return None
+        with self.state_lock:
+            self.resolver.remember(entry)
+            if candidate is not None:  # the local dep file learns it: the next lookup is local
+                self.resolver.add_discovered(pending.key, candidate["files"])
+        return entry
 
     def _push(self, entry: StageEntry) -> None:
         """Upload a stage built here (its inputs were verified unchanged after it ran:
@@ -99,7 +121,7 @@ class Engine:
 
     def _push_now(self, entry: StageEntry) -> None:
         try:
-            self.remote.push_entry(entry, self.store, self.stat)
+            self.remote.push_entry(entry, self.store)  # not self.stat: shared with doit's threads
         except Exception as exc:  # a bug in tpubuild: said, and the build goes on
             self.errors(f"remote cache {self.remote.url}: internal error uploading stage record {entry.key}: "
                         f"{type(exc).__name__}: {exc}")
@@ -114,14 +136,15 @@ class Engine:
     # --- doit: the up-to-date test and the action of one (recipe, stage) task --------
     def uptodate(self, run: RecipeRun, planned: PlannedStage) -> bool:
         """Resolve the stage's key from its current inputs; True (and the output taken
-        from the store) when a record with that key exists and its objects are intact."""
+        from the store) when a record with that key exists and its objects are intact,
+        locally or, with a remote cache, there (then it is fetched: `cached`, remote)."""
         start = time.monotonic()
         with self.state_lock:
             try:
                 if planned.name == "publish":
                     return self._publish_uptodate(run, start)
                 pending = self.resolver.record_for(run, planned)
-                entry = self.resolver.lookup(run, planned, pending, remote=True)
+                entry = self.resolver.lookup(run, planned, pending)
             except StageError as exc:  # an input is missing: the action reports it
                 self.pending[(run.name, planned.name)] = Pending(None, None, error=str(exc))
                 return False
@@ -129,11 +152,19 @@ class Engine:
                 self.pending[(run.name, planned.name)] = Pending(
                     None, None, error=f"internal error: {type(exc).__name__}: {exc}", detail=traceback.format_exc())
                 return False
+        fetched = False
+        if entry is None and self.remote is not None:
+            try:
+                entry = self._from_remote(run, planned, pending)
+            except Exception as exc:  # a bug in tpubuild: said, and the stage is built here
+                self.errors(f"remote cache {self.remote.url}: internal error fetching {run.name}:{planned.name}: "
+                            f"{type(exc).__name__}: {exc}")
+            fetched = entry is not None
+        with self.state_lock:
             if entry is None:
                 self.pending[(run.name, planned.name)] = pending
                 return False
             self.store.touch(entry.key)
-            fetched = self.resolver.took_remote(entry.key)
         directory = self.store.checkout(entry)
         run.outputs[planned.name] = self.resolver.output_of(planned, entry, directory)
         self._row(run, Row(run.name, planned.name, "cached", entry.key, time.monotonic() - start, remote=fetched))

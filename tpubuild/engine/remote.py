@@ -15,10 +15,10 @@ Layout under `<url>/v1/` (the local one's, engine/store.py):
   that run user code (the local dep file is a mutable list; a remote one would be a
   lost-update race, so here each candidate is its own create-only file).
 
-Every upload is atomic under its final name: an S3 or GCS object appears whole when its
-PUT (or multipart upload) completes, never in part; on a file system the content is
-written to a dot-named temp file, fsynced, then renamed (objects) or hard-linked
-(records, create-only: link fails if the name exists). A builder killed mid-upload leaves
+Every upload is atomic under its final name (engine/remote_backends.py): an S3 or GCS
+object appears whole when its PUT (or multipart upload) completes, never in part; on a
+file system the content is written to a dot-named temp file, fsynced, then renamed
+(objects) or hard-linked (records, create-only: link fails if the name exists). A builder killed mid-upload leaves
 at most unreferenced objects (collected by `gc --remote`), never a partial object or a
 record without its objects.
 
@@ -39,28 +39,18 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
-from urllib.parse import urlsplit
 
 from tpubuild.engine.hashing import SCHEME, FileEntry, hash_bytes, hash_file, tree_digest
 from tpubuild.engine.keys import canonical_dumps, stage_key
-from tpubuild.engine.remote_url import BACKENDS, EXTRA, url_problem
-from tpubuild.engine.store import LAYOUT, StageEntry
-from tpubuild.errors import TpubuildError
+from tpubuild.engine.remote_backends import Backend, RemoteSetupError, open_backend
+from tpubuild.engine.store import StageEntry
 
 if TYPE_CHECKING:
     from tpubuild.engine.statcache import StatCache
     from tpubuild.engine.store import Store
 
-# An unreachable server must cost seconds, not the SDKs' default minutes of retries.
-CONNECT_TIMEOUT = 5
-READ_TIMEOUT = 60
+FETCH_THREADS = 4  # concurrent object downloads of one record
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
-
-
-class RemoteSetupError(TpubuildError):
-    """The remote cannot be used at all on this machine (a backend is not installed)."""
-
-    exit_code = 1
 
 
 @dataclass
@@ -100,7 +90,7 @@ class RemoteCache:
         self.report = report or (lambda message: None)
         self.stats = RemoteStats()
         self._lock = threading.Lock()
-        self._io: _Backend | None = None
+        self._io: Backend | None = None
         self._off: str | None = None  # why the remote is disabled for this command
         self._push_off: str | None = None  # why uploads are
         self._bad: set[str] = set()  # remote objects seen with wrong content: uploads replace them
@@ -121,13 +111,13 @@ class RemoteCache:
             if self._io is None:
                 self._io = open_backend(self.url)
 
-    def backend(self) -> _Backend:
+    def backend(self) -> Backend:
         """The storage itself (paths relative to `<url>/v1/`), for `gc --remote`."""
         self.connect()
         assert self._io is not None
         return self._io
 
-    def _backend(self) -> _Backend:
+    def _backend(self) -> Backend:
         if self._off is not None:
             raise _Off
         if self._io is None:
@@ -154,7 +144,7 @@ class RemoteCache:
                 message = f"remote cache {self.url} unreachable: {reason}; building locally"
         self._fail(message)
 
-    def _read(self, call: Callable[[_Backend], Any]) -> Any:
+    def _read(self, call: Callable[[Backend], Any]) -> Any:
         """A read: FileNotFoundError is an answer (absent); any other error disables."""
         io = self._backend()
         try:
@@ -165,7 +155,7 @@ class RemoteCache:
             self._disable(exc, writing=False)
             raise _Off from exc
 
-    def _write(self, call: Callable[[_Backend], Any]) -> Any:
+    def _write(self, call: Callable[[Backend], Any]) -> Any:
         """A write: FileExistsError is an answer (create-only lost); any other error stops uploads."""
         if not self.can_push:
             raise _Off
@@ -229,12 +219,16 @@ class RemoteCache:
             return False
         work = store.new_workdir("remote-fetch")
         try:
-            ok = True
-            for f in missing:  # past a wrong one too: every wrong object is reported (and replaced by a push)
-                ok = self._fetch_object(f, store, work, owner) and ok
-                if not self.enabled:
-                    return False
-            return ok
+            # All of them, past a wrong one too: every wrong object is reported (and then
+            # replaced by a push); a few at a time, since each costs a round trip.
+            if len(missing) == 1:
+                results = [self._fetch_object(missing[0], store, work, owner)]
+            else:
+                from concurrent.futures import ThreadPoolExecutor
+
+                with ThreadPoolExecutor(max_workers=min(FETCH_THREADS, len(missing))) as pool:
+                    results = list(pool.map(lambda f: self._fetch_object(f, store, work, owner), missing))
+            return all(results) and self.enabled
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
@@ -278,7 +272,7 @@ class RemoteCache:
         candidates = []
         for rel, _size, mtime in sorted(listing, key=lambda item: -item[2]):  # newest first
             try:
-                raw = self._read(lambda io: io.read(rel))
+                raw = self._read(lambda io, rel=rel: io.read(rel))
             except FileNotFoundError:
                 continue  # collected meanwhile
             except _Off:
@@ -444,210 +438,4 @@ def _reason(exc: BaseException) -> str:
     return text[:300]
 
 
-# --- backends ------------------------------------------------------------------------------
-class _Backend:
-    """Paths are relative to `<url>/v1/`. Listing returns (relative path, size, mtime)."""
-
-    def read(self, rel: str) -> bytes: ...
-    def download(self, rel: str, local: str) -> None: ...
-    def size(self, rel: str) -> int: ...
-    def upload(self, local: str, rel: str) -> None: ...
-    def create(self, rel: str, data: bytes) -> bool: ...
-    def list(self, rel_prefix: str) -> list[tuple[str, int, float]]: ...
-    def delete(self, rels: list[str]) -> None: ...
-
-
-def open_backend(url: str) -> _Backend:
-    problem = url_problem(url)
-    if problem:
-        raise TpubuildError(f"remote cache: {problem}")
-    scheme = urlsplit(url).scheme
-    try:
-        import fsspec
-    except ImportError:
-        raise RemoteSetupError(f"remote cache {url}: fsspec is not installed (pip install '{EXTRA}')") from None
-    package = BACKENDS[scheme]
-    if package is not None:
-        try:
-            __import__(package)
-        except ImportError:
-            raise RemoteSetupError(
-                f"remote cache {url}: the {scheme}:// backend needs {package} (pip install '{EXTRA}')") from None
-    if scheme == "file":
-        fs, root = fsspec.core.url_to_fs(url)
-        return _LocalBackend(Path(root) / LAYOUT)
-    options: dict[str, Any] = {"skip_instance_cache": True, "use_listings_cache": False}
-    if package == "s3fs":
-        # Short connect timeout and few retries: an unreachable endpoint costs seconds.
-        options["config_kwargs"] = {"connect_timeout": CONNECT_TIMEOUT, "read_timeout": READ_TIMEOUT,
-                                    "retries": {"max_attempts": 2, "mode": "standard"}}
-    elif package == "gcsfs":
-        options["timeout"] = READ_TIMEOUT
-    fs, root = fsspec.core.url_to_fs(url, **options)
-    return _FsspecBackend(fs, f"{root.rstrip('/')}/{LAYOUT}")
-
-
-class _FsspecBackend(_Backend):
-    """Object stores through fsspec. Conditional create: s3fs passes `mode="create"` as
-    S3's `If-None-Match: *` (a 412 becomes FileExistsError; moto honours it, checked in
-    tests/remote), gcsfs as `ifGenerationMatch=0`. An object store's PUT is atomic: an
-    object appears whole or not at all, so no temp name is needed."""
-
-    def __init__(self, fs: Any, root: str):
-        self.fs, self.root = fs, root
-
-    def _path(self, rel: str) -> str:
-        return f"{self.root}/{rel}"
-
-    def read(self, rel: str) -> bytes:
-        return self.fs.cat_file(self._path(rel))
-
-    def download(self, rel: str, local: str) -> None:
-        self.fs.get_file(self._path(rel), local)
-
-    def size(self, rel: str) -> int:
-        return int(self.fs.info(self._path(rel))["size"])
-
-    def upload(self, local: str, rel: str) -> None:
-        self.fs.put_file(local, self._path(rel))
-
-    def create(self, rel: str, data: bytes) -> bool:
-        try:
-            self.fs.pipe_file(self._path(rel), data, mode="create")
-        except FileExistsError:
-            return False
-        return True
-
-    def list(self, rel_prefix: str) -> list[tuple[str, int, float]]:
-        try:
-            found = self.fs.find(self._path(rel_prefix), detail=True)
-        except FileNotFoundError:
-            return []
-        out = []
-        for name, info in found.items():
-            if info.get("type") == "directory":
-                continue
-            rel = name[len(self.root) + 1:] if name.startswith(self.root + "/") else None
-            if rel is None:
-                continue
-            out.append((rel, int(info.get("size") or 0), _mtime(info)))
-        return out
-
-    def delete(self, rels: list[str]) -> None:
-        for start in range(0, len(rels), 500):
-            self.fs.rm([self._path(r) for r in rels[start:start + 500]])
-
-
-def _mtime(info: dict[str, Any]) -> float:
-    for name in ("LastModified", "mtime", "updated", "created"):
-        value = info.get(name)
-        if value is None:
-            continue
-        if hasattr(value, "timestamp"):
-            return float(value.timestamp())
-        if isinstance(value, (int, float)):
-            return float(value)
-        try:
-            from datetime import datetime
-
-            return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
-        except ValueError:
-            continue
-    return 0.0
-
-
-class _LocalBackend(_Backend):
-    """A directory (a shared mount). Objects: a dot-named temp file in the target
-    directory, fsynced, renamed over the name (whole or absent; a reader never sees a
-    part). Records: the same temp file hard-linked to the name, which fails when the name
-    exists (create-only, like O_EXCL, but never a visible half-written record)."""
-
-    def __init__(self, root: Path):
-        self.root = root
-
-    def read(self, rel: str) -> bytes:
-        return (self.root / rel).read_bytes()
-
-    def download(self, rel: str, local: str) -> None:
-        shutil.copyfile(self.root / rel, local)
-
-    def size(self, rel: str) -> int:
-        return os.stat(self.root / rel).st_size
-
-    def _temp_copy(self, target: Path, write: Callable[[Any], None]) -> str:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.parent / f".{target.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-        with open(tmp, "xb") as out:
-            write(out)
-            out.flush()
-            os.fsync(out.fileno())
-        return os.fspath(tmp)
-
-    def upload(self, local: str, rel: str) -> None:
-        from tpubuild.engine.fsutil import fsync_path
-
-        target = self.root / rel
-        tmp = self._temp_copy(target, lambda out: _copy_into(local, out))
-        try:
-            os.chmod(tmp, 0o444)
-            os.replace(tmp, target)
-        finally:
-            _unlink(tmp)
-        fsync_path(target.parent)
-
-    def create(self, rel: str, data: bytes) -> bool:
-        from tpubuild.engine.fsutil import fsync_path
-
-        target = self.root / rel
-        tmp = self._temp_copy(target, lambda out: out.write(data))
-        try:
-            os.link(tmp, target)
-        except FileExistsError:
-            return False
-        finally:
-            _unlink(tmp)
-        fsync_path(target.parent)
-        return True
-
-    def list(self, rel_prefix: str) -> list[tuple[str, int, float]]:
-        out = []
-        for dirpath, _dirs, names in os.walk(self.root / rel_prefix):
-            for name in names:
-                if name.startswith("."):
-                    continue  # a temp file of a write in progress (or of a killed writer)
-                path = os.path.join(dirpath, name)
-                try:
-                    st = os.stat(path)
-                except FileNotFoundError:
-                    continue
-                out.append((Path(path).relative_to(self.root).as_posix(), st.st_size, st.st_mtime))
-        return out
-
-    def delete(self, rels: list[str]) -> None:
-        for rel in rels:
-            _unlink(self.root / rel)
-
-    def stale_temps(self, older_than: float) -> list[str]:
-        """Temp files of killed writers (dot-named, older than `older_than`, a timestamp)."""
-        found = []
-        for dirpath, _dirs, names in os.walk(self.root):
-            for name in names:
-                path = os.path.join(dirpath, name)
-                try:
-                    if name.startswith(".") and name.endswith(".tmp") and os.stat(path).st_mtime < older_than:
-                        found.append(Path(path).relative_to(self.root).as_posix())
-                except FileNotFoundError:
-                    continue
-        return found
-
-
-def _copy_into(local: str, out: Any) -> None:
-    with open(local, "rb") as src:
-        shutil.copyfileobj(src, out, 1 << 20)
-
-
-def _unlink(path: Any) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+__all__ = ["RemoteCache", "RemoteSetupError", "RemoteStats", "open_backend", "parse_entry"]

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from tpubuild.engine.gc import GcResult, choose_removals
 from tpubuild.engine.remote import RemoteCache

@@ -91,10 +91,6 @@ class Resolver:
         # The engine's own steps: a snapshot copy and a publish (not cached in the store).
         self.codes["source"] = self.codes["publish"] = "engine"
         self._entries: dict[str, StageEntry] = {}
-        # The remote cache (engine/remote.py), set by a build that has one; planning never
-        # sets it. Keys fetched from it by `lookup`, until the engine takes them (`took_remote`).
-        self.remote: Any = None
-        self._fetched: set[str] = set()
 
     # --- inputs -------------------------------------------------------------------
     def expand(self, recipe: Any, patterns: list[str]) -> list[str]:
@@ -149,52 +145,22 @@ class Resolver:
             self._entries[key] = found
         return self._entries[key]
 
-    def lookup(self, run: RecipeRun, planned: PlannedStage, pending: Pending, verify: bool = True,
-               remote: bool = False) -> StageEntry | None:
+    def lookup(self, run: RecipeRun, planned: PlannedStage, pending: Pending, verify: bool = True) -> StageEntry | None:
         """The stored record of this stage run, if there is one whose inputs (declared and
-        discovered) all match; its objects are verified (a damaged one is a miss). With
-        `remote` (a build's up-to-date test, never planning), a local miss asks the remote
-        cache, whose record then enters the local store."""
+        discovered) all match; its objects are verified (a damaged one is a miss)."""
         assert pending.key is not None
-        remote = remote and self.remote is not None
         key = pending.key
         if planned.name not in ENGINE_STEPS and spec(planned.name).runs_user_code:
             key = self.discovered_key(run, pending.key)
             if key is None:
-                return self._remote_discovered(run, pending.key) if remote else None
+                return None
         entry = self.entry(key)
-        if entry is not None and verify and not self.store.verify(entry, self.stat):
+        if entry is None:
+            return None
+        if verify and not self.store.verify(entry, self.stat):
             self._entries.pop(key, None)
-            entry = None
-        if entry is None and remote:
-            return self._remote_entry(key)
+            return None
         return entry
-
-    def _remote_entry(self, key: str) -> StageEntry | None:
-        entry = self.remote.fetch_entry(key, self.store, self.stat)
-        if entry is not None:
-            self._entries[key] = entry
-            self._fetched.add(key)
-        return entry
-
-    def _remote_discovered(self, run: RecipeRun, declared: str) -> StageEntry | None:
-        """The remote's first candidate whose discovered files all match the workspace's,
-        fetched; its candidate then joins the local dep file (later lookups are local)."""
-        for candidate in self.remote.fetch_discovered(declared):
-            if all(self._current_hash(run, rel) == digest for rel, digest in candidate["files"].items()):
-                entry = self._remote_entry(candidate["key"])
-                if entry is not None:
-                    self.add_discovered(declared, candidate["files"])
-                return entry
-        self.remote.note_miss()
-        return None
-
-    def took_remote(self, key: str) -> bool:
-        """Whether `lookup` just fetched `key` from the remote (asked once per fetch)."""
-        if key in self._fetched:
-            self._fetched.discard(key)
-            return True
-        return False
 
     def depfile(self, key: str) -> Path:
         return self.store.root / "discovered" / key[:2] / f"{key}.json"
@@ -206,10 +172,20 @@ class Resolver:
             candidates = json.loads(self.depfile(key).read_text())
         except (OSError, ValueError):
             return None
-        for candidate in reversed(candidates):
+        match = self.matching_candidate(run, reversed(candidates))
+        return match["key"] if match else None
+
+    def matching_candidate(self, run: RecipeRun, candidates: Any) -> dict[str, Any] | None:
+        """The first candidate ({"files": {path: hash}, "key": final key}) whose discovered
+        files all still have the content that was imported (local or remote candidates)."""
+        for candidate in candidates:
             if all(self._current_hash(run, rel) == digest for rel, digest in candidate["files"].items()):
-                return candidate["key"]
+                return candidate
         return None
+
+    def remember(self, entry: StageEntry) -> None:
+        """A record that entered the store from elsewhere (the remote cache)."""
+        self._entries[entry.key] = entry
 
     def _current_hash(self, run: RecipeRun, rel: str) -> str | None:
         try:

@@ -1,0 +1,245 @@
+"""Where the remote cache's bytes live (engine/remote.py): an object store through fsspec
+(s3://, gs://) or a shared directory (file://). Paths are relative to `<url>/v1/`.
+
+Both give the two writes the cache needs: an upload that is atomic under its final
+name (whole or absent, never a part), and a create-only write that fails, without
+changing anything, when the name exists.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+from tpubuild.engine.remote_url import BACKENDS, EXTRA, url_problem
+from tpubuild.engine.store import LAYOUT
+from tpubuild.errors import TpubuildError
+
+# An unreachable server must cost seconds, not the SDKs' default minutes of retries.
+CONNECT_TIMEOUT = 5
+READ_TIMEOUT = 60
+
+
+class RemoteSetupError(TpubuildError):
+    """The remote cannot be used at all on this machine (a backend is not installed)."""
+
+    exit_code = 1
+
+
+class Backend:
+    """Paths are relative to `<url>/v1/`. `read`, `download` and `size` raise
+    FileNotFoundError for an absent name; `upload` replaces a name atomically; `create`
+    writes a new name and returns False, changing nothing, when it exists; `list` gives
+    (relative path, size, modification time) of the files below a prefix."""
+
+    def read(self, rel: str) -> bytes: ...
+    def download(self, rel: str, local: str) -> None: ...
+    def size(self, rel: str) -> int: ...
+    def upload(self, local: str, rel: str) -> None: ...
+    def create(self, rel: str, data: bytes) -> bool: ...
+    def list(self, rel_prefix: str) -> list[tuple[str, int, float]]: ...
+    def delete(self, rels: list[str]) -> None: ...
+
+
+def open_backend(url: str) -> Backend:
+    problem = url_problem(url)
+    if problem:
+        raise TpubuildError(f"remote cache: {problem}")
+    scheme = urlsplit(url).scheme
+    try:
+        import fsspec
+    except ImportError:
+        raise RemoteSetupError(f"remote cache {url}: fsspec is not installed (pip install '{EXTRA}')") from None
+    package = BACKENDS[scheme]
+    if package is not None:
+        try:
+            __import__(package)
+        except ImportError:
+            raise RemoteSetupError(
+                f"remote cache {url}: the {scheme}:// backend needs {package} (pip install '{EXTRA}')") from None
+    if scheme == "file":
+        fs, root = fsspec.core.url_to_fs(url)
+        return _LocalBackend(Path(root) / LAYOUT)
+    options: dict[str, Any] = {"skip_instance_cache": True, "use_listings_cache": False}
+    if package == "s3fs":
+        # Short connect timeout and few retries: an unreachable endpoint costs seconds.
+        options["config_kwargs"] = {"connect_timeout": CONNECT_TIMEOUT, "read_timeout": READ_TIMEOUT,
+                                    "retries": {"max_attempts": 2, "mode": "standard"}}
+    elif package == "gcsfs":
+        options["requests_timeout"] = READ_TIMEOUT
+    fs, root = fsspec.core.url_to_fs(url, **options)
+    return _FsspecBackend(fs, f"{root.rstrip('/')}/{LAYOUT}")
+
+
+class _FsspecBackend(Backend):
+    """Object stores through fsspec. Create-only is the server's own conditional write,
+    never a check-then-put (two racers would both pass the check): s3fs sends
+    `pipe_file(mode="create")` as S3's `If-None-Match: *` and raises FileExistsError on
+    the 412 (s3fs/core.py `_pipe_file`; moto's server honours it, which
+    tests/remote/test_remote_cache.py's race checks), gcsfs as `ifGenerationMatch=0`
+    (gcsfs/core.py `_pipe_file`, its 412 -> FileExistsError in gcsfs/retry.py). A server
+    that ignores the condition degrades to last writer wins; hence the trust model:
+    only trusted builders push (README). An object store's PUT (or multipart upload)
+    is atomic: an object appears whole or not at all, so no temp name is needed."""
+
+    def __init__(self, fs: Any, root: str):
+        self.fs, self.root = fs, root
+
+    def _path(self, rel: str) -> str:
+        return f"{self.root}/{rel}"
+
+    def read(self, rel: str) -> bytes:
+        return self.fs.cat_file(self._path(rel))
+
+    def download(self, rel: str, local: str) -> None:
+        self.fs.get_file(self._path(rel), local)
+
+    def size(self, rel: str) -> int:
+        return int(self.fs.info(self._path(rel))["size"])
+
+    def upload(self, local: str, rel: str) -> None:
+        self.fs.put_file(local, self._path(rel))
+
+    def create(self, rel: str, data: bytes) -> bool:
+        try:
+            self.fs.pipe_file(self._path(rel), data, mode="create")
+        except FileExistsError:
+            return False
+        return True
+
+    def list(self, rel_prefix: str) -> list[tuple[str, int, float]]:
+        try:
+            found = self.fs.find(self._path(rel_prefix), detail=True)
+        except FileNotFoundError:
+            return []
+        out = []
+        for name, info in found.items():
+            if info.get("type") == "directory":
+                continue
+            rel = name[len(self.root) + 1:] if name.startswith(self.root + "/") else None
+            if rel is None:
+                continue
+            out.append((rel, int(info.get("size") or 0), _mtime(info)))
+        return out
+
+    def delete(self, rels: list[str]) -> None:
+        for start in range(0, len(rels), 500):
+            self.fs.rm([self._path(r) for r in rels[start:start + 500]])
+
+
+def _mtime(info: dict[str, Any]) -> float:
+    for name in ("LastModified", "mtime", "updated", "created"):
+        value = info.get(name)
+        if value is None:
+            continue
+        if hasattr(value, "timestamp"):
+            return float(value.timestamp())
+        if isinstance(value, (int, float)):
+            return float(value)
+        try:
+            from datetime import datetime
+
+            return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            continue
+    return 0.0
+
+
+class _LocalBackend(Backend):
+    """A directory (a shared mount). Objects: a dot-named temp file in the target
+    directory, fsynced, renamed over the name (whole or absent; a reader never sees a
+    part). Records: the same temp file hard-linked to the name, which fails when the name
+    exists (create-only, like O_EXCL, but never a visible half-written record)."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def read(self, rel: str) -> bytes:
+        return (self.root / rel).read_bytes()
+
+    def download(self, rel: str, local: str) -> None:
+        shutil.copyfile(self.root / rel, local)
+
+    def size(self, rel: str) -> int:
+        return os.stat(self.root / rel).st_size
+
+    def _temp_copy(self, target: Path, write: Callable[[Any], None]) -> str:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.parent / f".{target.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+        with open(tmp, "xb") as out:
+            write(out)
+            out.flush()
+            os.fsync(out.fileno())
+        return os.fspath(tmp)
+
+    def upload(self, local: str, rel: str) -> None:
+        from tpubuild.engine.fsutil import fsync_path
+
+        target = self.root / rel
+        tmp = self._temp_copy(target, lambda out: _copy_into(local, out))
+        try:
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, target)
+        finally:
+            _unlink(tmp)
+        fsync_path(target.parent)
+
+    def create(self, rel: str, data: bytes) -> bool:
+        from tpubuild.engine.fsutil import fsync_path
+
+        target = self.root / rel
+        tmp = self._temp_copy(target, lambda out: out.write(data))
+        try:
+            os.link(tmp, target)
+        except FileExistsError:
+            return False
+        finally:
+            _unlink(tmp)
+        fsync_path(target.parent)
+        return True
+
+    def list(self, rel_prefix: str) -> list[tuple[str, int, float]]:
+        out = []
+        for dirpath, _dirs, names in os.walk(self.root / rel_prefix):
+            for name in names:
+                if name.startswith("."):
+                    continue  # a temp file of a write in progress (or of a killed writer)
+                path = os.path.join(dirpath, name)
+                try:
+                    st = os.stat(path)
+                except FileNotFoundError:
+                    continue
+                out.append((Path(path).relative_to(self.root).as_posix(), st.st_size, st.st_mtime))
+        return out
+
+    def delete(self, rels: list[str]) -> None:
+        for rel in rels:
+            _unlink(self.root / rel)
+
+    def stale_temps(self, older_than: float) -> list[str]:
+        """Temp files of killed writers (dot-named, older than `older_than`, a timestamp)."""
+        found = []
+        for dirpath, _dirs, names in os.walk(self.root):
+            for name in names:
+                path = os.path.join(dirpath, name)
+                try:
+                    if name.startswith(".") and name.endswith(".tmp") and os.stat(path).st_mtime < older_than:
+                        found.append(Path(path).relative_to(self.root).as_posix())
+                except FileNotFoundError:
+                    continue
+        return found
+
+
+def _copy_into(local: str, out: Any) -> None:
+    with open(local, "rb") as src:
+        shutil.copyfileobj(src, out, 1 << 20)
+
+
+def _unlink(path: Any) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
