@@ -29,6 +29,9 @@ class Workspace:
     stage_timeout: float = 3600.0  # seconds before a stage's worker is killed
     remote_cache: str | None = None  # an fsspec URL (engine/remote.py)
     remote_push: bool = True  # upload stages built here to the remote cache
+    executor: str = "local"  # where stages run: local worker processes | ray (engine/ray_executor.py)
+    ray_address: str | None = None  # the Ray cluster; None: RAY_ADDRESS, else a cluster on this machine
+    ray_resources: dict[str, dict[str, float]] = field(default_factory=dict)  # stage -> Ray resources per task
     defaults: dict[str, Any] = field(default_factory=dict)
     defaults_marks: Marks = field(default_factory=Marks)
 
@@ -93,6 +96,9 @@ def load_workspace(start: Path | None = None, override: Path | None = None) -> W
         stage_timeout=float(data.get("stage_timeout", 3600.0)),
         remote_cache=_remote_setting(data)[0],
         remote_push=_remote_setting(data)[1],
+        executor=data.get("executor", "local"),
+        ray_address=data.get("ray_address"),
+        ray_resources=data.get("ray_resources", {}),
         defaults=defaults,
         defaults_marks=defaults_marks,
     )

@@ -28,9 +28,15 @@ import click
               help="A shared cache (s3://bucket/prefix, gs://..., file:///dir); overrides remote_cache: in tpubuild.yaml.")
 @click.option("--remote-cache-read-only", is_flag=True,
               help="Fetch from the remote cache but upload nothing (pull requests, untrusted builds).")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default=None,
+              help="Where stages run: local worker processes, or Ray tasks (needs a remote cache). "
+                   "Default: the workspace's executor, else local.")
+@click.option("--ray-address", metavar="ADDR", help="The Ray cluster of --executor ray (default: RAY_ADDRESS, "
+              "else the cluster on this machine).")
 @click.pass_context
 def command(ctx: click.Context, targets: tuple[str, ...], jobs: int, dry_run: bool, as_json: bool, check: bool,
-            changed_since: str | None, remote_cache: str | None, remote_cache_read_only: bool) -> int:
+            changed_since: str | None, remote_cache: str | None, remote_cache_read_only: bool,
+            executor: str | None = None, ray_address: str | None = None) -> int:
     """Build the workspace's recipes (names or globs; none = all).
 
     A stage reruns only when its options or the content of its inputs changed; its
@@ -55,6 +61,8 @@ def command(ctx: click.Context, targets: tuple[str, ...], jobs: int, dry_run: bo
 
     ws, recipes = recipes_from(ctx, targets)
     remote = remote_setting(ws, remote_cache, remote_cache_read_only)  # checked even where unused
+    ws.executor = executor or ws.executor
+    ws.ray_address = ray_address or ws.ray_address
     if check:
         return _check(ws, recipes)
     if dry_run:

@@ -73,6 +73,7 @@ class Engine:
         self.pending: dict[tuple[str, str], Pending] = {}
         self.timeout = float(getattr(ws, "stage_timeout", None) or DEFAULT_STAGE_TIMEOUT)
         self.link_type = getattr(ws, "link_type", None) or "copy"
+        self.executor = getattr(ws, "executor", None) or "local"  # or "ray": engine/ray_executor.py
         self.remote: Any = None  # engine/remote.py RemoteCache, when the build has one
         self._uploads: Any = None  # the threads that push built stages to it
         self._upload_futures: list[Any] = []
@@ -244,6 +245,11 @@ class Engine:
             "inputs": inputs,
             "results": {name: _result(run.outputs[name]) for name in planned.summaries},
         }
+        if self.executor == "ray":  # no driver paths reach a node: input trees, and what the key holds
+            request["trees"] = {role: [[f.path, f.hash, f.size] for f in run.outputs[name].files]
+                                for role, name in planned.consumes.items()}
+            request["keyed"] = {field: pending.record[field] for field in ("code", "toolchain", "env")}
+            request["declared"] = {k[5:]: v for k, v in pending.record["inputs"].items() if k.startswith("file:")}
         try:
             reply = self.workers().run(request, self.timeout, Path(run.recipe.root) if stage.runs_user_code else None)
             if not reply["ok"]:
@@ -272,6 +278,11 @@ class Engine:
 
     def workers(self) -> Any:
         with self.pool_lock:
+            if self.pool is None and self.executor == "ray":
+                from tpubuild.engine.ray_executor import RayExecutor
+
+                self.pool = RayExecutor(self.store, self.remote, getattr(self.ws, "ray_address", None),
+                                        getattr(self.ws, "ray_resources", None), self.ws.state_dir / "logs")
             if self.pool is None:
                 from tpubuild.engine.workers import WorkerPool
 
@@ -543,6 +554,8 @@ def build(
             engine.store.clean_tmp()
             if remote is not None:
                 engine.attach_remote(*remote)
+            if engine.executor == "ray":  # checked and connected once: one error line, not one per stage
+                engine.workers()
             clean = False
             try:
                 run_tasks(engine, todo, jobs, ws.state_dir / "doit-deps.json")
