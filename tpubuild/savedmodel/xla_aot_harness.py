@@ -89,7 +89,8 @@ def build(library: dict[str, Any], artifact: Path, runtime: Path, flags: list[st
     source.write_text(harness_source(library))
     program = work / f"{library['prefix']}_harness"
     objects = [str(artifact / name) for name in library["objects"]]
-    command = [cxx, *flags, f"-I{artifact}", str(source), *objects, str(runtime), "-o", str(program), "-lpthread"]
+    command = [cxx, *flags, f"-I{artifact}", str(source), *objects, str(runtime), *absl_link_flags(),
+               "-o", str(program), "-lpthread"]
     proc = subprocess.run(command, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise HarnessLinkError(proc.stderr)
@@ -101,9 +102,27 @@ class HarnessLinkError(Exception):
 
     def __init__(self, output: str):
         super().__init__(output)
-        self.undefined = "undefined reference" in output
+        # A missing XLA runtime function (not Abseil's, which absl_link_flags provides).
+        self.undefined = any("undefined reference" in ln and "xla::" in ln for ln in output.splitlines())
         lines = [ln for ln in output.splitlines() if "error" in ln or "undefined reference" in ln]
         self.first = (lines or output.strip().splitlines() or ["no output"])[0].strip()
+
+
+def absl_link_flags() -> list[str]:
+    """Where the Abseil code that the generated headers use comes from.
+
+    The generated class uses Abseil (flat_hash_map, CHECK/LOG, hashing); the wheel ships
+    Abseil's headers in tensorflow/include but not its sources, and the XLA AOT runtime
+    sources do not include it. The same Abseil release (the `lts_2025...` inline namespace
+    of those headers) is compiled into the wheel's libtensorflow_framework.so.2, which exports
+    it: the harness links that library for Abseil only (the compiled function calls nothing
+    else of TensorFlow). An application that wants no TensorFlow library at run time links
+    its own build of that Abseil release instead (xla_aot.cmake: TPUBUILD_XLA_AOT_ABSL).
+    """
+    from tpubuild.savedmodel.xla_aot_runtime import tensorflow_dir
+
+    tf_dir = tensorflow_dir()
+    return [f"-L{tf_dir}", "-l:libtensorflow_framework.so.2", f"-Wl,-rpath,{tf_dir}"]
 
 
 def run(program: Path, library: dict[str, Any], batches: list[dict[str, np.ndarray]], iterations: int,
