@@ -10,6 +10,7 @@ import ctypes
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -72,25 +73,48 @@ def plan_jobs(signatures: list[str], batch_sizes: list[int]) -> list[Job]:
 
 def run_compiler(source: Path, tags: list[str], jobs: list[Job], out_dir: Path, log: Any) -> dict[str, Any]:
     """Run xla_aot_compile in a child process; its results by job prefix. The child's own
-    output (TensorFlow's log lines included) goes to the stage's log, never to the terminal."""
-    with tempfile.TemporaryDirectory(prefix=".xla-aot-", dir=out_dir) as tmp:
-        jobs_file, results_file = Path(tmp) / "jobs.json", Path(tmp) / "results.json"
-        jobs_file.write_text(json.dumps({
-            "source": str(Path(source).resolve()), "tags": tags, "out_dir": str(Path(out_dir).resolve()),
+    output (TensorFlow's log lines included) goes to the stage's log, never to the terminal.
+
+    The child sees the same inputs on every build: it runs in a scratch directory with
+    relative paths only (`source` is a symlink), without ASLR and with a fixed hash seed,
+    because the order of the generated code follows hash tables keyed by heap addresses,
+    which shift with any difference in what the process allocates (a longer path name: its
+    working directory is a fresh temp dir whose name always has the same length)."""
+    with tempfile.TemporaryDirectory(prefix="tpubuild-xla-aot-") as tmp:
+        work = Path(tmp)
+        (work / "source").symlink_to(Path(source).resolve(), target_is_directory=True)
+        (work / "out").mkdir()
+        (work / "jobs.json").write_text(json.dumps({
+            "source": "source", "tags": tags, "out_dir": "out", "scratch": "scratch",
             "jobs": [j.as_dict() for j in jobs],
         }))
-        env = dict(os.environ, PYTHONHASHSEED="0", TF_CPP_MIN_LOG_LEVEL="3")
+        env = compiler_env()
         proc = subprocess.run(
-            [sys.executable, "-m", "tpubuild.savedmodel.xla_aot_compile", str(jobs_file), str(results_file)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+            [sys.executable, "-m", "tpubuild.savedmodel.xla_aot_compile", "jobs.json", "results.json"],
+            cwd=work, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
             preexec_fn=_no_address_randomization, check=False,
         )
         output = proc.stdout.decode(errors="replace")
         for line in output.splitlines():
             log(f"xla_aot compiler: {line}")
-        if proc.returncode != 0 or not results_file.exists():
+        if proc.returncode != 0 or not (work / "results.json").exists():
             raise StageError(f"xla_aot: the XLA AOT compiler stopped (exit {proc.returncode}): {_last_error(output)}")
-        return json.loads(results_file.read_text())
+        for produced in sorted((work / "out").iterdir()):
+            shutil.move(str(produced), str(Path(out_dir) / produced.name))  # /tmp may be another file system
+        return json.loads((work / "results.json").read_text())
+
+
+def compiler_env() -> dict[str, str]:
+    """The child's environment: what it needs to run and what changes TensorFlow's and XLA's
+    output (the engine's allow-list), nothing else. Every variable takes memory in the
+    child, so an unrelated one (a test runner's PYTEST_CURRENT_TEST) would shift its heap
+    and with it the generated code's order (see run_compiler)."""
+    from tpubuild.engine.keys import ENV_ALLOWLIST
+
+    names = ("PATH", "PYTHONPATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "VIRTUAL_ENV", *ENV_ALLOWLIST)
+    env = {name: os.environ[name] for name in names if name in os.environ}
+    env.update(PYTHONHASHSEED="0", TF_CPP_MIN_LOG_LEVEL="3")
+    return env
 
 
 def _no_address_randomization() -> None:
@@ -128,10 +152,13 @@ def header_shapes(header: str) -> tuple[list[list[int]], list[list[int]]]:
     return shapes(found.group(1)), shapes(found.group(2))
 
 
-def cmake_snippet(libraries: list[dict[str, Any]]) -> str:
-    """One CMake file for the whole target: the runtime from the wheel's xla_aot_runtime_src
-    built as a static library, and one static library per (signature, batch) that links it.
-    The TensorFlow wheel is found at configure time (its headers and runtime sources)."""
+def cmake_snippet(libraries: list[dict[str, Any]], runtime_sources: list[str]) -> str:
+    """One CMake file for the whole target: the runtime files these libraries call, from the
+    wheel's xla_aot_runtime_src, built as a static library, and one static library per
+    (signature, batch) that links it. The TensorFlow wheel is found at configure time (its
+    headers and runtime sources). Abseil, which the generated headers use, comes from
+    TPUBUILD_XLA_AOT_ABSL when set (your own build of the same Abseil release), else from
+    the wheel's libtensorflow_framework.so.2 (xla_aot_harness.absl_link_flags says why)."""
     lines = [
         "# Generated by tpubuild (xla_aot). include() it from a CMakeLists.txt (C++17).",
         "# Needs TensorFlow's Python wheel (headers + xla_aot_runtime_src): set TENSORFLOW_DIR",
@@ -143,10 +170,15 @@ def cmake_snippet(libraries: list[dict[str, Any]]) -> str:
         "      \"import importlib.util; print(importlib.util.find_spec('tensorflow').submodule_search_locations[0])\"",
         "    OUTPUT_VARIABLE TENSORFLOW_DIR OUTPUT_STRIP_TRAILING_WHITESPACE COMMAND_ERROR_IS_FATAL ANY)",
         "endif()",
+        "if(NOT TPUBUILD_XLA_AOT_ABSL)",
+        '  set(TPUBUILD_XLA_AOT_ABSL "${TENSORFLOW_DIR}/libtensorflow_framework.so.2")',
+        "endif()",
         f"if(NOT TARGET {RUNTIME_LIBRARY})",
-        '  file(GLOB_RECURSE _tpubuild_xla_aot_runtime_sources "${TENSORFLOW_DIR}/xla_aot_runtime_src/*.cc")',
-        f"  add_library({RUNTIME_LIBRARY} STATIC ${{_tpubuild_xla_aot_runtime_sources}})",
+        f"  add_library({RUNTIME_LIBRARY} STATIC",
+        *(f'    "${{TENSORFLOW_DIR}}/{name}"' for name in runtime_sources),
+        "  )",
         f"  target_include_directories({RUNTIME_LIBRARY} PUBLIC \"${{TENSORFLOW_DIR}}/include\")",
+        f"  target_link_libraries({RUNTIME_LIBRARY} PUBLIC ${{TPUBUILD_XLA_AOT_ABSL}})",
         f"  target_compile_features({RUNTIME_LIBRARY} PUBLIC cxx_std_17)",
         # the flags of the wheel's own xla_aot_runtime_src/CMakeLists.txt
         f"  target_compile_options({RUNTIME_LIBRARY} PRIVATE -Wno-ignored-attributes -Wno-deprecated-copy "

@@ -71,6 +71,11 @@ def needed_sources(headers: list[str]) -> list[Path]:
     return [s for s in runtime_sources() if (_calls(s) is None or _calls(s) in text)]
 
 
+def runtime_names(headers: list[str]) -> list[str]:
+    """needed_sources as paths relative to the TensorFlow package (what xla_aot.cmake lists)."""
+    return [s.relative_to(tensorflow_dir()).as_posix() for s in needed_sources(headers)]
+
+
 def optional_sources() -> list[Path]:
     return [s for s in runtime_sources() if _calls(s) is not None]
 

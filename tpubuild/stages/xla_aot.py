@@ -40,7 +40,7 @@ SPEC = StageSpec(
 
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
     from tpubuild.atomic import write_text_atomic
-    from tpubuild.savedmodel import xla_aot
+    from tpubuild.savedmodel import xla_aot, xla_aot_runtime
 
     source = context.inputs["source"]
     batch_sizes = options["batch_sizes"]
@@ -52,9 +52,10 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     if failed:
         raise StageError(f"xla_aot: {failed[0]}")
     libraries = [_library(job, results[job.prefix], Path(output_dir)) for job in jobs]
-    write_text_atomic(Path(output_dir) / xla_aot.CMAKE_SNIPPET, xla_aot.cmake_snippet(libraries))
+    runtime = xla_aot_runtime.runtime_names([(Path(output_dir) / lib["header"]).read_text() for lib in libraries])
+    write_text_atomic(Path(output_dir) / xla_aot.CMAKE_SNIPPET, xla_aot.cmake_snippet(libraries, runtime))
     facts = {"namespace": xla_aot.NAMESPACE, "cmake": xla_aot.CMAKE_SNIPPET,
-             "runtime_target": xla_aot.RUNTIME_LIBRARY, "libraries": libraries}
+             "runtime_target": xla_aot.RUNTIME_LIBRARY, "runtime_sources": runtime, "libraries": libraries}
     write_text_atomic(Path(output_dir) / xla_aot.FACTS_JSON, json.dumps(facts, indent=2, sort_keys=True) + "\n")
     context.log(f"xla_aot: {len(libraries)} libraries ({', '.join(lib['cpp_class'] for lib in libraries)})")
     summary = {
