@@ -22,8 +22,8 @@ BATCH_SIZES = [1, 3]
 
 
 class Recurrent(tf.Module):
-    def __init__(self) -> None:
-        rng = np.random.default_rng(3)
+    def __init__(self, seed: int = 3) -> None:
+        rng = np.random.default_rng(seed)
         self.table = tf.Variable(rng.normal(size=(VOCAB, EMBED)).astype("float32"), name="table")
         self.kernel = tf.Variable(rng.normal(size=(EMBED + UNITS, UNITS)).astype("float32") / 3, name="kernel")
         self.head = tf.Variable(rng.normal(size=(UNITS, 2)).astype("float32"), name="head")
@@ -56,19 +56,29 @@ def stage_options(**extra: Any) -> dict[str, Any]:
     return {"tags": ["serve"], "signatures": ["serving_default"], "batch_sizes": BATCH_SIZES, **extra}
 
 
+def verify(source: Path, artifact: Path, out: Path, workspace: Path, **extra: Any) -> StageResult:
+    out.mkdir(parents=True, exist_ok=True)
+    context = StageContext(workspace=workspace, inputs={"source": source, "xla_aot": artifact})
+    options = stage_options(rtol=None, atol=None, samples=7, seed=0, representative_datasets={}, **extra)
+    return xla_aot_verify.run(source, out, options, context)
+
+
 def build(source: Path, out: Path, workspace: Path, **extra: Any) -> StageResult:
     out.mkdir(parents=True)
     context = StageContext(workspace=workspace, inputs={"source": source})
     return xla_aot.run(source, out, stage_options(**extra), context)
 
 
-@pytest.fixture(scope="session")
-def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    model = Recurrent()
-    path = tmp_path_factory.mktemp("xla_aot_model") / "recurrent"
+def save(path: Path, seed: int = 3) -> Path:
+    model = Recurrent(seed)
     tf.saved_model.save(model, str(path), signatures={"serving_default": model.serve, "unrolled": model.unrolled,
                                                  "strings": model.strings})
     return path
+
+
+@pytest.fixture(scope="session")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save(tmp_path_factory.mktemp("xla_aot_model") / "recurrent")
 
 
 @pytest.fixture(scope="session")
@@ -89,6 +99,4 @@ def artifact(source: Path, workspace: Path, tmp_path_factory: pytest.TempPathFac
 def verified(source: Path, artifact: tuple[Path, StageResult], workspace: Path,
              tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, StageResult]:
     out = tmp_path_factory.mktemp("xla_aot_verify")
-    context = StageContext(workspace=workspace, inputs={"source": source, "xla_aot": artifact[0]})
-    options = stage_options(rtol=None, atol=None, samples=7, seed=0, representative_datasets={})
-    return out, xla_aot_verify.run(source, out, options, context)
+    return out, verify(source, artifact[0], out, workspace)

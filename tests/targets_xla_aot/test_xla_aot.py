@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BATCH_SIZES, STEPS, UNITS, build
+from conftest import BATCH_SIZES, STEPS, UNITS, build, save, verify
 from tpubuild.errors import StageError
 
 
@@ -82,3 +82,15 @@ def test_same_bytes_on_a_second_build(source, workspace, tmp_path) -> None:
     assert names == sorted(p.name for p in second.iterdir())
     differing = [n for n in names if (first / n).read_bytes() != (second / n).read_bytes()]
     assert differing == []
+
+
+def test_library_of_another_model_fails_verification_with_one_line(source, workspace, tmp_path) -> None:
+    # Same signature and shapes, other weights: the harness runs, the outputs differ.
+    other = save(tmp_path / "other", seed=4)
+    build(other, tmp_path / "lib", workspace, signatures=["unrolled"], batch_sizes=[3])
+    with pytest.raises(StageError) as failure:
+        verify(source, tmp_path / "lib", tmp_path / "verify", workspace, signatures=["unrolled"], batch_sizes=[3])
+    message = str(failure.value)
+    assert "\n" not in message
+    assert message.startswith("xla_aot_verify: signature 'unrolled@batch3' output ")
+    assert "differs from the source: max abs error" in message and "(atol 1e-06 + rtol 1e-05" in message
