@@ -47,6 +47,10 @@ class Recurrent(tf.Module):
             h = tf.tanh(tf.matmul(tf.concat([embedded[:, step], h], axis=1), self.kernel))
         return {"logits": tf.matmul(h, self.head), "state": h}
 
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="ids")])
+    def any_length(self, ids):
+        return {"pooled": tf.reduce_mean(tf.gather(self.table, ids), axis=1)}
+
     @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32, name="x")])
     def strings(self, x):
         return {"length": tf.strings.length(tf.strings.as_string(x))}
@@ -72,7 +76,8 @@ def build(source: Path, out: Path, workspace: Path, **extra: Any) -> StageResult
 def save(path: Path, seed: int = 3) -> Path:
     model = Recurrent(seed)
     tf.saved_model.save(model, str(path), signatures={"serving_default": model.serve, "unrolled": model.unrolled,
-                                                 "strings": model.strings})
+                                                 "strings": model.strings,
+                                                 "any_length": model.any_length})
     return path
 
 

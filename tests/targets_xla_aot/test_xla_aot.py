@@ -67,29 +67,44 @@ def test_unsupported_op_fails_with_one_line_naming_signature_and_op(source, work
     assert captured.out == "" and captured.err == ""
 
 
-def test_static_shape_problem_names_the_input(source, workspace, tmp_path) -> None:
-    with pytest.raises(StageError, match=r"^xla_aot: batch_sizes|^targets\.xla_aot\.batch_sizes"):
+def test_a_dimension_other_than_the_batch_left_unknown_fails_naming_the_input(source, workspace, tmp_path) -> None:
+    with pytest.raises(StageError) as failure:
+        build(source, tmp_path / "out", workspace, signatures=["any_length"], batch_sizes=[2])
+    assert str(failure.value) == ("xla_aot: signature 'any_length' input 'ids': shape (2, -1) has unknown "
+                                  "dimension 1; only dimension 0 is fixed by batch_sizes")
+
+
+def test_batch_sizes_must_be_positive(source, workspace, tmp_path) -> None:
+    with pytest.raises(StageError, match=r"^targets\.xla_aot\.batch_sizes must be a non-empty list of integers >= 1"):
         build(source, tmp_path / "out", workspace, batch_sizes=[0])
 
 
-def test_same_bytes_on_a_second_build(source, workspace, tmp_path) -> None:
+@pytest.fixture(scope="module")
+def other_library(tmp_path_factory, workspace) -> tuple[Path, Path]:
+    """(source, library) of the `unrolled` signature of a model with other weights."""
+    root = tmp_path_factory.mktemp("other")
+    other = save(root / "model", seed=4)
+    build(other, root / "lib", workspace, signatures=["unrolled"], batch_sizes=[3])
+    return other, root / "lib"
+
+
+def test_same_bytes_on_a_second_build(other_library, workspace, tmp_path) -> None:
     # The loop unrolled, as in the example model: with a While loop, XLA orders the
     # arguments of the loop's kernel differently from run to run (see xla_aot_compile.py).
-    first, second = tmp_path / "first", tmp_path / "second-with-a-longer-name"
-    build(source, first, workspace, signatures=["unrolled"])
-    build(source, second, workspace, signatures=["unrolled"])
+    other, first = other_library
+    second = tmp_path / "second-with-a-longer-name"
+    build(other, second, workspace, signatures=["unrolled"], batch_sizes=[3])
     names = sorted(p.name for p in first.iterdir())
     assert names == sorted(p.name for p in second.iterdir())
     differing = [n for n in names if (first / n).read_bytes() != (second / n).read_bytes()]
     assert differing == []
 
 
-def test_library_of_another_model_fails_verification_with_one_line(source, workspace, tmp_path) -> None:
+def test_library_of_another_model_fails_verification_with_one_line(source, other_library, workspace,
+                                                                    tmp_path) -> None:
     # Same signature and shapes, other weights: the harness runs, the outputs differ.
-    other = save(tmp_path / "other", seed=4)
-    build(other, tmp_path / "lib", workspace, signatures=["unrolled"], batch_sizes=[3])
     with pytest.raises(StageError) as failure:
-        verify(source, tmp_path / "lib", tmp_path / "verify", workspace, signatures=["unrolled"], batch_sizes=[3])
+        verify(source, other_library[1], tmp_path / "verify", workspace, signatures=["unrolled"], batch_sizes=[3])
     message = str(failure.value)
     assert "\n" not in message
     assert message.startswith("xla_aot_verify: signature 'unrolled@batch3' output ")
