@@ -119,8 +119,12 @@ def object_for(source: Path, flags: list[str], cache: Path, tf_version: str) -> 
 
 def build_library(sources: list[Path], flags: list[str], workspace: Path, tf_version: str, out: Path) -> Path:
     """A static library of `sources` at `out` (objects from the workspace's cache)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     cache = Path(workspace) / CACHE_DIR
-    objects = [object_for(s, flags, cache, tf_version) for s in sources]
+    # One compiler per core, at most 4: an Eigen-heavy file takes ~1.8 GB of memory.
+    with ThreadPoolExecutor(max_workers=max(1, min(os.cpu_count() or 1, 4))) as pool:
+        objects = list(pool.map(lambda s: object_for(s, flags, cache, tf_version), sources))
     ar = shutil.which("ar")
     if ar is None:
         raise StageError("xla_aot: no 'ar' found to archive the XLA AOT runtime")
