@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from xla_aot_models import BATCH_SIZES, STEPS, UNITS, build, save, verify
 
-from conftest import BATCH_SIZES, STEPS, UNITS, build, save, verify
 from tpubuild.errors import StageError
 
 

@@ -181,8 +181,8 @@ def cmake_snippet(libraries: list[dict[str, Any]], runtime_sources: list[str]) -
         f"  target_link_libraries({RUNTIME_LIBRARY} PUBLIC ${{TPUBUILD_XLA_AOT_ABSL}})",
         f"  target_compile_features({RUNTIME_LIBRARY} PUBLIC cxx_std_17)",
         # the flags of the wheel's own xla_aot_runtime_src/CMakeLists.txt
-        f"  target_compile_options({RUNTIME_LIBRARY} PRIVATE -Wno-ignored-attributes -Wno-deprecated-copy "
-        "-Wno-cast-qual -Wno-sign-compare)",
+        (f"  target_compile_options({RUNTIME_LIBRARY} PRIVATE -Wno-ignored-attributes -Wno-deprecated-copy "
+         "-Wno-cast-qual -Wno-sign-compare)"),
         f"  set_target_properties({RUNTIME_LIBRARY} PROPERTIES POSITION_INDEPENDENT_CODE ON)",
         "endif()",
     ]

@@ -42,7 +42,7 @@ from typing import Any
 # The wheel's aot_compile_cpu_meta_graph_def sets these (single-threaded Eigen: no thread
 # pool dependency in the objects; no YNN fusions: their runtime is not in xla_aot_runtime_src).
 XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false --xla_cpu_experimental_ynn_fusion_type="
-UNSUPPORTED = re.compile(r"Detected unsupported operations when trying to compile graph[^:]*:\s*(.*)", re.S)
+UNSUPPORTED = re.compile(r"Detected unsupported operations when trying to compile graph[^:]*:\s*(.*)", re.DOTALL)
 UNSUPPORTED_OP = re.compile(r"(\w+) \(No registered '(\w+)' OpKernel")
 
 
@@ -94,7 +94,7 @@ def compile_job(source: Path, tags: list[str], job: dict[str, Any], out_dir: Pat
             gen_name_to_index=True,
             gen_program_shape=False,
         )
-    except Exception as exc:  # the pybind wrapper raises the C++ Status as a plain exception
+    except Exception as exc:  # noqa: BLE001 - the pybind wrapper raises the C++ Status as a plain exception
         return {"error": f"signature {key!r} batch {batch}: {describe_compile_error(str(exc))}"}
     return {
         "args": [{"name": f.name, "dtype": dtypes.as_dtype(f.type).name} for f in feeds],
@@ -152,7 +152,7 @@ def main(argv: list[str]) -> int:
     for job in spec["jobs"]:
         try:
             results[job["prefix"]] = compile_job(Path(spec["source"]), spec["tags"], job, Path(spec["out_dir"]), scratch)
-        except Exception as exc:  # a one-line error per job; the traceback goes to the log
+        except Exception as exc:  # noqa: BLE001 - a one-line error per job; the traceback goes to the log
             traceback.print_exc()
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             results[job["prefix"]] = {"error": f"signature {job['signature']!r} batch {job['batch']}: {first}"}

@@ -75,7 +75,7 @@ int main(int argc, char** argv) {{
 
 
 def harness_source(library: dict[str, Any]) -> str:
-    quoted = lambda names: ", ".join(f'"{n}"' for n in names)  # noqa: E731 - names are C++ identifiers
+    quoted = lambda names: ", ".join(f'"{n}"' for n in names)
     return _SOURCE.format(
         header=library["header"], cpp_class=library["cpp_class"],
         args=quoted(a["name"] for a in library["args"]),

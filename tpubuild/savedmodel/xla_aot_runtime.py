@@ -19,7 +19,7 @@ import os
 import re
 import shutil
 import subprocess
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from tpubuild.errors import StageError
@@ -38,7 +38,7 @@ def tensorflow_dir() -> Path:
     spec = importlib.util.find_spec("tensorflow")
     if spec is None or not spec.submodule_search_locations:
         raise StageError("xla_aot: TensorFlow is not installed")
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def runtime_sources() -> list[Path]:
@@ -85,7 +85,7 @@ def compile_flags(abi_flag: int) -> list[str]:
             f"-I{tensorflow_dir() / 'include'}", *WARNINGS]
 
 
-@lru_cache(maxsize=None)
+@cache
 def compiler() -> tuple[str, str]:
     """(path, identity) of the system C++ compiler: $CXX, else c++ / g++ / clang++."""
     for candidate in filter(None, [os.environ.get("CXX"), "c++", "g++", "clang++"]):

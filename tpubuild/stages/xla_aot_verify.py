@@ -59,7 +59,13 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
 
     from tpubuild.savedmodel import compare, xla_aot_harness, xla_aot_runtime
     from tpubuild.savedmodel.model import SavedModel
-    from tpubuild.stages.verify import _write_json, describe_failure, describe_nan, tolerances, verification_samples
+    from tpubuild.stages.verify import (
+        _write_json,
+        describe_failure,
+        describe_nan,
+        tolerances,
+        verification_samples,
+    )
 
     kind, rtol, atol = tolerances([], options, "targets.xla_aot")
     artifact = Path(context.inputs["xla_aot"])
