@@ -54,6 +54,11 @@ def test_harness_matches_the_source_within_tolerance_and_times_both(verified) ->
         assert lib["latency_ns"]["xla_aot"] > 0 and lib["latency_ns"]["tensorflow"] > 0
         assert all(size > 0 for size in lib["files"].values())
     assert json.loads((out / "xla_aot_verify.json").read_text())["passed"] is True
+    # What `tpubuild report` reads (targets contract): seconds per call by signature@batch.
+    calls = summary["latency"]["call_seconds"]
+    assert sorted(calls["xla_aot"]) == sorted(calls["source"]) == [f"serving_default@{b}" for b in BATCH_SIZES]
+    assert calls["xla_aot"]["serving_default@1"] == by_batch[1]["latency_ns"]["xla_aot"] / 1e9
+    assert summary["size"] > sum(by_batch[1]["files"].values())
 
 
 def test_unsupported_op_fails_with_one_line_naming_signature_and_op(source, workspace, tmp_path, capfd) -> None:
