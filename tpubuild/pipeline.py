@@ -23,6 +23,7 @@ Canonical = dict[str, Any]
 TARGET_CHAINS = (
     *TARGET_STAGES["cpu_savedmodel"],
     *TARGET_STAGES["litert"],
+    *TARGET_STAGES["xla_aot"],
 )
 
 # The order of the converter's pipeline (design.md). A recipe runs a subsequence.
