@@ -48,7 +48,8 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
         raise StageError(f"targets.xla_aot.batch_sizes must be a non-empty list of integers >= 1, got {batch_sizes!r}")
     jobs = xla_aot.plan_jobs(list(options["signatures"]), batch_sizes)
     results = xla_aot.run_compiler(Path(source), options["tags"], jobs, Path(output_dir), context.log)
-    failed = [results[j.prefix]["error"] for j in jobs if "error" in results.get(j.prefix, {"error": "no result"})]
+    missing = {"error": "the compiler returned no result"}
+    failed = [results.get(j.prefix, missing)["error"] for j in jobs if "error" in results.get(j.prefix, missing)]
     if failed:
         raise StageError(f"xla_aot: {failed[0]}")
     libraries = [_library(job, results[job.prefix], Path(output_dir)) for job in jobs]
