@@ -40,8 +40,33 @@ def rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
             "call_seconds": latency.get("call_seconds"),
             "load_seconds": latency.get("load_seconds"),
             "method": latency.get("method"),
+            "details": details(target, verify),
         })
     return out
+
+
+def details(target: str, verify: dict[str, Any]) -> list[str]:
+    """What a target's table row cannot hold: a LiteRT flatbuffer's ops and which composites
+    fused (litert_verify's summary), an XLA AOT target's libraries."""
+    lines = []
+    if verify.get("ops"):
+        ops = verify["ops"]
+        listed = ", ".join(f"{name} {count}" for name, count in sorted(ops.items(), key=lambda kv: (-kv[1], kv[0])))
+        lines.append(f"{sum(ops.values())} ops: {listed}")
+    composites = verify.get("composites") or []
+    if composites:
+        lines.append("composites: " + ", ".join(map(_composite, composites)))
+    for library in verify.get("libraries") or []:  # xla_aot_verify
+        name = library.get("cpp_class") or library.get("class")
+        if name:
+            lines.append(f"library {name}")
+    return lines
+
+
+def _composite(composite: dict[str, Any]) -> str:
+    if composite.get("fused"):
+        return f"{composite['name']} -> {composite['fused_op']}"
+    return f"{composite['name']} not fused" + ("" if composite.get("kept") else " (not kept)")
 
 
 def _seconds(value: float | None) -> str:
@@ -77,6 +102,7 @@ def to_text(table: list[dict[str, Any]]) -> str:
     grid = [list(COLUMNS)] + [cells(row) for row in table]
     widths = [max(len(line[i]) for line in grid) for i in range(len(COLUMNS))]
     lines = ["Targets:"] + ["  " + "  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in grid]
+    lines += [f"  {row['target']}: {line}" for row in table for line in row.get("details", [])]
     lines += [f"  Latency: {m}" for m in methods(table)]
     return "\n".join(lines) + "\n"
 
@@ -84,5 +110,6 @@ def to_text(table: list[dict[str, Any]]) -> str:
 def to_markdown(table: list[dict[str, Any]]) -> str:
     out = ["", "## Targets", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     out += ["| " + " | ".join(cells(row)) + " |" for row in table]
+    out += [""] + [f"- {row['target']}: {line}" for row in table for line in row.get("details", [])]
     out += [""] + [f"Latency: {m}." for m in methods(table)]
     return "\n".join(out) + "\n"

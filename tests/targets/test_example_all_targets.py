@@ -1,0 +1,70 @@
+"""The example of issue 12, `recipes/all_targets.yaml`, built with the real CLI: all four
+targets built and verified, a second build all cached, and a LiteRT-only option change
+rebuilds the LiteRT chain (and the publish step) only."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TARGET_DIRS = ("cpu_savedmodel", "litert", "xla_aot")
+
+
+def build(root: Path, *args: str) -> dict:
+    result = subprocess.run([sys.executable, "-m", "tpubuild", "build", "--json", *args, "all_targets"], cwd=root,
+                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def statuses(document: dict) -> dict[str, str]:
+    return {row["stage"]: row["status"] for row in document["rows"]}
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    root = tmp_path_factory.mktemp("all_targets")
+    shutil.copy(REPO / "tpubuild.yaml", root)
+    shutil.copytree(REPO / "recipes", root / "recipes", ignore=shutil.ignore_patterns("*.lock.yaml"))
+    return root, build(root)
+
+
+def test_every_target_is_built_verified_and_published(example) -> None:
+    root, first = example
+    assert set(statuses(first).values()) == {"built"}
+    manifest = json.loads((root / "out/all_targets/1/tpubuild-manifest.json").read_text())
+    assert sorted(manifest["targets"]) == sorted(TARGET_DIRS)
+    for target in TARGET_DIRS:
+        assert manifest["targets"][target]["verify"]["passed"] is True, target
+        published = {p.relative_to(root / "out/all_targets" / target / "1").as_posix()
+                     for p in (root / "out/all_targets" / target / "1").rglob("*") if p.is_file()}
+        assert set(manifest["targets"][target]["files"]) <= published, target
+    litert = manifest["targets"]["litert"]["verify"]
+    assert litert["fused"] == ["embedding_matmul", "lstm_all_targets"]
+    assert {"EMBEDDING_LOOKUP", "UNIDIRECTIONAL_SEQUENCE_LSTM"} <= set(litert["ops"])
+    assert (root / "out/all_targets/xla_aot/1/xla_aot.cmake").is_file()
+
+
+def test_second_build_is_cached_and_a_litert_option_rebuilds_only_its_chain(example) -> None:
+    root, _ = example
+    assert set(statuses(build(root)).values()) == {"cached"}
+    recipe = root / "recipes/all_targets.yaml"
+    recipe.write_text(recipe.read_text().replace("    composites: all ", "    composites: none "))
+    rebuilt = statuses(build(root))
+    assert {stage for stage, status in rebuilt.items() if status == "built"} == {"litert", "litert_verify", "publish"}
+    tpu_1, tpu_2 = (root / "out/all_targets" / n / "saved_model.pb" for n in ("1", "2"))
+    assert tpu_1.read_bytes() == tpu_2.read_bytes()
+    manifest = json.loads((root / "out/all_targets/2/tpubuild-manifest.json").read_text())
+    unfused = manifest["targets"]["litert"]["verify"]
+    assert unfused["fused"] == [] and "UNIDIRECTIONAL_SEQUENCE_LSTM" not in unfused["ops"]
+    report = subprocess.run([sys.executable, "-m", "tpubuild", "report", "all_targets"], cwd=root, capture_output=True,
+                            text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert report.returncode == 0, report.stderr
+    assert "litert: composites: embedding_matmul not fused (not kept)" in report.stdout
