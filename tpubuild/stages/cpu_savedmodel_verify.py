@@ -4,7 +4,7 @@ and how fast it loads and answers next to the source.
 Samples and tolerances are verify's (stages/verify.py: verification_samples, tolerances):
 the target's `rtol`/`atol`, else verify's, else the defaults for the stages that changed
 the model. Writes `cpu_savedmodel_verify.json`; exceeding the tolerances or a NaN fails
-the build with one line (verify's describe_failure / describe_nan).
+the build with one line (verify's raise_on_failure).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from tpubuild.errors import StageError
 from tpubuild.stages import slices
 from tpubuild.stages.base import DATASET, SOURCE, StageContext, StageResult, StageSpec
-from tpubuild.stages.verify import _applied, _write_json, describe_failure, describe_nan, tolerances, \
+from tpubuild.stages.verify import _applied, _write_json, error_summary, raise_on_failure, tolerances, \
     verification_samples
 
 TARGET = "cpu_savedmodel"
@@ -63,12 +63,8 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
               TARGET: latency.measure(artifact_dir, tags, samples_by_key, RUNS, CALLS)}
     summary = {
         "target": TARGET,
-        "passed": all(e.passed for e in errors) and not any(e.nan_in_artifact or e.nan_in_source for e in errors),
-        "max_abs_error": max((e.max_abs_error for e in errors), default=0.0),
-        "max_rel_error": max((e.max_rel_error for e in errors), default=0.0),
-        "tolerance": {"kind": kind, "rtol": rtol, "atol": atol},
-        "samples": {key: {"count": len(s), "from": origin[key]} for key, s in samples_by_key.items()},
-        "outputs": [e.as_dict() for e in errors],
+        # `passed` is False for NaN too (OutputError.passed).
+        **error_summary(errors, (kind, rtol, atol), options, samples_by_key, origin),
         "size": params.sizes(artifact_dir)["total"],
         "latency": {
             "method": latency.METHOD.format(runs=RUNS, calls=CALLS),
@@ -77,11 +73,5 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
         },
     }
     _write_json(output_dir / VERIFY_JSON, summary)
-    with_nan = [e for e in errors if e.nan_in_artifact or e.nan_in_source]
-    if with_nan:
-        raise StageError(describe_nan(with_nan[0]))
-    failed = [e for e in errors if e.mismatched]
-    if failed:
-        worst = max(failed, key=lambda e: e.max_abs_error - (atol + rtol * e.max_reference))
-        raise StageError(describe_failure(worst, rtol, atol))
+    raise_on_failure(errors, rtol, atol)
     return StageResult(summary=summary)

@@ -63,7 +63,7 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     from tpubuild.savedmodel import compare
     from tpubuild.savedmodel.litert_run import LiteRTModel
     from tpubuild.savedmodel.model import SavedModel
-    from tpubuild.stages.verify import describe_failure, describe_nan, tolerances, verification_samples
+    from tpubuild.stages.verify import error_summary, raise_on_failure, tolerances, verification_samples
 
     applied = _applied(options["quantization"])
     kind, rtol, atol = tolerances(applied, options, "targets.litert")
@@ -85,13 +85,7 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     latency = _latency(reference_model, litert, keys[0], samples_by_key[keys[0]][0])
     summary = {
         "applied": applied,
-        "tolerance": {"kind": kind, "rtol": rtol, "atol": atol,
-                      "given": {"rtol": options.get("rtol"), "atol": options.get("atol")}},
-        "samples": {key: {"count": len(s), "from": origin[key]} for key, s in samples_by_key.items()},
-        "outputs": [e.as_dict() for e in errors],
-        "max_abs_error": max((e.max_abs_error for e in errors), default=0.0),
-        "max_rel_error": max((e.max_rel_error for e in errors), default=0.0),
-        "passed": all(e.passed for e in errors),
+        **error_summary(errors, (kind, rtol, atol), options, samples_by_key, origin),
         "latency": latency,
         "size": facts["size"],
         "ops": facts["ops"],
@@ -100,13 +94,7 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
         "quantization": options["quantization"],
     }
     write_atomic(output_dir / VERIFY_JSON, (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode())
-    with_nan = [e for e in errors if e.nan_in_artifact or e.nan_in_source]
-    if with_nan:
-        raise StageError(describe_nan(with_nan[0]))
-    failed = [e for e in errors if e.mismatched]
-    if failed:
-        worst = max(failed, key=lambda e: e.max_abs_error - (atol + rtol * e.max_reference))
-        raise StageError(describe_failure(worst, rtol, atol))
+    raise_on_failure(errors, rtol, atol)
     return StageResult(summary=summary)
 
 

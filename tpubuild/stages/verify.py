@@ -67,23 +67,11 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
             raise StageError(str(exc)) from None
     summary = {
         "applied": applied,
-        "tolerance": {"kind": kind, "rtol": rtol, "atol": atol,
-                      "given": {"rtol": options.get("rtol"), "atol": options.get("atol")}},
-        "samples": {key: {"count": len(s), "from": origin[key]} for key, s in samples_by_key.items()},
-        "outputs": [e.as_dict() for e in errors],
-        "max_abs_error": max((e.max_abs_error for e in errors), default=0.0),
-        "max_rel_error": max((e.max_rel_error for e in errors), default=0.0),
-        "passed": all(e.passed for e in errors),
+        **error_summary(errors, (kind, rtol, atol), options, samples_by_key, origin),
         "signatures_not_in_artifact": dropped,
     }
     _write_json(output_dir / VERIFY_JSON, summary)
-    with_nan = [e for e in errors if e.nan_in_artifact or e.nan_in_source]
-    if with_nan:
-        raise StageError(f"{describe_nan(with_nan[0])}")
-    failed = [e for e in errors if e.mismatched]
-    if failed:
-        worst = max(failed, key=lambda e: e.max_abs_error - (atol + rtol * e.max_reference))
-        raise StageError(f"{describe_failure(worst, rtol, atol)}")
+    raise_on_failure(errors, rtol, atol)
     warnings = [f"signature {k!r} is not in the artifact; not verified" for k in dropped]
     return StageResult(summary=summary, warnings=warnings)
 
@@ -137,6 +125,35 @@ def verification_samples(source: Any, keys: list[str], options: dict[str, Any],
             raise StageError(f"signature {key!r}: no samples to verify on")
         samples_by_key[key] = samples
     return samples_by_key, origin
+
+
+def error_summary(errors: list[Any], tolerance: tuple[str, float, float], options: dict[str, Any],
+                  samples_by_key: dict[str, list[Any]], origin: dict[str, str]) -> dict[str, Any]:
+    """What every verifier (verify, and each target's verify stage) says of a comparison:
+    the tolerance used (and the one the recipe gave), the samples, each output's errors,
+    the worst errors and the verdict."""
+    kind, rtol, atol = tolerance
+    return {
+        "tolerance": {"kind": kind, "rtol": rtol, "atol": atol,
+                      "given": {"rtol": options.get("rtol"), "atol": options.get("atol")}},
+        "samples": {key: {"count": len(s), "from": origin[key]} for key, s in samples_by_key.items()},
+        "outputs": [e.as_dict() for e in errors],
+        "max_abs_error": max((e.max_abs_error for e in errors), default=0.0),
+        "max_rel_error": max((e.max_rel_error for e in errors), default=0.0),
+        "passed": all(e.passed for e in errors),
+    }
+
+
+def raise_on_failure(errors: list[Any], rtol: float, atol: float, prefix: str = "") -> None:
+    """A StageError of one line when an output holds NaN (whatever the tolerances) or
+    differs from the source beyond them (the worst output, by how far it is out)."""
+    with_nan = [e for e in errors if e.nan_in_artifact or e.nan_in_source]
+    if with_nan:
+        raise StageError(prefix + describe_nan(with_nan[0]))
+    failed = [e for e in errors if e.mismatched]
+    if failed:
+        worst = max(failed, key=lambda e: e.max_abs_error - (atol + rtol * e.max_reference))
+        raise StageError(prefix + describe_failure(worst, rtol, atol))
 
 
 def describe_failure(error: Any, rtol: float, atol: float) -> str:

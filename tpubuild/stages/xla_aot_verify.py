@@ -61,8 +61,8 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     from tpubuild.savedmodel.model import SavedModel
     from tpubuild.stages.verify import (
         _write_json,
-        describe_failure,
-        describe_nan,
+        error_summary,
+        raise_on_failure,
         tolerances,
         verification_samples,
     )
@@ -122,13 +122,7 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
             })
         runtime_files = sorted(s.relative_to(xla_aot_runtime.tensorflow_dir()).as_posix() for s in sources)
     summary = {
-        "tolerance": {"kind": kind, "rtol": rtol, "atol": atol,
-                      "given": {"rtol": options.get("rtol"), "atol": options.get("atol")}},
-        "samples": {key: {"count": len(s), "from": origin[key]} for key, s in samples_by_key.items()},
-        "outputs": [e.as_dict() for e in errors],
-        "max_abs_error": max((e.max_abs_error for e in errors), default=0.0),
-        "max_rel_error": max((e.max_rel_error for e in errors), default=0.0),
-        "passed": all(e.passed for e in errors),
+        **error_summary(errors, (kind, rtol, atol), options, samples_by_key, origin),
         "libraries": per_library,
         "runtime_sources": runtime_files,
         "latency_method": {
@@ -151,13 +145,7 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
         },
     }
     _write_json(Path(output_dir) / VERIFY_JSON, summary)
-    with_nan = [e for e in errors if e.nan_in_artifact or e.nan_in_source]
-    if with_nan:
-        raise StageError(f"xla_aot_verify: {describe_nan(with_nan[0])}")
-    failed = [e for e in errors if e.mismatched]
-    if failed:
-        worst = max(failed, key=lambda e: e.max_abs_error - (atol + rtol * e.max_reference))
-        raise StageError(f"xla_aot_verify: {describe_failure(worst, rtol, atol)}")
+    raise_on_failure(errors, rtol, atol, prefix="xla_aot_verify: ")
     for lib in per_library:
         context.log(f"xla_aot_verify: {lib['cpp_class']}: {lib['latency_ns']['xla_aot']} ns per call "
                     f"(TensorFlow {lib['latency_ns']['tensorflow']} ns)")
