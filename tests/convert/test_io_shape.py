@@ -35,6 +35,11 @@ def test_rank4_tensors_cross_as_rank2_and_outputs_are_identical(models, placed, 
         "unknown when the model is built"
     ]
     model = SavedModel.load(out)
+    # Replaced in place, not copied: the alias names the function the call runs, and no
+    # unreachable copy of the TPU body (and of its weights) is left in the library.
+    assert fn["wrapper"] == fn["function"]
+    assert model.aliases[fn["function"]] == "tpu_func"
+    assert not [name for name in model.functions if name.endswith("_io")]
     wrapper = model.functions[fn["wrapper"]]
     # The TPU side reshapes back first thing, inside the same TPU cluster.
     reshapes = [n for n in wrapper.node_def if n.op == "Reshape"]

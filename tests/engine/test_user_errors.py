@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 from tests.engine.conftest import export_recipe, tpubuild
 
@@ -38,3 +39,22 @@ def test_a_model_copied_without_its_variables_is_an_input_error(make_workspace):
     assert ("recipes/nv.yaml: stage batch: the SavedModel's graph has 1 variable but it has no "
             "variables/variables.index: was its variables/ directory left out when it was copied?") in result.stderr
     assert "internal error" not in result.stderr
+
+
+def test_a_worker_that_aborts_leaves_its_last_words_in_the_log_and_the_error(make_workspace):
+    # Native code that aborts (LLVM's report_fatal_error, a failed CHECK) writes its last
+    # line to file descriptor 2 and dies: that line must reach the log and the one-line error.
+    ws = make_workspace({"abort": export_recipe("abort", "models/abort_export.py", "models/helper.py")})
+    (ws / "recipes" / "models" / "abort_export.py").write_text(
+        "import os\n\n\ndef export(output_dir):\n"
+        "    os.write(2, b'-:12:3: error: something upstream\\nLLVM ERROR: Failed to infer result type(s)\\n')\n"
+        "    os.abort()\n"
+    )
+    result = tpubuild(ws, "build")
+    assert result.returncode == 1
+    line = next(line for line in result.stderr.splitlines() if "worker process died" in line)
+    assert "stage export" in line and "exit code -6" in line
+    assert "LLVM ERROR: Failed to infer result type(s)" in line, line
+    log = Path(line.rsplit("see ", 1)[1])
+    assert "LLVM ERROR: Failed to infer result type(s)" in log.read_text()
+    assert "Traceback" not in result.stderr

@@ -89,6 +89,23 @@ class WorkerPool:
             worker.kill() if kill else worker.close()
 
 
+def last_words(log_path: Path, stage: str, tail: int = 64 * 1024) -> str | None:
+    """The telling line (telling.py) of what a dead worker wrote while running `stage`."""
+    from tpubuild.telling import telling_line
+
+    try:
+        with open(log_path, "rb") as log:
+            log.seek(0, os.SEEK_END)
+            log.seek(max(0, log.tell() - tail))
+            text = log.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    marker = text.rfind(f"--- stage {stage} ")
+    if marker >= 0:  # what this stage wrote, after its marker line
+        text = text[marker:].partition("\n")[2]
+    return telling_line(text)
+
+
 class Worker:
     def __init__(self, log_path: Path, env: dict[str, str]):
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -127,9 +144,10 @@ class Worker:
         line = self.proc.stdout.readline()
         if not line:
             code = self.proc.wait()
+            cause = last_words(self.log_path, request["stage"])
             raise StageError(
-                f"the worker process died (exit code {code}) while running stage {request['stage']}; "
-                f"see {self.log_path}"
+                f"the worker process died (exit code {code}) while running stage {request['stage']}"
+                + (f": {cause}" if cause else "") + f"; see {self.log_path}"
             )
         return json.loads(line)
 
@@ -213,7 +231,10 @@ def main() -> None:
     _die_with_parent()
     from tpubuild.quiet import quiet_from_environment
 
-    quiet_from_environment()  # before any stage imports TensorFlow: its log stays out of the worker log too
+    if quiet_from_environment():  # before any stage imports TensorFlow
+        # The log is a file the user reads after a failure: TF's C++ errors belong in it
+        # (an abort's last words, MLIR diagnostics), its info and warnings do not.
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     record_root = os.environ.get("TPUBUILD_RECORD_IMPORTS")
     if record_root:
         from tpubuild.engine import imports

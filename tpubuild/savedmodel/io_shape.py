@@ -116,11 +116,16 @@ def _shape_proto(dims: list[int]) -> TensorShapeProto:
     return TensorShapeProto(dim=[TensorShapeProto.Dim(size=d) for d in dims])
 
 
-def make_wrapper(model: SavedModel, plan: FunctionPlan) -> str:
-    """A copy of the TPU function taking and returning the transfer layouts."""
-    fdef = FunctionDef()
-    fdef.CopyFrom(model.functions[plan.function])
-    fdef.signature.name = model.unique_name(f"{plan.function}_io")
+def make_wrapper(model: SavedModel, plan: FunctionPlan, in_place: bool) -> str:
+    """The TPU function taking and returning the transfer layouts: rewritten in place when
+    every call of it is rewritten (so the alias keeps naming the function that is called,
+    and its weights are stored once), else a copy for the rewritten calls."""
+    if in_place:
+        fdef = model.functions[plan.function]
+    else:
+        fdef = FunctionDef()
+        fdef.CopyFrom(model.functions[plan.function])
+        fdef.signature.name = model.unique_name(f"{plan.function}_io")
     clusters = {n.attr[CLUSTER_ATTR].s for n in fdef.node_def if CLUSTER_ATTR in n.attr}
     cluster = clusters.pop() if len(clusters) == 1 else None
     for index, layout in plan.inputs.items():
@@ -141,8 +146,19 @@ def make_wrapper(model: SavedModel, plan: FunctionPlan) -> str:
         nodes, ref = _reshape(fdef, value, wire, arg.type, arg.name, cluster)
         fdef.node_def.extend(nodes)
         tpu.set_computation_output(fdef, arg.name, ref)
-    model.add_function(fdef)
+    if in_place:
+        model.invalidate()
+    else:
+        model.add_function(fdef)
     return fdef.signature.name
+
+
+def called_only_at(model: SavedModel, fn: str, sites: list[tuple[str, str]]) -> bool:
+    """Whether `sites` ((caller, node) pairs) are every call of `fn` in the library and the
+    top-level graph. The object graph also names `fn` (the saved `tf.function` behind the
+    alias), but as a TPU computation it runs only through these calls, never on its own."""
+    calls = {(caller, node.name) for caller, node in model.call_sites(fn)}
+    return calls <= set(sites) and not model.graph_call_sites(fn)
 
 
 def _batch_free(dims: list[int]) -> list[int]:

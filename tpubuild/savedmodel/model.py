@@ -21,6 +21,7 @@ from tpubuild.atomic import write_atomic
 from tpubuild.errors import ConversionError
 # make_fingerprint_reproducible is re-exported: callers imported it from here first.
 from tpubuild.savedmodel.reproducible import make_fingerprint_reproducible, write_fingerprint  # noqa: F401
+from tpubuild.savedmodel.variable_handles import merge_duplicate_handles
 
 SAVED_MODEL_PB = "saved_model.pb"
 # Written by TF at save time from the pb's bytes; it goes stale once the pb is edited.
@@ -59,6 +60,8 @@ class SavedModel:
         self.meta_graph = meta_graph
         self._functions: dict[str, FunctionDef] | None = None
         self._callees: dict[str, set[str]] | None = None
+        # Duplicate variable handles merged on load (savedmodel/variable_handles.py).
+        self.merged_handles: list = []
 
     @classmethod
     def load(cls, path: Path, tags: list[str] | None = None) -> "SavedModel":
@@ -86,7 +89,11 @@ class SavedModel:
                 f"the SavedModel's graph has {variables} variable{'s' if variables != 1 else ''} but it has no "
                 "variables/variables.index: was its variables/ directory left out when it was copied?"
             )
-        return cls(path, proto, meta_graph)
+        model = cls(path, proto, meta_graph)
+        # Every stage sees, and every stage that writes a model writes, one handle per
+        # weight: the one its functions read, restored by the checkpoint.
+        model.merged_handles = merge_duplicate_handles(meta_graph)
+        return model
 
     # -- the function library -------------------------------------------------------------
 

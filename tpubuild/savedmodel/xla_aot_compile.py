@@ -39,6 +39,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from tpubuild.telling import telling_line
+
 # The wheel's aot_compile_cpu_meta_graph_def sets these (single-threaded Eigen: no thread
 # pool dependency in the objects; no YNN fusions: their runtime is not in xla_aot_runtime_src).
 XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false --xla_cpu_experimental_ynn_fusion_type="
@@ -71,6 +73,10 @@ def compile_job(source: Path, tags: list[str], job: dict[str, Any], out_dir: Pat
         signature_def_key=key,
         variables_to_feed=[],
     )
+    still_variables = _variable_nodes(graph_path)
+    if still_variables:
+        return {"error": f"signature {key!r} batch {batch}: the frozen graph still reads variable "
+                         f"{still_variables[0]!r}: freezing did not turn the weights into constants"}
     config = text_format.Parse(Path(config_path).read_text(), tf2xla_pb2.Config())
     feeds = sorted(config.feed, key=lambda f: f.name)
     fetches = sorted(config.fetch, key=lambda f: f.name)
@@ -104,6 +110,21 @@ def compile_job(source: Path, tags: list[str], job: dict[str, Any], out_dir: Pat
     }
 
 
+# Ops that read or hold a variable; tfcompile takes only constants (a variable left in the
+# graph becomes a feed nobody sets, tensorflow/compiler/aot/tfcompile_main.cc).
+VARIABLE_OPS = frozenset({"VarHandleOp", "ReadVariableOp", "VariableV2", "Variable", "ResourceGather"})
+
+
+def _variable_nodes(graph_path: str) -> list[str]:
+    """Names of the variable nodes left in the frozen GraphDef (top level and library)."""
+    from tensorflow.core.framework import graph_pb2
+
+    graph = graph_pb2.GraphDef()
+    graph.ParseFromString(Path(graph_path).read_bytes())
+    nodes = list(graph.node) + [n for f in graph.library.function for n in f.node_def]
+    return sorted(n.name for n in nodes if n.op in VARIABLE_OPS)
+
+
 def _fix_batch(name: str, info: Any, batch: int, dtypes: Any) -> str | None:
     """Set dimension 0 to `batch`; a reason when the input cannot be given a static shape."""
     if info.dtype == dtypes.string.as_datatype_enum:
@@ -135,8 +156,7 @@ def describe_compile_error(message: str) -> str:
         ops = sorted({m.group(2) for m in UNSUPPORTED_OP.finditer(found.group(1))})
         if ops:
             return f"op {', '.join(ops)} is not supported by XLA's CPU compiler (tfcompile)"
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    return lines[0] if lines else "tfcompile failed without a message"
+    return telling_line(message) or "tfcompile failed without a message"
 
 
 def main(argv: list[str]) -> int:
@@ -154,7 +174,7 @@ def main(argv: list[str]) -> int:
             results[job["prefix"]] = compile_job(Path(spec["source"]), spec["tags"], job, Path(spec["out_dir"]), scratch)
         except Exception as exc:  # noqa: BLE001 - a one-line error per job; the traceback goes to the log
             traceback.print_exc()
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            first = telling_line(str(exc)) or type(exc).__name__
             results[job["prefix"]] = {"error": f"signature {job['signature']!r} batch {job['batch']}: {first}"}
     results_file.write_text(json.dumps(results))
     return 0

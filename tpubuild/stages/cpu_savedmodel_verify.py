@@ -44,6 +44,7 @@ RUNS, CALLS = 5, 50  # loads, calls (savedmodel/latency.py)
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
     from tpubuild.savedmodel import compare, latency, params
     from tpubuild.savedmodel.model import INIT_OP_KEY, SavedModel
+    from tpubuild.savedmodel.serving_load import check_serving_load
 
     tags = options["tags"]
     kind, rtol, atol = tolerances(list(options["applied"]), options, f"targets.{TARGET}")
@@ -74,4 +75,6 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     }
     _write_json(output_dir / VERIFY_JSON, summary)
     raise_on_failure(errors, rtol, atol)
+    # What is published must load where it is served, not only in TF2's loader.
+    check_serving_load(artifact_dir, tags, "the CPU SavedModel")
     return StageResult(summary=summary)

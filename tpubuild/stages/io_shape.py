@@ -41,7 +41,9 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
         plan = io_shape.plan_function(model, fn)
         wrapper = None
         if plan.inputs or plan.outputs:
-            wrapper = io_shape.make_wrapper(model, plan)
+            # Replaced, not duplicated, when nothing else calls it: the alias then names
+            # the function the TPU runs, and a quantized body's weights are stored once.
+            wrapper = io_shape.make_wrapper(model, plan, io_shape.called_only_at(model, fn, calls))
             for caller, node in calls:
                 io_shape.rewrite_site(model, caller, node, plan, wrapper)
         warnings += [

@@ -77,16 +77,20 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     dropped = [c for c in found if c not in kept]
     representative = _representative(model, keys, options, context) if options["quantization"] == "int8" else None
     with tempfile.TemporaryDirectory(prefix=".litert-", dir=output_dir) as scratch:
-        converted_from = source_dir
-        if dropped:
+        # The converter freezes variables in a session: one handle per weight
+        # (savedmodel/variable_handles.py; `model` was merged on load).
+        converted_from = source_dir if not model.merged_handles else None
+        if dropped or converted_from is None:
             # A copy without the dropped composites' annotations (variables are hard links).
-            litert_composites.strip_composites(model, dropped)
+            if dropped:
+                litert_composites.strip_composites(model, dropped)
             converted_from = Path(scratch) / "source"
             converted_from.mkdir()
             model.save(converted_from)
         flatbuffer = litert_convert.convert(
             converted_from, tags, keys, options["quantization"], options["select_tf_ops"], representative)
     facts = _facts(flatbuffer, found, kept, options)
+    _refuse_unfrozen_weights(facts["ops"])
     warnings = _warnings(facts)
     write_atomic(output_dir / MODEL_FILE, flatbuffer)
     write_atomic(output_dir / FACTS_FILE, (json.dumps(facts, indent=2, sort_keys=True) + "\n").encode())
@@ -114,6 +118,22 @@ def _facts(flatbuffer: bytes, found: list[Any], kept: list[Any], options: dict[s
         "composites": composites,
         "fused": sorted(c["name"] for c in composites if c["fused"]),
     }
+
+
+# LiteRT's resource-variable builtins (tensorflow/lite/schema/schema.fbs BuiltinOperator;
+# kernels in tensorflow/lite/kernels/var_handle.cc, read_variable.cc, assign_variable.cc).
+# A converted SavedModel has them only when the converter could not freeze a variable into
+# a constant; the interpreter then reads a variable nothing initialized.
+VARIABLE_OPS = ("VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE")
+
+
+def _refuse_unfrozen_weights(ops: dict[str, int]) -> None:
+    found = [f"{ops[op]} {op}" for op in VARIABLE_OPS if ops.get(op)]
+    if found:
+        raise StageError(
+            f"targets.litert: {MODEL_FILE} still reads variables ({', '.join(found)}): the converter did not "
+            "freeze the weights into constants, so the interpreter would run on uninitialized variables"
+        )
 
 
 def _warnings(facts: dict[str, Any]) -> list[str]:

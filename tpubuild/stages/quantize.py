@@ -6,6 +6,7 @@ none. TF's summary of quantized layers becomes the stage summary instead of term
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +40,8 @@ def dataset_paths(options: dict[str, Any], context: StageContext) -> dict[str, P
 
 
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
-    from tpubuild.savedmodel import datasets, quantization
+    from tpubuild.savedmodel import datasets, variable_handles
     from tpubuild.savedmodel.model import SavedModel
-    from tpubuild.savedmodel.quantize_functions import absorbed, kept_functions
 
     method = options["method"]
     where = f"quantization ({method})"
@@ -69,28 +69,11 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
             raise StageError(f"{where}: signature {missing[0]!r} has no representative dataset; STATIC_RANGE calibrates on one")
     for key in options["signature_keys"]:
         datasets.signature_inputs(model, key)  # a clear error for an unknown signature key
-    try:
-        # Functions placed later by alias or concrete name are quantized one by one, so they
-        # survive under their own names (savedmodel/quantize_functions.py explains how).
-        kept = kept_functions(model, options.get("tpu_functions", []))
-        if kept:
-            summary = _quantize_kept(input_dir, output_dir, options, kept, samples)
-            for caller, callee in absorbed(model, kept):
-                # TF's quantizer inlines the callee into the caller's standalone model.
-                warnings.append(
-                    f"{where}: tpu function {caller} calls tpu function {callee}; quantized, {caller} "
-                    f"holds {callee}'s int8 body inline and no longer calls it"
-                )
-        else:
-            quant_options = quantization.build_options(
-                method, options["tags"], options["signature_keys"], options["op_set"],
-                paths if method == "STATIC_RANGE" else {},
-            )
-            summary = quantization.quantize(input_dir, output_dir, quant_options)
-    except quantization.QuantizerFailed as exc:
-        raise ConversionError(f"{where}: TensorFlow's quantizer failed: {exc.line}") from None
-    except ConversionError as exc:
-        raise ConversionError(f"{where}: {exc}") from None
+    # Beside output_dir, not in it: TF's quantizer writes the whole of output_dir.
+    with tempfile.TemporaryDirectory(prefix=".quantize-", dir=Path(output_dir).parent) as scratch:
+        # TF's quantizer loads the model in a session: it must see one handle per weight.
+        readable = variable_handles.readable_copy(Path(input_dir), options["tags"], Path(scratch))
+        summary, kept = _quantize(model, readable, output_dir, options, paths, samples, where, warnings)
     from tpubuild.savedmodel.params import parameters
 
     weights = parameters(SavedModel.load(output_dir, options["tags"]))["total"]
@@ -141,3 +124,34 @@ def _quantize_kept(
             else:
                 total["counts"][key] = (before or 0) + value
     return total
+
+
+def _quantize(model: Any, input_dir: Path, output_dir: Path, options: dict[str, Any], paths: dict[str, Path],
+              samples: dict[str, list[dict[str, Any]]], where: str, warnings: list[str]) -> tuple[dict[str, Any], Any]:
+    """TF's quantizer on `input_dir`: the kept functions one by one, else the whole model."""
+    from tpubuild.savedmodel import quantization
+    from tpubuild.savedmodel.quantize_functions import absorbed, kept_functions
+
+    try:
+        # Functions placed later by alias or concrete name are quantized one by one, so they
+        # survive under their own names (savedmodel/quantize_functions.py explains how).
+        kept = kept_functions(model, options.get("tpu_functions", []))
+        if kept:
+            summary = _quantize_kept(input_dir, output_dir, options, kept, samples)
+            for caller, callee in absorbed(model, kept):
+                # TF's quantizer inlines the callee into the caller's standalone model.
+                warnings.append(
+                    f"{where}: tpu function {caller} calls tpu function {callee}; quantized, {caller} "
+                    f"holds {callee}'s int8 body inline and no longer calls it"
+                )
+        else:
+            quant_options = quantization.build_options(
+                options["method"], options["tags"], options["signature_keys"], options["op_set"],
+                paths if options["method"] == "STATIC_RANGE" else {},
+            )
+            summary = quantization.quantize(input_dir, output_dir, quant_options)
+    except quantization.QuantizerFailed as exc:
+        raise ConversionError(f"{where}: TensorFlow's quantizer failed: {exc.line}") from None
+    except ConversionError as exc:
+        raise ConversionError(f"{where}: {exc}") from None
+    return summary, kept

@@ -47,6 +47,7 @@ VERIFY_JSON = "verify.json"
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
     from tpubuild.savedmodel import compare
     from tpubuild.savedmodel.model import INIT_OP_KEY, SavedModel
+    from tpubuild.savedmodel.serving_load import check_serving_load
 
     tags = options["tags"]
     applied = list(options.get("applied", []))
@@ -72,6 +73,8 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     }
     _write_json(output_dir / VERIFY_JSON, summary)
     raise_on_failure(errors, rtol, atol)
+    # What is published must load where it is served, not only in TF2's loader.
+    check_serving_load(input_dir, tags, "the TPU SavedModel")
     warnings = [f"signature {k!r} is not in the artifact; not verified" for k in dropped]
     return StageResult(summary=summary, warnings=warnings)
 

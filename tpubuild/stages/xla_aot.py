@@ -11,6 +11,7 @@ are the same on every build of the same input (see savedmodel/xla_aot_compile.py
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -40,14 +41,18 @@ SPEC = StageSpec(
 
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
     from tpubuild.atomic import write_text_atomic
-    from tpubuild.savedmodel import xla_aot, xla_aot_runtime
+    from tpubuild.savedmodel import variable_handles, xla_aot, xla_aot_runtime
 
     source = context.inputs["source"]
     batch_sizes = options["batch_sizes"]
     if not batch_sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batch_sizes):
         raise StageError(f"targets.xla_aot.batch_sizes must be a non-empty list of integers >= 1, got {batch_sizes!r}")
     jobs = xla_aot.plan_jobs(list(options["signatures"]), batch_sizes)
-    results = xla_aot.run_compiler(Path(source), options["tags"], jobs, Path(output_dir), context.log)
+    with tempfile.TemporaryDirectory(prefix=".xla-aot-", dir=Path(output_dir).parent) as scratch:
+        # The compiler freezes variables in a session: one handle per weight
+        # (savedmodel/variable_handles.py).
+        readable = variable_handles.readable_copy(Path(source), options["tags"], Path(scratch))
+        results = xla_aot.run_compiler(readable, options["tags"], jobs, Path(output_dir), context.log)
     missing = {"error": "the compiler returned no result"}
     failed = [results.get(j.prefix, missing)["error"] for j in jobs if "error" in results.get(j.prefix, missing)]
     if failed:

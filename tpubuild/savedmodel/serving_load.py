@@ -1,0 +1,45 @@
+"""Load an artifact the way TF Serving does: a v1 Session, the saver's restore op, the init op.
+
+TF Serving's `SavedModelBundle` (tensorflow/cc/saved_model/loader.cc: LoadSavedModel ->
+LoadMetaGraphIntoSession, RunRestore, RunInitOp) imports the MetaGraphDef's graph into a
+session, runs the saver's restore op on `variables/variables` and then the init op.
+`tf.compat.v1.saved_model.loader.load` is the Python twin of that path
+(tensorflow/python/saved_model/loader_impl.py: SavedModelLoader.load -> restore_variables,
+run_init_ops). TF2's `tf.saved_model.load` takes another route (the object graph, one
+variable per node, captures bound by node id), so an artifact it loads can still be one
+TF Serving rejects: a restore that assigns a bfloat16 tensor to a float variable, or a
+function reading a handle the checkpoint never restores.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tpubuild.errors import ConversionError
+from tpubuild.telling import telling_line
+
+_NODE = re.compile(r"\{\{node ([^}]+)\}\}|node (\S+?)(?: |\}|$)")
+
+
+def check_serving_load(saved_model_dir: Path, tags: list[str], what: str) -> None:
+    """Load `saved_model_dir` with the session-based loader and restore its variables;
+    a failure is a ConversionError naming the node TF names."""
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    try:
+        with tf.compat.v1.Session(graph=graph) as session:
+            tf.compat.v1.saved_model.loader.load(session, list(tags), str(saved_model_dir))
+    except (tf.errors.OpError, ValueError, RuntimeError) as exc:
+        raise ConversionError(f"{what} does not load in TF Serving's session-based loader: {_telling(exc)}") from None
+
+
+def _telling(exc: BaseException) -> str:
+    """The telling line of TF's message (telling.py), and the node it names."""
+    text = getattr(exc, "message", None) or str(exc)
+    first = telling_line(text) or type(exc).__name__
+    node = next((m.group(1) or m.group(2) for m in map(_NODE.search, text.splitlines()) if m), None)
+    if node and node not in first:
+        return f"{first} (node {node})"
+    return first
