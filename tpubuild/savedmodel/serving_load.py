@@ -30,9 +30,30 @@ def check_serving_load(saved_model_dir: Path, tags: list[str], what: str) -> Non
     graph = tf.Graph()
     try:
         with tf.compat.v1.Session(graph=graph) as session:
-            tf.compat.v1.saved_model.loader.load(session, list(tags), str(saved_model_dir))
-    except (tf.errors.OpError, ValueError, RuntimeError) as exc:
+            meta_graph = tf.compat.v1.saved_model.loader.load(session, list(tags), str(saved_model_dir))
+            unrestored = _uninitialized_variables(session, meta_graph)
+    except (tf.errors.OpError, OSError, ValueError, RuntimeError) as exc:
         raise ConversionError(f"{what} does not load in TF Serving's session-based loader: {_telling(exc)}") from None
+    if unrestored:
+        more = f" and {len(unrestored) - 1} more" if len(unrestored) > 1 else ""
+        raise ConversionError(
+            f"{what} loads in TF Serving's session-based loader with variable {unrestored[0]!r}{more} "
+            "never restored: the checkpoint restores another handle than the one the graph reads"
+        )
+
+
+def _uninitialized_variables(session, meta_graph) -> list[str]:  # type: ignore[no-untyped-def]
+    """The top-level graph's variables still uninitialized after restore and init: the
+    first call of any function reading one fails (`Could not find variable ...`)."""
+    import tensorflow as tf
+
+    names = [n.name for n in meta_graph.graph_def.node if n.op == "VarHandleOp"]
+    if not names:
+        return []
+    with session.graph.as_default():
+        checks = [tf.raw_ops.VarIsInitializedOp(resource=session.graph.get_tensor_by_name(f"{name}:0"))
+                  for name in names]
+    return [name for name, ok in zip(names, session.run(checks)) if not ok]
 
 
 def _telling(exc: BaseException) -> str:
