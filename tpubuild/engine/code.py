@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from tpubuild.engine.hashing import hash_bytes
 
 PACKAGE_ROOT = Path(tpubuild.__file__).resolve().parent
 # Code that runs around every stage: the worker loop, the stage contract, errors.
+MODULE_NAME = re.compile(r"tpubuild(\.[A-Za-z_][A-Za-z0-9_]*)+")
 RUNTIME_MODULES = ("tpubuild.engine.workers", "tpubuild.stages.base", "tpubuild.errors", "tpubuild.atomic")
 
 
@@ -50,6 +52,10 @@ def _imports(path: Path, name: str) -> frozenset[str]:
                 module = node.module or ""
             found.add(module)
             found.update(f"{module}.{alias.name}" for alias in node.names)  # `from pkg import mod`
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_NAME.fullmatch(node.value):
+            # A module named in a string is run (`python -m tpubuild.x` in a subprocess) or
+            # imported by name: its code decides the stage's output as much as an import.
+            found.add(node.value)
     return frozenset(m for m in found if m == "tpubuild" or m.startswith("tpubuild."))
 
 

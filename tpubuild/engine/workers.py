@@ -111,13 +111,21 @@ class Worker:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = log_path
         self.cleanup: list[str] = []
+        # A private, empty working directory, and `-P`: the directory the build was started
+        # from is not on the worker's sys.path, so a `json.py` or `helper.py` there is never
+        # imported (unkeyed, and someone else's code). User code gets the paths it is due
+        # from its stage (stages/export.py, stages/dataset.py).
+        cwd = log_path.with_suffix(".cwd")
+        cwd.mkdir(exist_ok=True)
+        safe_path = ["-P"] if sys.version_info >= (3, 11) else []  # 3.10: the empty cwd is all
         with open(log_path, "wb") as log:  # the log of this build's worker only
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tpubuild.engine.workers"],
+                [sys.executable, *safe_path, "-m", "tpubuild.engine.workers"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log,
                 env=env,
+                cwd=cwd,
                 # Its own process group: a stage timeout kills the stage and its children.
                 start_new_session=True,
             )

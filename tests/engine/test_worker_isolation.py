@@ -1,0 +1,66 @@
+"""What a worker may run: only tpubuild, the toolchain and the workspace's own code.
+
+The directory a build is started from is not the workspace and is not keyed: a module
+there must never be imported by a worker (neither shadowing `json` nor answering an export
+script's `import`), and every tpubuild module a stage runs in a subprocess is in its key.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.engine.conftest import REPO, export_recipe
+from tpubuild.engine.code import PACKAGE_ROOT, closure
+from tpubuild.pipeline import STAGE_ORDER
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="python -P is 3.11+ (workers get an empty cwd instead)")
+def test_the_callers_directory_is_not_on_a_workers_path(make_workspace, tmp_path):
+    ws = make_workspace({"iso": export_recipe("iso", "models/iso_export.py", "models/helper.py")})
+    (ws / "recipes" / "models" / "iso_export.py").write_text(
+        (ws / "recipes" / "models" / "tiny_export.py").read_text().replace(
+            "def export(", "try:\n    import stray_helper  # only in the caller's directory\n"
+            "    raise SystemExit('stray_helper was imported from the caller\\'s directory')\n"
+            "except ImportError:\n    pass\n\n\ndef export(", 1))
+    caller = tmp_path / "caller"
+    caller.mkdir()
+    marker = tmp_path / "shadowed"
+    for name in ("json", "numpy", "stray_helper"):  # a worker imports the first two itself
+        (caller / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write({name!r})\n")
+    # `python -P -m tpubuild` as the `tpubuild` console script runs: its own sys.path[0] is
+    # the script's directory, not the caller's; what is tested is what the workers see.
+    result = subprocess.run([sys.executable, "-P", "-m", "tpubuild", "--workspace", str(ws), "build"], cwd=caller, capture_output=True, text=True,
+                            timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr
+    assert not marker.exists(), f"a worker imported {marker.read_text()!r} from the build's current directory"
+
+
+def _subprocess_modules(path) -> set[str]:
+    """tpubuild modules a source file runs as `python -m NAME` (a '-m' then a string)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.List, ast.Tuple)):
+            items = node.elts
+            for flag, name in zip(items, items[1:]):
+                if isinstance(flag, ast.Constant) and flag.value == "-m" and isinstance(name, ast.Constant) \
+                        and str(name.value).startswith("tpubuild."):
+                    found.add(name.value)
+    return found
+
+
+def test_every_module_a_stage_runs_in_a_subprocess_is_in_its_code_digest():
+    stages = [m for m in STAGE_ORDER]
+    checked = 0
+    for stage in stages:
+        files = closure((f"tpubuild.stages.{stage}",))
+        for path in files.values():
+            for module in _subprocess_modules(path):
+                checked += 1
+                assert module in files, f"stage {stage} runs {module} (from {path.relative_to(PACKAGE_ROOT)}) " \
+                                        "but its code digest does not cover it"
+    assert checked, "no stage starts a tpubuild subprocess: the check above checked nothing"
