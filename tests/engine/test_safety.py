@@ -3,6 +3,7 @@ under -j 2, unwritable outputs."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -122,3 +123,27 @@ def test_unwritable_output_dir_is_a_clear_error_with_nothing_written(built_works
         f"recipes/toy.yaml: stage publish: cannot write the output directory {ws}/blocker/out/toy: Not a directory"
     )
     assert (ws / "recipes" / "toy.lock.yaml").read_text() == lock_before
+
+
+def test_a_local_record_naming_a_path_outside_the_cache_is_removed_and_rebuilt(built_workspace, tmp_path):
+    # Whoever can write a shared cache_dir can write its records: a local record is checked
+    # like a downloaded one (engine/records.py), never trusted for the paths it names.
+    ws = built_workspace
+    lock = yaml.safe_load((ws / "recipes" / "cut.lock.yaml").read_text())
+    export_key = lock["stages"][0]["key"]
+    record = ws / ".tpubuild" / "cache" / "v1" / "stages" / export_key[:2] / f"{export_key}.json"
+    entry = yaml.safe_load(record.read_text())
+    victim = tmp_path / "victim"
+    victim.write_text("the user's file")
+    depth = len(record.relative_to(tmp_path).parts) + 2
+    entry["files"][0][0] = "../" * depth + str(victim.relative_to("/"))
+    os.chmod(record, 0o644)
+    record.write_text(json.dumps(entry))
+    (ws / "out" / "cut").rename(ws / "out-cut-aside")  # make the build read the record
+    result = tpubuild(ws, "build", "--json", "cut")
+    assert result.returncode == 0, result.stderr
+    assert victim.read_text() == "the user's file"
+    warnings = [line for line in result.stderr.splitlines() if "cache record" in line]
+    assert len(warnings) == 1 and "is invalid (unsafe path" in warnings[0] and "the stage rebuilds" in warnings[0]
+    assert statuses(json.loads(result.stdout), "cut")["export"] == "built"
+    assert (ws / "out" / "cut" / "1" / "assets" / "note.txt").read_text() == "first"

@@ -33,24 +33,22 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from tpubuild.engine.hashing import SCHEME, FileEntry, hash_bytes, hash_file, tree_digest
+from tpubuild.engine.hashing import FileEntry, hash_file
 from tpubuild.engine.keys import canonical_dumps, stage_key
 from tpubuild.engine.remote_backends import Backend, RemoteSetupError, open_backend
-from tpubuild.engine.store import StageEntry
+from tpubuild.engine.records import StageEntry, discovered_final_key, parse_entry
 
 if TYPE_CHECKING:
     from tpubuild.engine.statcache import StatCache
     from tpubuild.engine.store import Store
 
 FETCH_THREADS = 4  # concurrent object downloads of one record
-_DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 
 @dataclass
@@ -362,49 +360,6 @@ class RemoteCache:
 
 
 # --- records and candidates --------------------------------------------------------------
-def discovered_final_key(declared_key: str, discovered: dict[str, str]) -> str:
-    """The key a user-code stage's record is stored under (engine/resolve.py add_discovered)."""
-    return hash_bytes(canonical_dumps({"key": declared_key, "discovered": discovered}).encode())
-
-
-def record_key(record: dict[str, Any]) -> str:
-    """The key that a stored key record must be stored under."""
-    if "discovered" in record:
-        declared = stage_key({k: v for k, v in record.items() if k != "discovered"})
-        return discovered_final_key(declared, record["discovered"])
-    return stage_key(record)
-
-
-def parse_entry(key: str, raw: bytes) -> tuple[StageEntry | None, str]:
-    """The StageEntry in a downloaded record, or (None, what is wrong with it). The record
-    must name `key`, hash to it, list safe relative paths and well-formed digests, and
-    its tree hash must be its files'."""
-    try:
-        data = json.loads(raw)
-        if not isinstance(data, dict):
-            return None, "not a JSON object"
-        if data.get("scheme") != SCHEME:
-            return None, f"scheme {data.get('scheme')!r}, expected {SCHEME}"
-        if data.get("key") != key:
-            return None, f"it names the key {data.get('key')!r}"
-        entry = StageEntry.from_json(data)
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        return None, f"{type(exc).__name__}: {exc}"[:200]
-    for f in entry.files:
-        if not (isinstance(f.path, str) and _safe_path(f.path)):
-            return None, f"unsafe path {f.path!r}"
-        if not (isinstance(f.hash, str) and _DIGEST.match(f.hash)) or not isinstance(f.size, int) or f.size < 0:
-            return None, f"bad object entry for {f.path!r}"
-    if entry.tree != tree_digest(entry.files):
-        return None, "its tree hash is not its files'"
-    try:
-        if record_key(entry.record) != key:
-            return None, "its key record does not hash to its key"
-    except (TypeError, ValueError):
-        return None, "its key record is not hashable"
-    return entry, ""
-
-
 def _parse_candidate(declared_key: str, raw: bytes) -> dict[str, Any] | None:
     try:
         data = json.loads(raw)
@@ -416,13 +371,6 @@ def _parse_candidate(declared_key: str, raw: bytes) -> dict[str, Any] | None:
     if final != discovered_final_key(declared_key, files):
         return None
     return {"files": files, "key": final}
-
-
-def _safe_path(path: str) -> bool:
-    """A relative POSIX path that stays inside its tree (a record must never make a
-    checkout write outside it)."""
-    return not path.startswith("/") and "\\" not in path and "\0" not in path and all(
-        part not in ("", ".", "..") for part in path.split("/"))
 
 
 def _stage_rel(key: str) -> str:

@@ -28,18 +28,19 @@ import atexit
 import json
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from tpubuild.atomic import write_text_atomic
 from tpubuild.discovery import WORKSPACE_FILE
 from tpubuild.engine.fsutil import fsync_path, fsync_tree, place_file, replace_file
-from tpubuild.engine.hashing import SCHEME, FileEntry, hash_file, tree_digest, walk_files
+from tpubuild.engine.hashing import FileEntry, hash_file, tree_digest, walk_files
+from tpubuild.engine.records import StageEntry, parse_entry
 from tpubuild.engine.statcache import StatCache, stat_key
 from tpubuild.errors import StageError, UsageError
 
@@ -51,46 +52,8 @@ if TYPE_CHECKING:
 LAYOUT = "v1"
 
 
-@dataclass
-class StageEntry:
-    """A stage output in the store."""
-
-    key: str
-    stage: str
-    tree: str
-    files: list[FileEntry]
-    summary: dict[str, Any] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
-    record: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "scheme": SCHEME,
-            "key": self.key,
-            "stage": self.stage,
-            "tree": self.tree,
-            "files": [[f.path, f.hash, f.size] for f in self.files],
-            "summary": self.summary,
-            "warnings": self.warnings,
-            "record": self.record,
-            "created": time.time(),
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> StageEntry:
-        return cls(
-            key=data["key"],
-            stage=data["stage"],
-            tree=data["tree"],
-            files=[FileEntry(p, h, s) for p, h, s in data["files"]],
-            summary=data.get("summary", {}),
-            warnings=data.get("warnings", []),
-            record=data.get("record", {}),
-        )
-
-
 class Store:
-    def __init__(self, cache_dir: Path):
+    def __init__(self, cache_dir: Path, report: Callable[[str], None] | None = None):
         self.root = Path(cache_dir) / LAYOUT
         self.objects = self.root / "objects"
         self.stages = self.root / "stages"
@@ -98,6 +61,8 @@ class Store:
         self.tmp = self.root / "tmp"
         self.lock_path = self.root / "lock"
         self.index_path = self.root / "index.sqlite"
+        # Where one-line warnings about the store's own damage go (stderr unless told).
+        self.report = report or (lambda message: print(message, file=sys.stderr))
         self._guard = threading.RLock()  # filelock is reentrant per process, not per thread
         self._session: Path | None = None
         self._session_lock: FileLock | None = None
@@ -347,15 +312,21 @@ class Store:
         return os.path.exists(self.entry_path(key))
 
     def get(self, key: str) -> StageEntry | None:
+        """The record stored under `key`, validated like a downloaded one (records.py):
+        a cache directory others can write is not trusted more than a remote."""
+        path = self.entry_path(key)
         try:
-            data = json.loads(self.entry_path(key).read_text())
+            raw = path.read_bytes()
         except FileNotFoundError:
             return None
-        except ValueError:
-            return None  # never written half (atomic), but a damaged file is a miss
-        if data.get("scheme") != SCHEME or data.get("key") != key:
-            return None
-        return StageEntry.from_json(data)
+        entry, problem = parse_entry(key, raw)
+        if entry is None:
+            self.report(f"warning: cache record {path} is invalid ({problem}); removed, the stage rebuilds")
+            try:
+                path.unlink()  # a record is tpubuild's own file; the stage writes a good one
+            except OSError:
+                pass
+        return entry
 
     def touch(self, key: str) -> None:
         """Mark an entry as used now (gc keeps recently used entries)."""
