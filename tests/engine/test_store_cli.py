@@ -195,3 +195,36 @@ def test_hardlink_mode_detects_and_restores_a_damaged_output(built_workspace):
     for recipe in ("toy", "other"):
         assert hash_file(_newest_intact(ws, recipe) / VARIABLES) == digest
         assert version_numbers(ws / "out" / recipe) == [1]  # restored in place, no new N
+
+
+def test_a_file_added_to_a_published_version_is_seen_and_left_to_its_owner(built_workspace):
+    ws = built_workspace
+    extra = ws / "out" / "toy" / "1" / "notes.txt"
+    extra.write_text("mine")
+    check = tpubuild(ws, "build", "--check", "toy")
+    assert check.returncode != 0
+    assert "holds what tpubuild did not write (notes.txt)" in check.stdout + check.stderr
+    doc = build_json(ws, "toy")
+    assert statuses(doc, "toy")["publish"] == "built" and doc["versions"]["toy"] == 2
+    assert extra.read_text() == "mine"  # not tpubuild's to delete
+    assert tpubuild(ws, "build", "--check", "toy").returncode == 0
+
+
+def test_a_version_directory_replaced_by_a_link_is_never_written_through(built_workspace, tmp_path):
+    import shutil
+
+    ws = built_workspace
+    mine = tmp_path / "my-variables"
+    shutil.copytree(ws / "out" / "toy" / "1" / "variables", mine)
+    for f in mine.iterdir():
+        os.chmod(f, 0o644)
+    (mine / Path(VARIABLES).name).write_bytes(b"my own bytes, not the model's")  # damaged, seen through the link
+    shutil.rmtree(ws / "out" / "toy" / "1" / "variables")
+    (ws / "out" / "toy" / "1" / "variables").symlink_to(mine, target_is_directory=True)
+    check = tpubuild(ws, "build", "--check", "toy")
+    assert check.returncode != 0 and "variables (a symbolic link)" in check.stdout + check.stderr
+    doc = build_json(ws, "toy")
+    assert doc["versions"]["toy"] == 2
+    assert (mine / Path(VARIABLES).name).read_bytes() == b"my own bytes, not the model's"
+    assert not (ws / "out" / "toy" / "2" / "variables").is_symlink()
+    _newest_intact(ws, "toy")

@@ -275,8 +275,13 @@ class Resolver:
                 _, content, number = self.published(run)
                 key = self.publish_key(run, content)
                 if number is None:
-                    out.append(Resolved("publish", "pending", key, None,
-                                        ["the newest published version has other content (or none exists)"], content))
+                    from tpubuild.engine import versions
+
+                    foreign = versions.foreign_in_newest(Path(self.ws.output_dir) / run.name)
+                    why = (f"the newest published version holds what tpubuild did not write ({', '.join(foreign[:3])}); "
+                           "a new version is published beside it" if foreign else
+                           "the newest published version has other content (or none exists)")
+                    out.append(Resolved("publish", "pending", key, None, [why], content))
                 else:
                     run.version = number
                     out.append(Resolved("publish", "cached", key, None, [], content))

@@ -71,6 +71,36 @@ def damaged_files(version_dir: Path, manifest: dict[str, Any], stat_cache: StatC
     return bad
 
 
+def foreign_entries(recipe_dir: Path, number: int | str, manifest: dict[str, Any]) -> list[str]:
+    """What a version (and each of its target versions) holds that tpubuild did not write:
+    a symbolic link anywhere in it, or a file its manifest does not list."""
+    dirs = {".": (recipe_dir / str(number), set(manifest.get("files", {})))}
+    for target, entry in sorted((manifest.get("targets") or {}).items()):
+        dirs[target] = (recipe_dir / target / str(number), set(entry.get("files", {})))
+    found = []
+    for label, (version_dir, listed) in dirs.items():
+        prefix = "" if label == "." else f"{label}/"
+        if version_dir.is_symlink():
+            found.append(f"{prefix}{version_dir.name} (a symbolic link)")
+            continue
+        for dirpath, dirnames, filenames in os.walk(version_dir):  # never follows links
+            rel_dir = os.path.relpath(dirpath, version_dir)
+            for name in dirnames + filenames:
+                rel = name if rel_dir == "." else Path(rel_dir, name).as_posix()
+                if os.path.islink(os.path.join(dirpath, name)):
+                    found.append(f"{prefix}{rel} (a symbolic link)")
+                elif name in filenames and rel not in listed and rel != MANIFEST:
+                    found.append(f"{prefix}{rel}")
+    return sorted(found)
+
+
+def foreign_in_newest(recipe_dir: Path) -> list[str]:
+    """foreign_entries of the newest version, if it has a readable manifest."""
+    numbers = version_numbers(recipe_dir)
+    manifest = read_manifest(recipe_dir / str(numbers[-1])) if numbers else None
+    return foreign_entries(recipe_dir, numbers[-1], manifest) if manifest else []
+
+
 def intact(version_dir: Path, manifest: dict[str, Any], stat_cache: StatCache) -> bool:
     """Whether the files of a published version still have the content its manifest lists."""
     return not damaged_files(version_dir, manifest, stat_cache)
@@ -95,6 +125,11 @@ def newest_matching(
     version_dir = recipe_dir / str(numbers[-1])
     manifest = read_manifest(version_dir)
     if not manifest or manifest.get("content") != content:
+        return None
+    if foreign_entries(recipe_dir, numbers[-1], manifest):
+        # Never repaired in place: a repair would write through a link into the user's
+        # files, and deleting what the user put there is not tpubuild's to do. A new
+        # version is published beside it; pruning leaves it (not_published_reason).
         return None
     bad = damaged_files(version_dir, manifest, stat_cache)
     stale = siblings.stale_manifests(recipe_dir, numbers[-1], manifest)
