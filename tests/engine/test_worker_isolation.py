@@ -64,3 +64,22 @@ def test_every_module_a_stage_runs_in_a_subprocess_is_in_its_code_digest():
                 assert module in files, f"stage {stage} runs {module} (from {path.relative_to(PACKAGE_ROOT)}) " \
                                         "but its code digest does not cover it"
     assert checked, "no stage starts a tpubuild subprocess: the check above checked nothing"
+
+
+def test_the_users_home_does_not_reach_a_stage(make_workspace, tmp_path):
+    # Keras reads $HOME/.keras/keras.json (floatx, backend) when it is imported: a stage that
+    # saw the user's home would build from a file no key covers.
+    home = tmp_path / "home"
+    (home / ".keras").mkdir(parents=True)
+    (home / ".keras" / "keras.json").write_text('{"floatx": "float16", "backend": "tensorflow"}')
+    ws = make_workspace({"home": export_recipe("home", "models/home_export.py", "models/helper.py")})
+    (ws / "recipes" / "models" / "home_export.py").write_text(
+        (ws / "recipes" / "models" / "tiny_export.py").read_text().replace(
+            "def export(", "import os\n\n\ndef _home_is_private():\n"
+            "    import keras\n\n    assert keras.config.floatx() == 'float32', keras.config.floatx()\n"
+            "    assert os.environ['HOME'] != " + repr(str(home)) + "\n\n\ndef export(", 1).replace(
+            "def export(output_dir):\n", "def export(output_dir):\n    _home_is_private()\n", 1))
+    result = subprocess.run([sys.executable, "-m", "tpubuild", "build"], cwd=ws, capture_output=True, text=True,
+                            timeout=300, env={**os.environ, "PYTHONPATH": str(REPO), "HOME": str(home)})
+    assert result.returncode == 0, result.stderr
+    assert not [p for p in (ws / ".tpubuild" / "logs").iterdir() if "-home-" in p.name], "a worker's home was left"

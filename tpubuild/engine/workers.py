@@ -111,12 +111,15 @@ class Worker:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = log_path
         self.cleanup: list[str] = []
-        # A private, empty working directory, and `-P`: the directory the build was started
-        # from is not on the worker's sys.path, so a `json.py` or `helper.py` there is never
-        # imported (unkeyed, and someone else's code). User code gets the paths it is due
-        # from its stage (stages/export.py, stages/dataset.py).
-        cwd = log_path.with_suffix(".cwd")
-        cwd.mkdir(exist_ok=True)
+        # A private, empty directory as working directory and HOME, and `-P`: the directory
+        # the build was started from is not on the worker's sys.path, so a `json.py` or
+        # `helper.py` there is never imported (unkeyed, and someone else's code), and no
+        # stage reads the user's home (Keras's ~/.keras/keras.json sets floatx and the
+        # backend at import; TF and pip read config files there): nothing unkeyed. User code
+        # gets the paths it is due from its stage (stages/export.py, stages/dataset.py).
+        self.home = Path(tempfile.mkdtemp(prefix=f"{log_path.stem}-home-", dir=log_path.parent))
+        self.cleanup.append(str(self.home))  # the worker's scratch, gone with the worker
+        env = {**env, "HOME": str(self.home)}
         safe_path = ["-P"] if sys.version_info >= (3, 11) else []  # 3.10: the empty cwd is all
         with open(log_path, "wb") as log:  # the log of this build's worker only
             self.proc = subprocess.Popen(
@@ -125,7 +128,7 @@ class Worker:
                 stdout=subprocess.PIPE,
                 stderr=log,
                 env=env,
-                cwd=cwd,
+                cwd=self.home,
                 # Its own process group: a stage timeout kills the stage and its children.
                 start_new_session=True,
             )
