@@ -172,6 +172,38 @@ verify: {samples: 4}
     assert statuses(doc, "gen")["quantize"] == "built"
 
 
+def test_a_generators_declared_data_file_is_an_input(make_workspace):
+    # A generator that reads a data file with open(): tpubuild cannot see the read, so the
+    # file is declared in `deps:` (relative to the recipe), as an export script's are.
+    recipe = """\
+name: gendata
+model: {saved_model: models/tiny}
+converter:
+  quantization_options:
+    method: STATIC_RANGE
+    representative_datasets:
+      serving_default: {generator: "recipes.readscale:make", num_samples: 8, deps: [data/*.txt]}
+verify: {samples: 4}
+"""
+    ws = make_workspace({"gendata": recipe})
+    (ws / "recipes" / "data").mkdir()
+    (ws / "recipes" / "data" / "scale.txt").write_text("0.5\n")
+    (ws / "recipes" / "readscale.py").write_text(
+        "import os\n\nimport numpy as np\n\n\ndef make():\n"
+        "    scale = float(open(os.path.join(os.path.dirname(__file__), 'data', 'scale.txt')).read())\n"
+        "    for i in range(8):\n        yield {'x': np.full((1, 2), scale * (i + 1), np.float32)}\n"
+    )
+    doc = build_json(ws)
+    assert statuses(doc, "gendata")["dataset"] == "built"
+    (ws / "recipes" / "data" / "scale.txt").write_text("0.25\n")
+    doc = build_json(ws)
+    assert statuses(doc, "gendata")["dataset"] == "built" and statuses(doc, "gendata")["quantize"] == "built"
+    (ws / "recipes" / "gendata.yaml").write_text(recipe.replace("num_samples: 8, deps: [data/*.txt]",
+                                                                "num_samples: 8, deps: [data/*.bin]"))
+    result = tpubuild(ws, "validate")
+    assert result.returncode != 0 and "'data/*.bin' matches no file" in result.stderr + result.stdout, result.stderr
+
+
 def test_two_recipes_on_one_model_publish_their_own_names(make_workspace):
     from tests.engine.conftest import source_recipe
 

@@ -49,7 +49,7 @@ def canonicalize(data: dict[str, Any], name: str, root: Path) -> dict[str, Any]:
     return {
         "name": name,
         "model": canonical_model,
-        "converter": _converter(data.get("converter", {}), tags),
+        "converter": _converter(data.get("converter", {}), tags, root),
         "verify": {**VERIFY_DEFAULTS, **data.get("verify", {})},
         **_targets(data.get("targets") or {}),
     }
@@ -75,7 +75,7 @@ def _target(name: str, options: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _converter(converter: dict[str, Any], tags: list[str]) -> dict[str, Any]:
+def _converter(converter: dict[str, Any], tags: list[str], root: Path) -> dict[str, Any]:
     bf16 = converter.get("bfloat16_optimization_options", {})
     scope = bf16.get("scope", "DEFAULT").upper()
     out: dict[str, Any] = {
@@ -105,7 +105,7 @@ def _converter(converter: dict[str, Any], tags: list[str]) -> dict[str, Any]:
             "signature_keys": list(quant.get("signature_keys", DEFAULT_SIGNATURE_KEYS)),
             "op_set": quant.get("op_set", "XLA").upper(),
             "representative_datasets": {
-                key: _dataset(source) for key, source in quant.get("representative_datasets", {}).items()
+                key: _dataset(source, root) for key, source in quant.get("representative_datasets", {}).items()
             },
             # A tpubuild extension (render leaves it out): present only when set.
             **({"allow_unquantized": True} if quant.get("allow_unquantized") else {}),
@@ -117,12 +117,15 @@ def _batch(entry: dict[str, Any]) -> dict[str, Any]:
     return {**BATCH_DEFAULTS, **entry}
 
 
-def _dataset(source: dict[str, Any]) -> dict[str, Any]:
+def _dataset(source: dict[str, Any], root: Path) -> dict[str, Any]:
     if "generator" in source:
         return {
             "generator": source["generator"],
             "num_samples": source.get("num_samples", DEFAULT_NUM_SAMPLES),
             "module_file": generator_module_file(source["generator"]),
+            # Data files the generator reads: present only when declared, so recipes
+            # without them keep their canonical form (and keys).
+            **({"deps": list(expand_globs(source["deps"], root))} if source.get("deps") else {}),
         }
     return dict(source)
 

@@ -71,7 +71,7 @@ class Checker:
         for path, relative in iter_paths(self.data):
             if path == ("extends",):
                 continue  # checked when the base was read
-            is_glob = path[:3] == ("model", "export", "deps")
+            is_glob = path[:3] == ("model", "export", "deps") or (len(path) > 1 and path[-2] == "deps")
             kind = "glob" if is_glob else "saved_model" if path[-1] == "saved_model" else "file"
             problem = self.path_problem(relative, kind)
             if problem:
@@ -224,6 +224,8 @@ class Checker:
                 self.error(where, "set one of tfrecord_file_path, npz, generator")
             elif "num_samples" in source and kinds != ["generator"]:
                 self.error(where + ("num_samples",), "num_samples applies to a generator only", at_key=True)
+            elif "deps" in source and kinds != ["generator"]:
+                self.error(where + ("deps",), "deps applies to a generator only", at_key=True)
         if options.get("method", "STATIC_RANGE").upper() == "STATIC_RANGE":
             missing = [k for k in keys if k not in datasets]
             if missing:

@@ -21,6 +21,7 @@ PATH_FIELDS = (
     ("model", "export", "deps", ANY),
     ("converter", "quantization_options", "representative_datasets", ANY, "tfrecord_file_path"),
     ("converter", "quantization_options", "representative_datasets", ANY, "npz"),
+    ("converter", "quantization_options", "representative_datasets", ANY, "deps", ANY),
     ("verify", "representative_datasets", ANY, "tfrecord_file_path"),
 )
 

@@ -15,8 +15,10 @@ from tpubuild.stages.base import MODEL, StageContext, StageResult, StageSpec
 SPEC = StageSpec(
     "dataset",
     options=lambda r: {"tags": slices.tags(r), "datasets": slices.generated_datasets(r)},
-    # npz files and generator modules; a generator's own imports are discovered.
-    files=lambda r: sorted(s.get("npz") or s["module_file"] for s in slices.generated_datasets(r).values()),
+    # npz files, generator modules and the data files a generator declares in `deps:`;
+    # a generator's own imports are discovered.
+    files=lambda r: sorted({f for s in slices.generated_datasets(r).values()
+                            for f in ([s["npz"]] if "npz" in s else [s["module_file"], *s.get("deps", [])])}),
     consumes=(MODEL,),  # the signatures' input specs
     runs_user_code=True,
 )
