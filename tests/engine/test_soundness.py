@@ -204,6 +204,46 @@ verify: {samples: 4}
     assert result.returncode != 0 and "'data/*.bin' matches no file" in result.stderr + result.stdout, result.stderr
 
 
+def test_a_module_an_import_looked_for_and_did_not_find_is_an_input(make_workspace):
+    # `try: import extra` that fails records where Python looked: creating the file there
+    # later changes what the script runs, so the export reruns (a dep file's negative entry).
+    ws = make_workspace({"neg": export_recipe("neg", "models/neg_export.py", "models/helper.py")})
+    (ws / "recipes" / "models" / "neg_export.py").write_text(
+        "try:\n    import extra\n    SCALE = extra.SCALE\nexcept ImportError:\n    SCALE = 1.0\n\n"
+        + (ws / "recipes" / "models" / "tiny_export.py").read_text().replace("from helper import SCALE\n", ""))
+    doc = build_json(ws)
+    assert statuses(doc, "neg")["export"] == "built"
+    assert statuses(build_json(ws), "neg")["export"] == "cached"
+    lock = (ws / "recipes" / "neg.lock.yaml").read_text()
+    assert "absent" not in lock  # in the key, not in what a reviewer reads
+    (ws / "recipes" / "models" / "extra.py").write_text("SCALE = 3.0\n")
+    doc = build_json(ws)
+    assert statuses(doc, "neg")["export"] == "built"
+    assert "import:recipes/models/extra.py" in (ws / "recipes" / "neg.lock.yaml").read_text()
+
+
+def test_a_module_imported_from_outside_the_workspace_is_keyed_by_content(make_workspace, tmp_path):
+    # A PYTHONPATH directory is no installed distribution: its modules are inputs too.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "extscale.py").write_text("SCALE = 2.0\n")
+    ws = make_workspace({"ext": export_recipe("ext", "models/ext_export.py", "models/helper.py")})
+    (ws / "recipes" / "models" / "ext_export.py").write_text(
+        (ws / "recipes" / "models" / "tiny_export.py").read_text().replace(
+            "from helper import SCALE", "from extscale import SCALE"))
+    env = {"PYTHONPATH": f"{REPO}{os.pathsep}{outside}"}
+
+    def build() -> dict:
+        result = tpubuild(ws, "build", "--json", env=env)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+    assert statuses(build(), "ext")["export"] == "built"
+    assert statuses(build(), "ext")["export"] == "cached"
+    (outside / "extscale.py").write_text("SCALE = 5.0\n")
+    assert statuses(build(), "ext")["export"] == "built"
+
+
 def test_two_recipes_on_one_model_publish_their_own_names(make_workspace):
     from tests.engine.conftest import source_recipe
 

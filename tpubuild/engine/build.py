@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tpubuild import __version__
+from tpubuild.engine.imports import ABSENT
 from tpubuild.engine.keys import toolchain, worker_env
 from tpubuild.engine.lockfile import lock_document, write_lock
 from tpubuild.engine import siblings
@@ -357,7 +358,10 @@ def run_inputs(run: RecipeRun) -> dict[str, str]:
             if name.startswith(("file:", "dir:")):
                 inputs[name] = digest
         for rel, digest in out.record.get("discovered", {}).items():
-            inputs[f"import:{rel}"] = digest
+            # Where imports looked and found nothing is in the stage's key, not in the
+            # lock file a reviewer reads; code outside the workspace is named by path.
+            if digest != ABSENT and not os.path.isabs(rel):
+                inputs[f"import:{rel}"] = digest
     return dict(sorted(inputs.items()))
 
 

@@ -1,4 +1,4 @@
-"""Discovered inputs: the workspace source files a stage's user code imported.
+"""Discovered inputs: the source files a stage's user code imported, and where it looked.
 
 In a fresh worker process (one per run of a stage that runs user code), every source
 file Python reads through its import system is hashed *as it is read*, so the record
@@ -29,14 +29,70 @@ def _excluded_roots() -> list[str]:
     return sorted(os.path.join(os.path.realpath(r), "") for r in roots)
 
 
+def _installed(real: str) -> bool:
+    """Code of the interpreter, an installed distribution or tpubuild: keyed as the
+    toolchain and code digests, not as a discovered input."""
+    return any(real.startswith(r) for r in _excluded) or \
+        f"{os.sep}site-packages{os.sep}" in real or f"{os.sep}dist-packages{os.sep}" in real
+
+
 def _workspace_rel(path: str) -> str | None:
     assert _root is not None
     real = os.path.realpath(path)
-    if not real.startswith(_root) or any(real.startswith(r) for r in _excluded):
-        return None
-    if f"{os.sep}site-packages{os.sep}" in real or f"{os.sep}dist-packages{os.sep}" in real:
+    if not real.startswith(_root) or _installed(real):
         return None
     return Path(os.path.relpath(real, _root)).as_posix()
+
+
+def _input_name(path: str) -> str | None:
+    """How a source file read by user code is recorded: workspace-relative inside the
+    workspace; absolute for code outside it that no distribution installed (a PYTHONPATH
+    directory, an editable install's source tree), which is as much an input; None for
+    installed code."""
+    rel = _workspace_rel(path)
+    if rel is not None:
+        return rel
+    real = os.path.realpath(path)
+    if _installed(real):
+        return None
+    # Only code found through the search path: AutoGraph's generated modules (temporary
+    # files it imports by location, with random names) are the stage's own doing.
+    for entry in sys.path:
+        if isinstance(entry, str) and entry and os.path.isdir(entry):
+            root = os.path.join(os.path.realpath(entry), "")
+            if real.startswith(root) and not _installed(root):
+                return real
+    return None
+
+
+# What a missing file is recorded as: creating it later changes the stage's inputs.
+ABSENT = "absent"
+
+
+class _NegativeLookups:
+    """A sys.meta_path finder that finds nothing and records where Python is about to
+    look in the workspace: each `<dir>/<name>.py` and `<dir>/<name>/__init__.py` that does
+    not exist, in every workspace directory of the search path up to the one holding the
+    module. A file created there later would be imported instead (or at last), so its
+    absence is an input, as compilers' dep files record the include paths they tried."""
+
+    def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
+        tail = name.rpartition(".")[2]
+        for entry in list(path if path is not None else sys.path):
+            if not isinstance(entry, str) or not entry or not os.path.isdir(entry):
+                continue  # path hooks' markers (editable installs), zip files, the cwd
+            directory = os.path.abspath(entry)
+            if _workspace_rel(os.path.join(directory, "x")) is None:
+                continue  # outside the workspace: an installed location or the caller's
+            base = os.path.join(directory, tail)
+            candidates = (base + ".py", os.path.join(base, "__init__.py"))
+            if any(os.path.exists(c) for c in candidates) or os.path.isdir(base):
+                break  # found here: the directories after it are not reached
+            for candidate in candidates:
+                rel = _workspace_rel(candidate)
+                if rel is not None:
+                    _recorded.setdefault(rel, ABSENT)
+        return None
 
 
 _excluded: list[str] = []
@@ -55,12 +111,13 @@ def install(workspace: Path) -> None:
     def get_data(self: object, path: str) -> bytes:
         data = original(self, path)
         if path.endswith(".py"):
-            rel = _workspace_rel(path)
-            if rel is not None:
-                _recorded[rel] = hash_bytes(data)
+            name = _input_name(path)
+            if name is not None:
+                _recorded[name] = hash_bytes(data)
         return data
 
     loader.get_data = get_data  # type: ignore[method-assign]
+    sys.meta_path.insert(0, _NegativeLookups())  # type: ignore[arg-type]
 
 
 def discovered() -> dict[str, str]:
@@ -73,7 +130,7 @@ def discovered() -> dict[str, str]:
         path = getattr(module, "__file__", None)
         if not path:
             continue
-        rel = _workspace_rel(path)
-        if rel is not None and rel not in found and os.path.isfile(path):
-            found[rel] = hash_file(path)
+        name = _input_name(path)
+        if name is not None and (found.get(name) in (None, ABSENT)) and os.path.isfile(path):
+            found[name] = hash_file(path)
     return dict(sorted(found.items()))

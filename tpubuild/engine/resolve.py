@@ -25,6 +25,7 @@ from typing import Any
 from tpubuild.atomic import write_text_atomic
 from tpubuild.engine.code import code_digests
 from tpubuild.engine.hashing import FileEntry, hash_bytes, tree_digest
+from tpubuild.engine.imports import ABSENT
 from tpubuild.engine.keys import canonical_dumps, key_record, stage_key, summary_digest
 from tpubuild.engine.statcache import StatCache
 from tpubuild.engine.store import StageEntry, Store
@@ -181,7 +182,9 @@ class Resolver:
         """The first candidate ({"files": {path: hash}, "key": final key}) whose discovered
         files all still have the content that was imported (local or remote candidates)."""
         for candidate in candidates:
-            if all(self._current_hash(run, rel) == digest for rel, digest in candidate["files"].items()):
+            # A file recorded absent (engine/imports.py: where an import looked) matches only
+            # while it is still missing.
+            if all((self._current_hash(run, rel) or ABSENT) == digest for rel, digest in candidate["files"].items()):
                 return candidate
         return None
 
