@@ -244,6 +244,39 @@ def test_a_module_imported_from_outside_the_workspace_is_keyed_by_content(make_w
     assert statuses(build(), "ext")["export"] == "built"
 
 
+def test_upgrading_an_installed_package_an_export_imports_reruns_it(make_workspace, tmp_path):
+    # Keras, keras-hub, tensorflow_text decide what an export writes as much as its own
+    # code: an installed distribution user code imported is an input, by version.
+    site = tmp_path / "venv" / "site-packages"  # where pip puts it
+    (site / "fakescale").mkdir(parents=True)
+    (site / "fakescale" / "__init__.py").write_text("SCALE = 2.0\n")
+
+    def install(version: str) -> None:
+        for old in site.glob("fakescale-*.dist-info"):
+            shutil.rmtree(old)
+        info = site / f"fakescale-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: fakescale\nVersion: {version}\n")
+        (info / "top_level.txt").write_text("fakescale\n")
+
+    install("1.0")
+    ws = make_workspace({"dist": export_recipe("dist", "models/dist_export.py", "models/helper.py")})
+    (ws / "recipes" / "models" / "dist_export.py").write_text(
+        (ws / "recipes" / "models" / "tiny_export.py").read_text().replace(
+            "from helper import SCALE", "from fakescale import SCALE"))
+    env = {"PYTHONPATH": f"{REPO}{os.pathsep}{site}"}
+
+    def build() -> dict:
+        result = tpubuild(ws, "build", "--json", env=env)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+    assert statuses(build(), "dist")["export"] == "built"
+    assert statuses(build(), "dist")["export"] == "cached"
+    install("1.1")  # same module file, another release: pip's upgrade renames the dist-info
+    assert statuses(build(), "dist")["export"] == "built"
+
+
 def test_two_recipes_on_one_model_publish_their_own_names(make_workspace):
     from tests.engine.conftest import source_recipe
 

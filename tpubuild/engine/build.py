@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from tpubuild import __version__
 from tpubuild.engine.imports import ABSENT
-from tpubuild.engine.keys import toolchain, worker_env
+from tpubuild.engine.keys import installed_dist, toolchain, worker_env
 from tpubuild.engine.lockfile import lock_document, write_lock
 from tpubuild.engine import siblings
 from tpubuild.engine.resolve import (
@@ -360,7 +360,7 @@ def run_inputs(run: RecipeRun) -> dict[str, str]:
         for rel, digest in out.record.get("discovered", {}).items():
             # Where imports looked and found nothing is in the stage's key, not in the
             # lock file a reviewer reads; code outside the workspace is named by path.
-            if digest != ABSENT and not os.path.isabs(rel):
+            if digest != ABSENT and not os.path.isabs(rel) and not rel.startswith("dist:"):
                 inputs[f"import:{rel}"] = digest
     return dict(sorted(inputs.items()))
 
@@ -499,7 +499,12 @@ def memo_files(engine: Engine, run: RecipeRun) -> list[str] | None:
                 files.append(dirpath)
                 files.extend(os.path.join(dirpath, n) for n in filenames)
         files.extend(str(root / rel) for rel in planned.files)
-        files.extend(str(root / rel) for rel in out.record.get("discovered", {}))
+        for rel in out.record.get("discovered", {}):
+            if rel.startswith("dist:"):  # an upgrade replaces the dist-info directory
+                installed = installed_dist(rel[len("dist:"):])
+                files.append(installed[1] if installed else str(root / rel))
+            else:
+                files.append(str(root / rel))
         files.append(str(engine.store.entry_path(out.key)))
         if "discovered" in out.record:  # the dep file that led from the declared key to this record
             declared = {k: v for k, v in out.record.items() if k != "discovered"}

@@ -120,6 +120,32 @@ def install(workspace: Path) -> None:
     sys.meta_path.insert(0, _NegativeLookups())  # type: ignore[arg-type]
 
 
+# Distributions whose versions every key already holds (engine/keys.py toolchain).
+_TOOLCHAIN_DISTS = frozenset({"tensorflow", "tensorflow-cpu", "tf-nightly", "numpy", "protobuf", "tpubuild"})
+
+
+def _imported_distributions() -> dict[str, str]:
+    """`dist:<name>` -> version for each installed distribution user code imported from
+    (Keras, keras-hub, tensorflow_text ...): upgrading one reruns the stage."""
+    from importlib import metadata
+
+    owners = metadata.packages_distributions()
+    found: dict[str, str] = {}
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if "." in name or not path or not _installed(os.path.realpath(path)):
+            continue
+        for dist in owners.get(name, []):
+            key = dist.lower().replace("_", "-").replace(".", "-")
+            if key in _TOOLCHAIN_DISTS:
+                continue
+            try:
+                found[f"dist:{key}"] = metadata.version(dist)
+            except metadata.PackageNotFoundError:
+                continue
+    return found
+
+
 def discovered() -> dict[str, str]:
     """Workspace file -> hash of the content that was imported, for this process so far;
     modules loaded some other way (extension modules) are hashed as they are now."""
@@ -133,4 +159,5 @@ def discovered() -> dict[str, str]:
         name = _input_name(path)
         if name is not None and (found.get(name) in (None, ABSENT)) and os.path.isfile(path):
             found[name] = hash_file(path)
+    found.update(_imported_distributions())
     return dict(sorted(found.items()))

@@ -46,11 +46,11 @@ TOOLCHAIN_PACKAGES = {"tensorflow": ("tensorflow", "tensorflow-cpu", "tf-nightly
 
 
 @lru_cache(maxsize=None)
-def _dist_infos() -> dict[str, str]:
-    """Installed distributions -> version, from the `<name>-<version>.dist-info` directory
-    names on sys.path (what importlib.metadata reads, without its ~30 ms import: the no-op
-    build path computes the toolchain on every run)."""
-    found: dict[str, str] = {}
+def _dist_info_dirs() -> dict[str, tuple[str, str]]:
+    """Installed distributions -> (version, dist-info directory), from the
+    `<name>-<version>.dist-info` directory names on sys.path (what importlib.metadata reads,
+    without its ~30 ms import: the no-op build path computes the toolchain on every run)."""
+    found: dict[str, tuple[str, str]] = {}
     for entry in sys.path:
         try:
             names = os.listdir(entry or ".")
@@ -59,8 +59,29 @@ def _dist_infos() -> dict[str, str]:
         for name in names:
             if name.endswith(".dist-info") and "-" in name:
                 dist, _, version = name[: -len(".dist-info")].partition("-")
-                found.setdefault(dist.lower().replace("_", "-"), version)
+                found.setdefault(normalized_dist(dist), (version, os.path.join(entry or ".", name)))
     return found
+
+
+def forget_installed() -> None:
+    """Read the installed distributions again (a long-lived process after an upgrade)."""
+    _dist_info_dirs.cache_clear()
+    toolchain.cache_clear()
+
+
+def _dist_infos() -> dict[str, str]:
+    return {name: version for name, (version, _) in _dist_info_dirs().items()}
+
+
+def normalized_dist(name: str) -> str:
+    """A distribution's name as dist-info directories and `dist:` inputs spell it."""
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def installed_dist(name: str) -> tuple[str, str] | None:
+    """(version, dist-info directory) of an installed distribution, or None: what a
+    discovered `dist:<name>` input (engine/imports.py) is compared with."""
+    return _dist_info_dirs().get(normalized_dist(name))
 
 
 @lru_cache(maxsize=None)

@@ -280,8 +280,7 @@ def refresh_installed() -> None:
     from tpubuild.engine import code, keys
 
     fingerprint = code.package_fingerprint()
-    keys._dist_infos.cache_clear()
-    keys.toolchain.cache_clear()
+    keys.forget_installed()
     if _installed and _installed[0] != fingerprint:
         code.code_digest.cache_clear()
         code._imports.cache_clear()

@@ -26,7 +26,7 @@ from tpubuild.atomic import write_text_atomic
 from tpubuild.engine.code import code_digests
 from tpubuild.engine.hashing import FileEntry, hash_bytes, tree_digest
 from tpubuild.engine.imports import ABSENT
-from tpubuild.engine.keys import canonical_dumps, key_record, stage_key, summary_digest
+from tpubuild.engine.keys import canonical_dumps, installed_dist, key_record, stage_key, summary_digest
 from tpubuild.engine.statcache import StatCache
 from tpubuild.engine.store import StageEntry, Store
 from tpubuild.errors import StageError
@@ -193,6 +193,9 @@ class Resolver:
         self._entries[entry.key] = entry
 
     def _current_hash(self, run: RecipeRun, rel: str) -> str | None:
+        if rel.startswith("dist:"):  # an installed distribution, by version
+            installed = installed_dist(rel[len("dist:"):])
+            return installed[0] if installed else None
         try:
             return self.stat.file_hash(os.path.join(run.recipe.root, rel))
         except OSError:

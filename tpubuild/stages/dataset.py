@@ -25,12 +25,14 @@ SPEC = StageSpec(
 
 
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
+    import os
     import sys
 
     # Generators are importable from the workspace root (`pkg.module:function`), and so
     # are their own imports. The engine runs this stage in a fresh process that records
     # every workspace module imported, so those imports are inputs of this stage too.
     sys.path.insert(0, str(context.workspace))
+    os.chdir(context.workspace)  # relative paths a generator opens: as in the export stage
     from tpubuild.savedmodel import datasets
     from tpubuild.savedmodel.model import SavedModel
 

@@ -35,8 +35,11 @@ def run(input_dir: Path | None, output_dir: Path, options: dict[str, Any], conte
     if spec is None or spec.loader is None:
         raise StageError(f"{options['script']}: cannot be loaded as a Python module")
     module = importlib.util.module_from_spec(spec)
-    # The script imports its neighbours, as it would when run directly.
+    # The script imports its neighbours, as it would when run directly, and a relative
+    # path it opens is relative to the workspace root, where `tpubuild` is run (this is a
+    # fresh worker process of its own: the directory change ends with it).
     sys.path.insert(0, str(script.parent))
+    os.chdir(context.workspace)
     try:
         spec.loader.exec_module(module)
     except SyntaxError as exc:
