@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from tpubuild.op_libraries import resolve as resolve_op_libraries
 from tpubuild.stages.base import StageSpec
 from tpubuild.stages.slices import TARGET_STAGES, TRANSFORMS, converter, effective_state, generated_datasets, targets
 
@@ -96,6 +97,7 @@ def plan(recipe: Canonical) -> list[PlannedStage]:
     """The recipe's stages with the options, files and earlier outputs each one reads."""
     planned: list[PlannedStage] = []
     roles: dict[str, str] = {}  # role -> the stage that provides it so far
+    libraries = resolve_op_libraries(recipe["op_libraries"]) if recipe.get("op_libraries") else []
     for name in stage_names(recipe):
         if name == "source":
             planned.append(PlannedStage(name, {"saved_model": recipe["model"]["saved_model"]}))
@@ -113,7 +115,11 @@ def plan(recipe: Canonical) -> list[PlannedStage]:
             consumes = {role: roles[role] for role in s.consumes if role in roles}
             ran = {p.name for p in planned}
             summaries = tuple(n for n in s.summaries if n in ran)
-            planned.append(PlannedStage(name, s.options(recipe), sorted(s.files(recipe)), consumes, summaries))
+            options, files = s.options(recipe), sorted(s.files(recipe))
+            if libraries:  # every stage loads them, so every key covers them (op_libraries.py)
+                options = {**options, "op_libraries": libraries}
+                files = sorted({*files, *(e["library"] for e in libraries if "library" in e)})
+            planned.append(PlannedStage(name, options, files, consumes, summaries))
         if name in TRANSFORMS:
             roles["model"] = name
             roles.setdefault("source", name)

@@ -52,6 +52,8 @@ def canonicalize(data: dict[str, Any], name: str, root: Path) -> dict[str, Any]:
         "converter": _converter(data.get("converter", {}), tags, root),
         "verify": {**VERIFY_DEFAULTS, **data.get("verify", {})},
         **_targets(data.get("targets") or {}),
+        # Present only when set: recipes without custom ops keep their canonical form.
+        **({"op_libraries": list(data["op_libraries"])} if data.get("op_libraries") else {}),
     }
 
 

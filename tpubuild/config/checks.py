@@ -46,6 +46,7 @@ class Checker:
             (self.check_xla_sharding, converter.get("xla_sharding_options")),
             (self.check_quantization, converter.get("quantization_options")),
             (self.check_targets, self.data.get("targets")),
+            (self.check_op_libraries, self.data.get("op_libraries") or []),
         )
         for check, *args in checks:
             # The schema's errors are reported too; a check that meets a value of the
@@ -233,6 +234,19 @@ class Checker:
                     path + ("representative_datasets",) if "representative_datasets" in options else path,
                     f"STATIC_RANGE quantization needs a representative dataset for {', '.join(map(repr, missing))}",
                 )
+
+    def check_op_libraries(self, entries: list[str]) -> None:
+        from tpubuild.op_libraries import is_shared_library, missing_module
+
+        for index, entry in enumerate(entries):
+            if not isinstance(entry, str):
+                continue  # the schema said so
+            if is_shared_library(entry):
+                problem = self.path_problem(entry, "file")  # relative to the workspace root
+                if problem:
+                    self.error(("op_libraries", index), f"{entry!r} {problem}")
+            elif missing_module(entry):
+                self.error(("op_libraries", index), f"module {entry!r} is not installed in this environment")
 
     def check_targets(self, targets: dict[str, Any] | None) -> None:
         for name, options in (targets or {}).items():

@@ -204,7 +204,6 @@ def handle(request: dict[str, Any]) -> dict[str, Any]:
     """Run one stage; the reply says ok, a user error (StageError) or a bug (traceback)."""
     import importlib
 
-    from tpubuild.errors import TpubuildError
     from tpubuild.stages.base import StageContext
 
     module_name, _, function_name = request["entry"].partition(":")
@@ -220,6 +219,31 @@ def handle(request: dict[str, Any]) -> dict[str, Any]:
         results=request["results"],
         log=lambda message: print(f"[{request['stage']}] {message}", file=sys.stderr),
     )
+    from tpubuild import op_libraries
+
+    libraries = request["options"].get("op_libraries") or []
+    try:
+        # Before the stage: its ops must be registered when it (or TF) reads the graph.
+        op_libraries.load(libraries, Path(request["workspace"]))
+    except Exception as exc:  # noqa: BLE001 - the library's own failure, one line
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return {"ok": False, "reusable": False, "error": f"op_libraries: loading failed: {type(exc).__name__}: {first}",
+                "detail": traceback.format_exc()}
+    reply = _run_stage(function, request, context)
+    if libraries:
+        # Registered ops stay registered: a stage of another recipe must not succeed here
+        # and fail in a fresh worker.
+        reply["reusable"] = False
+    if not reply["ok"]:
+        message = op_libraries.unregistered_op_message(str(reply.get("error", "")), libraries)
+        if message:
+            return {**reply, "error": message, "bug": False}
+    return reply
+
+
+def _run_stage(function: Any, request: dict[str, Any], context: Any) -> dict[str, Any]:
+    from tpubuild.errors import TpubuildError
+
     try:
         result = function(Path(request["input_dir"]), Path(request["output_dir"]), request["options"], context)
     except TpubuildError as exc:
@@ -230,6 +254,8 @@ def handle(request: dict[str, Any]) -> dict[str, Any]:
         if type(exc).__name__ == "DataLossError":
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             return {"ok": False, "error": f"corrupted input data: {first}", "detail": traceback.format_exc()}
+        if "Op type not registered" in str(exc):  # a user's missing library, not a bug
+            return {"ok": False, "error": str(exc), "detail": traceback.format_exc()}
         raise
     try:
         json.dumps(result.summary)
