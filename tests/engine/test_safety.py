@@ -147,3 +147,30 @@ def test_a_local_record_naming_a_path_outside_the_cache_is_removed_and_rebuilt(b
     assert len(warnings) == 1 and "is invalid (unsafe path" in warnings[0] and "the stage rebuilds" in warnings[0]
     assert statuses(json.loads(result.stdout), "cut")["export"] == "built"
     assert (ws / "out" / "cut" / "1" / "assets" / "note.txt").read_text() == "first"
+
+
+def test_keep_going_publishes_what_verified_when_a_target_fails(make_workspace):
+    # make -k: one target failing (an XLA AOT signature the model does not have, found only
+    # when the stage runs) fails the build, but the TPU SavedModel and the CPU target that
+    # built and verified are published; without -k nothing of the recipe is.
+    from tests.engine.conftest import source_recipe
+
+    recipe = source_recipe("kg") + ("targets:\n  tpu_savedmodel: {}\n  cpu_savedmodel: {}\n"
+                                    "  xla_aot: {signatures: [no_such_signature], batch_sizes: [1]}\n")
+    ws = make_workspace({"kg": recipe, "toy": source_recipe("toy")})
+    plain = tpubuild(ws, "build", "--json")
+    assert plain.returncode == 1
+    assert statuses(json.loads(plain.stdout), "kg")["publish"] == "skipped"
+    assert not (ws / "out" / "kg").exists()
+    assert (ws / "out" / "toy" / "1").is_dir()  # another recipe builds either way
+
+    result = tpubuild(ws, "build", "--json", "--keep-going")
+    assert result.returncode == 1, result.stderr
+    rows = statuses(json.loads(result.stdout), "kg")
+    assert rows["xla_aot"] == "failed" and rows["xla_aot_verify"] == "skipped", rows
+    assert rows["publish"] == "built" and rows["cpu_savedmodel_verify"] in ("built", "cached"), rows
+    assert [line for line in result.stderr.splitlines() if "stage xla_aot:" in line], result.stderr
+    assert (ws / "out" / "kg" / "1" / "saved_model.pb").is_file()
+    assert (ws / "out" / "kg" / "cpu_savedmodel" / "1" / "saved_model.pb").is_file()
+    assert not (ws / "out" / "kg" / "xla_aot").exists()
+    assert not (ws / "recipes" / "kg.lock.yaml").exists()  # a lock file describes a whole build

@@ -33,10 +33,13 @@ import click
                    "Default: the workspace's executor, else local.")
 @click.option("--ray-address", metavar="ADDR", help="The Ray cluster of --executor ray (default: RAY_ADDRESS, "
               "else the cluster on this machine).")
+@click.option("-k", "--keep-going", is_flag=True,
+              help="Like make -k: a failed target (cpu_savedmodel, litert, xla_aot) fails the build (exit 1) "
+                   "but the recipe still publishes what built and verified, without that target.")
 @click.pass_context
 def command(ctx: click.Context, targets: tuple[str, ...], jobs: int, dry_run: bool, as_json: bool, check: bool,
             changed_since: str | None, remote_cache: str | None, remote_cache_read_only: bool,
-            executor: str | None = None, ray_address: str | None = None) -> int:
+            executor: str | None = None, ray_address: str | None = None, keep_going: bool = False) -> int:
     """Build the workspace's recipes (names or globs; none = all).
 
     A stage reruns only when its options or the content of its inputs changed; its
@@ -75,10 +78,10 @@ def command(ctx: click.Context, targets: tuple[str, ...], jobs: int, dry_run: bo
     out = click.get_text_stream("stdout")
     progress = _Progress(out, tty=out.isatty() and not as_json, quiet=as_json)
     runs, engine = build(ws, recipes, jobs, printer=progress.row, errors=progress.error, started=progress.started,
-                         memo=memo, since_ns=since_ns, remote=remote)
+                         memo=memo, since_ns=since_ns, remote=remote, keep_going=keep_going)
     memo.save(ws)
     rows = [row for run in runs for row in run.rows]
-    failed = [run for run in runs if run.failed]
+    failed = [run for run in runs if not run.succeeded]
     if as_json:
         document = {
             "rows": [row.to_json() for row in rows],

@@ -28,9 +28,11 @@ from tpubuild.engine.resolve import (
     changed_inputs,
     new_runs,
     published_targets,
+    without_targets,
 )
 from tpubuild.engine.statcache import StatCache
 from tpubuild.engine.store import StageEntry, Store
+from tpubuild.stages.slices import TARGET_STAGES
 from tpubuild.errors import StageError
 from tpubuild.pipeline import ENGINE_STEPS, PlannedStage, spec
 
@@ -72,6 +74,7 @@ class Engine:
         self.pool_lock = threading.Lock()
         self.state_lock = threading.RLock()  # resolver, stat cache and store index are shared by doit threads
         self.pending: dict[tuple[str, str], Pending] = {}
+        self.keep_going = False  # build --keep-going: a failed target does not stop its recipe's publish
         self.timeout = float(getattr(ws, "stage_timeout", None) or DEFAULT_STAGE_TIMEOUT)
         self.link_type = getattr(ws, "link_type", None) or "copy"
         self.executor = getattr(ws, "executor", None) or "local"  # or "ray": engine/ray_executor.py
@@ -137,14 +140,24 @@ class Engine:
             self._uploads = None
 
     # --- doit: the up-to-date test and the action of one (recipe, stage) task --------
+    def _failed_target(self, run: RecipeRun, planned: PlannedStage) -> str | None:
+        """With --keep-going: the failed target whose chain `planned` belongs to."""
+        return next((t for t in run.failed_targets if planned.name in TARGET_STAGES[t]), None)
+
     def uptodate(self, run: RecipeRun, planned: PlannedStage) -> bool:
         """Resolve the stage's key from its current inputs; True (and the output taken
         from the store) when a record with that key exists and its objects are intact,
         locally or, with a remote cache, there (then it is fetched: `cached`, remote)."""
         start = time.monotonic()
         with self.state_lock:
+            if self._failed_target(run, planned):
+                self._row(run, Row(run.name, planned.name, "skipped", None, 0.0))
+                return True  # nothing to run: the chain's build stage failed
             try:
                 if planned.name == "publish":
+                    if run.failed_targets:
+                        # --keep-going: publish what verified, without the failed targets.
+                        run.plan[-1] = without_targets(run.plan[-1], set(run.failed_targets))
                     return self._publish_uptodate(run, start)
                 pending = self.resolver.record_for(run, planned)
                 entry = self.resolver.lookup(run, planned, pending)
@@ -181,8 +194,7 @@ class Engine:
         start = time.monotonic()
         pending = self.pending.pop((run.name, planned.name))
         if pending.error:
-            self._fail(run, planned, pending.error, start, pending.detail)
-            return False
+            return self._fail(run, planned, pending.error, start, pending.detail)
         self.started(run, planned.name)
         try:
             if planned.name == "source":
@@ -195,11 +207,10 @@ class Engine:
             else:
                 entry = self._execute(run, planned, pending)
         except StageError as exc:
-            self._fail(run, planned, str(exc), start, getattr(exc, "detail", None))
-            return False
+            return self._fail(run, planned, str(exc), start, getattr(exc, "detail", None))
         except Exception as exc:  # a bug in tpubuild: the recipe fails, the build goes on
-            self._fail(run, planned, f"internal error: {type(exc).__name__}: {exc}", start, traceback.format_exc())
-            return False
+            return self._fail(run, planned, f"internal error: {type(exc).__name__}: {exc}", start,
+                              traceback.format_exc())
         self._push(entry)
         directory = self.store.checkout(entry)
         run.outputs[planned.name] = self.resolver.output_of(planned, entry, directory)
@@ -208,10 +219,20 @@ class Engine:
         self._row(run, Row(run.name, planned.name, "built", entry.key, time.monotonic() - start))
         return True
 
-    def _fail(self, run: RecipeRun, planned: PlannedStage, message: str, start: float, detail: str | None = None) -> None:
-        run.error = f"{run.recipe.rel_file}: stage {planned.name}: {message}"
-        self.errors(run.error + (f"\n{detail.rstrip()}" if detail and os.environ.get("TPUBUILD_DEBUG") else ""))
+    def _fail(self, run: RecipeRun, planned: PlannedStage, message: str, start: float,
+              detail: str | None = None) -> bool:
+        """Record a failed stage; returns what doit is told (False: its dependents stop).
+        With --keep-going a target chain's failure is that target's alone: doit goes on,
+        the chain's other stage is skipped and publish leaves the target out."""
+        line = f"{run.recipe.rel_file}: stage {planned.name}: {message}"
+        target = next((t for t, chain in TARGET_STAGES.items() if chain and planned.name in chain), None)
+        self.errors(line + (f"\n{detail.rstrip()}" if detail and os.environ.get("TPUBUILD_DEBUG") else ""))
         self._row(run, Row(run.name, planned.name, "failed", None, time.monotonic() - start))
+        if self.keep_going and target is not None:
+            run.failed_targets[target] = line
+            return True
+        run.error = line
+        return False
 
     def _row(self, run: RecipeRun, row: Row) -> None:
         with self.state_lock:
@@ -533,6 +554,7 @@ def build(
     memo: Any = None,
     since_ns: int | None = None,
     remote: tuple[str, bool] | None = None,
+    keep_going: bool = False,
 ) -> tuple[list[RecipeRun], Engine]:
     """Build `recipes` under the workspace lock. With a NoopMemo, every recipe the full
     check finds up to date is remembered (if its files are older than `since_ns`). With
@@ -541,6 +563,7 @@ def build(
     from tpubuild.engine.wslock import WorkspaceLock
 
     engine = Engine(ws, jobs, printer, errors, started)
+    engine.keep_going = keep_going
     runs = new_runs(recipes)
     lock = WorkspaceLock(ws.state_dir)
     lock.acquire(lock_wait, notify=engine.errors)
@@ -574,7 +597,7 @@ def build(
                     engine.pool.close(kill=not clean)  # Ctrl-C: stop the stages now, not in 10 s
                 engine.finish_uploads(wait=clean)
             for run in todo:
-                if run.failed:
+                if run.failed or run.failed_targets:  # no lock file: it would describe a build that did not happen
                     _skip_rest(engine, run)
                 elif len(run.outputs) < len(run.plan):  # doit itself failing is a bug; never success
                     run.error = f"{run.recipe.rel_file}: internal error: doit stopped before every stage ran"

@@ -57,10 +57,16 @@ class RecipeRun:
     rows: list[Any] = field(default_factory=list)
     error: str | None = None
     version: int | None = None
+    # With `build --keep-going`: target -> why its chain failed; the rest still publishes.
+    failed_targets: dict[str, str] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
         return self.recipe.name
+
+    @property
+    def succeeded(self) -> bool:
+        return self.error is None and not self.failed_targets
 
     @property
     def failed(self) -> bool:
@@ -307,6 +313,16 @@ class Resolver:
             run.outputs[planned.name] = self.output_of(planned, entry, self.store.trees / entry.tree)
             out.append(Resolved(planned.name, "cached", entry.key, entry.record, [], entry.tree))
         return out
+
+
+def without_targets(publish: PlannedStage, targets: set[str]) -> PlannedStage:
+    """The publish step without `targets` (their outputs and verdicts): --keep-going."""
+    import dataclasses
+
+    dropped = {stage for t in targets for stage in TARGET_STAGES[t]}
+    return dataclasses.replace(
+        publish, consumes={role: stage for role, stage in publish.consumes.items() if role not in targets},
+        summaries=tuple(s for s in publish.summaries if s not in dropped))
 
 
 def published_targets(publish: PlannedStage) -> dict[str, str]:
