@@ -58,3 +58,20 @@ def test_a_worker_that_aborts_leaves_its_last_words_in_the_log_and_the_error(mak
     log = Path(line.rsplit("see ", 1)[1])
     assert "LLVM ERROR: Failed to infer result type(s)" in log.read_text()
     assert "Traceback" not in result.stderr
+
+
+def test_a_verification_that_cannot_fail_is_a_warning_not_a_pass(make_workspace):
+    # Outputs around 1e-11 against the default atol: an artifact returning zeros would pass,
+    # so the build says the comparison is vacuous instead of reporting it as verified.
+    ws = make_workspace({"tiny": export_recipe("tiny", "models/tiny_out.py", "models/helper.py")})
+    (ws / "recipes" / "models" / "tiny_out.py").write_text(
+        (ws / "recipes" / "models" / "tiny_export.py").read_text().replace(
+            "return {\"y\": tf.matmul(x, self.w)}", "return {\"y\": tf.matmul(x, self.w) * 1e-11}"))
+    result = tpubuild(ws, "build")
+    assert result.returncode == 0, result.stderr
+    assert "signature 'serving_default' output 'y': the source's outputs are at most" in result.stderr
+    assert "an artifact returning zeros would pass" in result.stderr
+    import json
+
+    report = json.loads((ws / "out" / "tiny" / "1" / "tpubuild-report.json").read_text())
+    assert report["verify"]["vacuous"] == ["serving_default/y"]

@@ -63,7 +63,7 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     from tpubuild.savedmodel import compare
     from tpubuild.savedmodel.litert_run import LiteRTModel
     from tpubuild.savedmodel.model import SavedModel
-    from tpubuild.stages.verify import error_summary, raise_on_failure, tolerances, verification_samples
+    from tpubuild.stages.verify import error_summary, raise_on_failure, tolerances, vacuous_warnings, verification_samples
 
     applied = _applied(options["quantization"])
     kind, rtol, atol = tolerances(applied, options, "targets.litert")
@@ -95,7 +95,7 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     }
     write_atomic(output_dir / VERIFY_JSON, (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode())
     raise_on_failure(errors, rtol, atol)
-    return StageResult(summary=summary)
+    return StageResult(summary=summary, warnings=vacuous_warnings(errors, rtol, atol, "targets.litert"))
 
 
 def _latency(reference_model: Any, litert: Any, key: str, sample: dict[str, Any]) -> dict[str, Any]:

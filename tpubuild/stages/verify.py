@@ -76,6 +76,7 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     # What is published must load where it is served, not only in TF2's loader.
     check_serving_load(input_dir, tags, "the TPU SavedModel")
     warnings = [f"signature {k!r} is not in the artifact; not verified" for k in dropped]
+    warnings += vacuous_warnings(errors, rtol, atol)
     return StageResult(summary=summary, warnings=warnings)
 
 
@@ -144,7 +145,23 @@ def error_summary(errors: list[Any], tolerance: tuple[str, float, float], option
         "max_abs_error": max((e.max_abs_error for e in errors), default=0.0),
         "max_rel_error": max((e.max_rel_error for e in errors), default=0.0),
         "passed": all(e.passed for e in errors),
+        # Outputs whose comparison could not fail (vacuous_warnings): not verified.
+        "vacuous": [f"{e.signature}/{e.output}" for e in errors
+                    if e.elements and e.max_reference <= atol + rtol * e.max_reference],
     }
+
+
+def vacuous_warnings(errors: list[Any], rtol: float, atol: float, where: str = "verify") -> list[str]:
+    """One warning per output whose reference is so small next to the tolerance that an
+    artifact returning zeros would pass: |0 - b| <= atol + rtol * max|b| for every b. A
+    check that cannot fail is not a verification, and the report must not say it is."""
+    return [
+        f"{where}: signature {e.signature!r} output {e.output!r}: the source's outputs are at most "
+        f"{e.max_reference:.3g}, within the tolerance (atol {atol:g}, rtol {rtol:g}): an artifact returning "
+        "zeros would pass, so this comparison says nothing; give this recipe a smaller atol"
+        for e in errors
+        if e.elements and e.max_reference <= atol + rtol * e.max_reference and not (e.nan_in_artifact or e.nan_in_source)
+    ]
 
 
 def raise_on_failure(errors: list[Any], rtol: float, atol: float, prefix: str = "") -> None:
