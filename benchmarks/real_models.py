@@ -1,0 +1,247 @@
+"""Real models through tpubuild: seconds per stage, peak memory, artifact size, and the floor.
+
+Models (random weights, nothing downloaded): ResNet50 (keras.applications) with bfloat16
+on its TPU function, the same ResNet50 with static-range int8 quantization, and a
+BERT-base-size encoder (keras_hub BertBackbone: 12 layers, hidden 768, vocabulary 30522)
+behind tensorflow_text BertTokenizer preprocessing. Each is exported the converter
+guide's way (a serving signature on the CPU calling `tpu_func`, saved under that alias)
+once, in a process of its own; the recipes then build from that SavedModel.
+
+For each recipe it prints the build's seconds per stage (from `tpubuild build --json`),
+the peak RSS of the build's largest process, the published artifact's size next to the
+source's, and the floor measured in the same run: a plain `tf.saved_model.load` +
+`tf.saved_model.save` of the source in a fresh process (seconds and peak RSS).
+Asserts nothing.
+
+Run: pip install -e '.[bench]' && python benchmarks/real_models.py [--only resnet50_bf16,...]
+     [--calibration 32] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+EXPORTS = textwrap.dedent('''\
+    """Exports for benchmarks/real_models.py (random weights)."""
+    import os
+    import sys
+
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    import numpy as np
+
+    VOCAB_WORDS = ["the", "model", "serves", "text", "on", "a", "tpu", "fast", "build", "cache"]
+
+
+    def _save(module, serve, tpu_func, out):
+        import tensorflow as tf
+
+        tf.saved_model.save(module, out, signatures={"serving_default": serve},
+                            options=tf.saved_model.SaveOptions(function_aliases={"tpu_func": tpu_func}))
+
+
+    def resnet50(out):
+        import keras
+        import tensorflow as tf
+
+        keras.utils.set_random_seed(0)
+        net = keras.applications.ResNet50(weights=None, input_shape=(224, 224, 3))
+
+        class M(tf.Module):
+            def __init__(self):
+                super().__init__()
+                self.net = net
+
+            @tf.function(input_signature=[tf.TensorSpec([None, 224, 224, 3], tf.float32)])
+            def tpu_func(self, x):
+                return self.net(x, training=False)
+
+            @tf.function(input_signature=[tf.TensorSpec([None, 224, 224, 3], tf.float32, name="images")])
+            def serve(self, x):
+                return {"probabilities": self.tpu_func(x)}
+
+        m = M()
+        _save(m, m.serve, m.tpu_func, out)
+
+
+    def bert_base(out):
+        import keras
+        import keras_hub
+        import tensorflow as tf
+        import tensorflow_text as text
+
+        keras.utils.set_random_seed(0)
+        vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", *VOCAB_WORDS] + [f"w{i}" for i in range(30522 - 14)]
+        encoder = keras_hub.models.BertBackbone(vocabulary_size=len(vocab), num_layers=12, num_heads=12,
+                                                hidden_dim=768, intermediate_dim=3072, max_sequence_length=128)
+
+        class M(tf.Module):
+            def __init__(self):
+                super().__init__()
+                self.table = tf.lookup.StaticVocabularyTable(
+                    tf.lookup.KeyValueTensorInitializer(vocab, tf.range(len(vocab), dtype=tf.int64)), 1)
+                self.tokenizer = text.BertTokenizer(self.table, token_out_type=tf.int64, lower_case=True)
+                self.encoder = encoder
+
+            @tf.function(input_signature=[tf.TensorSpec([None, 128], tf.int32)] * 2)
+            def tpu_func(self, ids, mask):
+                return self.encoder({"token_ids": ids, "segment_ids": tf.zeros_like(ids),
+                                     "padding_mask": mask})["pooled_output"]
+
+            @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+            def serve(self, s):
+                pieces = self.tokenizer.tokenize(s).merge_dims(-2, -1)[:, :126]
+                b = tf.shape(s, out_type=tf.int64)[:1]
+                ends = lambda v: tf.fill(tf.concat([b, [1]], 0), tf.constant(v, tf.int64))
+                ids = tf.concat([ends(2), pieces, ends(3)], axis=1).to_tensor(0, shape=[None, 128])
+                ids = tf.cast(ids, tf.int32)
+                return {"pooled": self.tpu_func(ids, tf.cast(ids != 0, tf.int32))}
+
+        m = M()
+        _save(m, m.serve, m.tpu_func, out)
+
+
+    def images():
+        rng = np.random.default_rng(1)
+        while True:
+            ramp = np.linspace(0, 255, 224, dtype=np.float32)
+            base = ramp[None, :, None, None] * rng.uniform(0.2, 1, (1, 1, 1, 3)) + ramp[None, None, :, None] * 0.3
+            yield {"images": np.clip(base + rng.normal(0, 8, (1, 224, 224, 3)), 0, 255).astype(np.float32)}
+
+
+    def write_text_samples(path, count=16):
+        import tensorflow as tf
+
+        rng = np.random.default_rng(2)
+        rows = [" ".join(rng.choice(VOCAB_WORDS, size=rng.integers(4, 40))).encode() for _ in range(count)]
+        saver = tf.quantization.experimental.TfRecordRepresentativeDatasetSaver(path_map={"serving_default": path})
+        saver.save({"serving_default": [{"text": np.array([r], dtype=object)} for r in rows]})
+
+
+    if __name__ == "__main__":
+        globals()[sys.argv[1]](*sys.argv[2:])
+''')
+
+RECIPES = {
+    "resnet50_bf16": ("resnet50", """\
+name: resnet50_bf16
+model: {saved_model: sources/resnet50}
+converter:
+  tpu_functions: [{function_alias: tpu_func}]
+  bfloat16_optimization: ENABLED
+  bfloat16_optimization_options: {scope: TPU}
+verify: {samples: 8}
+"""),
+    "resnet50_int8": ("resnet50", """\
+name: resnet50_int8
+model: {saved_model: sources/resnet50}
+converter:
+  tpu_functions: [{function_alias: tpu_func}]
+  quantization_options:
+    method: STATIC_RANGE
+    representative_datasets:
+      serving_default: {generator: "recipes.exports:images", num_samples: %(calibration)d}
+"""),
+    "bert_base_text": ("bert_base", """\
+name: bert_base_text
+model: {saved_model: sources/bert_base}
+op_libraries: [tensorflow_text]
+converter:
+  tpu_functions: [{function_alias: tpu_func}]
+verify:
+  representative_datasets:
+    serving_default: {tfrecord_file_path: data/text.tfrecord}
+"""),
+}
+
+
+def _measured(argv: list[str], cwd: Path) -> tuple[float, float, subprocess.CompletedProcess]:
+    """(seconds, peak RSS in MiB of the largest process it started, result) of a fresh
+    process; RUSAGE_CHILDREN's maxrss is the largest descendant waited for, so each
+    command runs in a child of its own whose own rusage is read."""
+    probe = ("import resource, subprocess, sys, json, time\n"
+             "t = time.monotonic(); r = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+             "print(json.dumps({'s': time.monotonic() - t, 'rss': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,"
+             " 'rc': r.returncode, 'out': r.stdout, 'err': r.stderr}))")
+    done = subprocess.run([sys.executable, "-c", probe, *argv], cwd=cwd, capture_output=True, text=True, check=True)
+    data = json.loads(done.stdout)
+    return data["s"], data["rss"] / 1024, subprocess.CompletedProcess(argv, data["rc"], data["out"], data["err"])
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default=",".join(RECIPES), help="comma-separated recipes")
+    parser.add_argument("--calibration", type=int, default=32, help="int8 calibration samples (converter: 200+)")
+    parser.add_argument("--keep", type=Path, help="build in this directory and keep it")
+    args = parser.parse_args()
+    wanted = [r for r in args.only.split(",") if r]
+    ws = args.keep or Path(tempfile.mkdtemp(prefix="tpubuild-real-models-"))
+    (ws / "recipes").mkdir(parents=True, exist_ok=True)
+    (ws / "data").mkdir(exist_ok=True)
+    (ws / "recipes" / "__init__.py").write_text("")
+    (ws / "recipes" / "exports.py").write_text(EXPORTS)
+    (ws / "tpubuild.yaml").write_text('recipes: ["recipes/*.yaml"]\n')
+    quiet = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    print(f"workspace {ws}; python {sys.version.split()[0]}; {os.cpu_count()} CPUs")
+    for name in wanted:
+        model, recipe = RECIPES[name]
+        source = ws / "sources" / model
+        if not source.exists():
+            t = time.monotonic()
+            subprocess.run([sys.executable, "recipes/exports.py", model, str(source)], cwd=ws, check=True,
+                           env=quiet, capture_output=True)
+            print(f"exported {model}: {time.monotonic() - t:.1f} s, {_mib(_size(source))}")
+        if name == "bert_base_text" and not (ws / "data" / "text.tfrecord").exists():
+            subprocess.run([sys.executable, "recipes/exports.py", "write_text_samples", "data/text.tfrecord"],
+                           cwd=ws, check=True, env=quiet, capture_output=True)
+        (ws / "recipes" / f"{name}.yaml").write_text(recipe % {"calibration": args.calibration})
+
+        floor_dir = ws / "floor" / model
+        shutil.rmtree(floor_dir, ignore_errors=True)
+        floor_s, floor_rss, floor = _measured(
+            [sys.executable, "-c", "import sys, tensorflow as tf\n"
+             + ("import tensorflow_text\n" if model == "bert_base" else "")
+             + "tf.saved_model.save(tf.saved_model.load(sys.argv[1]), sys.argv[2])", str(source), str(floor_dir)],
+            ws)
+        if floor.returncode:
+            print(f"  floor failed: {floor.stderr.strip().splitlines()[-1]}")
+        seconds, rss, result = _measured([sys.executable, "-m", "tpubuild", "build", "--json", name], ws)
+        print(f"\n{name}: build {'ok' if result.returncode == 0 else f'FAILED (exit {result.returncode})'}")
+        if result.returncode:
+            for line in result.stderr.strip().splitlines()[-3:]:
+                print(f"  {line}")
+        try:
+            rows = json.loads(result.stdout)["rows"]
+        except ValueError:
+            rows = []
+        for row in rows:
+            print(f"  {row['stage']:<22} {row['status']:<8} {row['seconds']:8.2f} s")
+        out = ws / "out" / name
+        versions = sorted((p for p in out.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)) if out.is_dir() else []
+        artifact = _size(versions[-1]) if versions else 0
+        print(f"  total                           {seconds:8.2f} s   peak RSS {rss:,.0f} MiB")
+        print(f"  floor (load + save, fresh proc) {floor_s:8.2f} s   peak RSS {floor_rss:,.0f} MiB   "
+              f"-> build is {seconds / floor_s:.1f}x the floor")
+        print(f"  source {_mib(_size(source))}, artifact {_mib(artifact)} ({artifact / max(_size(source), 1):.2f}x)")
+    if not args.keep:
+        shutil.rmtree(ws, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
