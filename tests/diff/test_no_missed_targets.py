@@ -91,6 +91,8 @@ MUTATIONS = [
     ("converter.quantization_options.representative_datasets",
      ("converter", "quantization_options", "representative_datasets"),
      {"serving_default": {"tfrecord_file_path": "data/e.tfrecord"}}),
+    # Every stage loads the libraries first, so every key covers them (an installed module).
+    ("op_libraries", ("op_libraries",), ["numpy"]),
     ("verify.samples", ("verify", "samples"), 9),
     ("verify.seed", ("verify", "seed"), 1),
     ("verify.rtol", ("verify", "rtol"), 0.1),

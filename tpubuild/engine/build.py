@@ -520,10 +520,15 @@ def memo_files(engine: Engine, run: RecipeRun) -> list[str] | None:
                 files.append(dirpath)
                 files.extend(os.path.join(dirpath, n) for n in filenames)
         files.extend(str(root / rel) for rel in planned.files)
-        for rel in out.record.get("discovered", {}):
+        for rel, digest in out.record.get("discovered", {}).items():
             if rel.startswith("dist:"):  # an upgrade replaces the dist-info directory
                 installed = installed_dist(rel[len("dist:"):])
                 files.append(installed[1] if installed else str(root / rel))
+            elif digest == ABSENT:  # a file created there changes its directory's stat
+                parent = (root / rel).parent
+                while not parent.is_dir() and parent != root:
+                    parent = parent.parent
+                files.append(str(parent))
             else:
                 files.append(str(root / rel))
         files.append(str(engine.store.entry_path(out.key)))

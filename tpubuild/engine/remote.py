@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 from tpubuild.engine.hashing import FileEntry, hash_file
 from tpubuild.engine.keys import canonical_dumps, stage_key
 from tpubuild.engine.remote_backends import Backend, RemoteSetupError, open_backend
-from tpubuild.engine.records import StageEntry, discovered_final_key, parse_entry
+from tpubuild.engine.records import DIGEST, StageEntry, discovered_final_key, parse_entry
 
 if TYPE_CHECKING:
     from tpubuild.engine.statcache import StatCache
@@ -183,7 +183,7 @@ class RemoteCache:
         downloaded and verified, then recorded in the local store (so later lookups are
         local). None on a miss; a malformed record or a wrong object is reported and is a
         miss too, never used."""
-        if not self.enabled or not _DIGEST.match(key):
+        if not self.enabled or not DIGEST.match(key):
             return None
         try:
             raw = self._read(lambda io: io.read(_stage_rel(key)))
@@ -231,7 +231,7 @@ class RemoteCache:
             shutil.rmtree(work, ignore_errors=True)
 
     def _fetch_object(self, f: FileEntry, store: Store, work: Path, owner: str) -> bool:
-        if not _DIGEST.match(f.hash):
+        if not DIGEST.match(f.hash):
             self._fail(f"remote cache {self.url}: {owner or 'a record'} names a malformed object {f.hash!r}; not used")
             return False
         tmp = os.path.join(work, f.hash)
@@ -260,7 +260,7 @@ class RemoteCache:
     def fetch_discovered(self, declared_key: str) -> list[dict[str, Any]]:
         """The discovered-input candidates stored for `declared_key`: a list of
         {"files": {path: hash}, "key": final key}, each checked to hash to its final key."""
-        if not self.enabled or not _DIGEST.match(declared_key):
+        if not self.enabled or not DIGEST.match(declared_key):
             return []
         prefix = f"discovered/{declared_key}"
         try:

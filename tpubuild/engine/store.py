@@ -319,7 +319,7 @@ class Store:
             raw = path.read_bytes()
         except FileNotFoundError:
             return None
-        entry, problem = parse_entry(key, raw)
+        entry, problem = parse_entry(key, raw, hash_record=False)
         if entry is None:
             self.report(f"warning: cache record {path} is invalid ({problem}); removed, the stage rebuilds")
             try:
