@@ -174,6 +174,24 @@ def test_session_loader_check_rejects_a_raw_keras_export(tmp_path):
         _session_run(raw, ["serve"], {"ids": keras_models.token_ids(1)})
     with pytest.raises(ConversionError, match="never restored"):
         check_serving_load(raw, ["serve"], "the raw export")
+    # TF's LiteRT converter on the raw export keeps the weights as variables, which the
+    # litert stage refuses (a flatbuffer that would run on uninitialized weights).
+    from tpubuild.errors import StageError
+    from tpubuild.savedmodel import litert_convert, litert_inspect
+    from tpubuild.stages.litert import _refuse_unfrozen_weights
+
+    ops = litert_inspect.op_counts(litert_convert.convert(raw, ["serve"], ["serving_default"], "none", False, None))
+    assert ops.get("VAR_HANDLE") and ops.get("READ_VARIABLE"), ops
+    with pytest.raises(StageError, match="still reads variables"):
+        _refuse_unfrozen_weights(ops)
+    # The XLA AOT compiler's freezer fails on it too; the error quotes the cause, not TF's
+    # `Graph execution error:` header.
+    from tpubuild.savedmodel import xla_aot
+
+    (job,) = xla_aot.plan_jobs(["serving_default"], [1])
+    (tmp_path / "aot").mkdir()
+    result = xla_aot.run_compiler(raw, ["serve"], [job], tmp_path / "aot", lambda line: None)[job.prefix]
+    assert "Could not find variable" in result["error"], result
     assert normalize_in_place(raw), "no duplicate handle found in a Keras 3 export"
     _session_run(raw, ["serve"], {"ids": keras_models.token_ids(1)})
     check_serving_load(raw, ["serve"], "the merged export")
