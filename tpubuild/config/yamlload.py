@@ -141,8 +141,20 @@ def _check_shape(text: str, display: str) -> int:
     """Refuse deep nesting and many aliases from the token stream, before anything is
     composed: the scan stops at the first excess, so the cost is bounded too. Returns
     the number of aliases."""
+    try:
+        return _scan_shape(text, display, _Loader)
+    except yaml.YAMLError as exc:
+        # libyaml >= 0.2.6 (PyYAML 6.0.4's wheels) stops at its own flow-depth limit while
+        # looking ahead, before yielding the tokens that would reach ours: scan again with
+        # the pure-Python scanner, which has no such limit, to say where ours is crossed.
+        if "maximum nesting depth" not in str(exc) or _Loader is yaml.SafeLoader:
+            raise
+        return _scan_shape(text, display, yaml.SafeLoader)
+
+
+def _scan_shape(text: str, display: str, loader: type) -> int:
     depth = aliases = 0
-    for token in yaml.scan(text, Loader=_Loader):
+    for token in yaml.scan(text, Loader=loader):
         kind = type(token)  # exact types: a set lookup is cheaper than isinstance
         if kind in _OPENERS:
             depth += 1

@@ -124,17 +124,33 @@ def install(workspace: Path) -> None:
 _TOOLCHAIN_DISTS = frozenset({"tensorflow", "tensorflow-cpu", "tf-nightly", "numpy", "protobuf", "tpubuild"})
 
 
-def _imported_distributions() -> dict[str, str]:
-    """`dist:<name>` -> version for each installed distribution user code imported from
-    (Keras, keras-hub, tensorflow_text ...): upgrading one reruns the stage."""
+def _imported_distributions(sources: list[str]) -> dict[str, str]:
+    """`dist:<name>` -> version for each installed distribution the user's own files
+    import by name (Keras, keras-hub, tensorflow_text ...): upgrading one reruns the stage.
+    Only the packages the user's code names, not what they import in turn: those follow
+    from the named package's version (and TensorFlow's, which every key holds), and keying
+    them would tie every key to each patch release of TensorFlow's dependencies."""
+    import ast
     from importlib import metadata
 
+    named: set[str] = set()
+    for path in sources:
+        try:
+            tree = ast.parse(open(path, "rb").read(), filename=path)
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                named.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                named.add(node.module.split(".")[0])
     owners = metadata.packages_distributions()
     found: dict[str, str] = {}
-    for name, module in list(sys.modules.items()):
+    for name in sorted(named):
+        module = sys.modules.get(name)
         path = getattr(module, "__file__", None)
-        if "." in name or not path or not _installed(os.path.realpath(path)):
-            continue
+        if not path or not _installed(os.path.realpath(path)):
+            continue  # not imported, or the workspace's own module of that name
         for dist in owners.get(name, []):
             key = dist.lower().replace("_", "-").replace(".", "-")
             if key in _TOOLCHAIN_DISTS:
@@ -159,5 +175,7 @@ def discovered() -> dict[str, str]:
         name = _input_name(path)
         if name is not None and (found.get(name) in (None, ABSENT)) and os.path.isfile(path):
             found[name] = hash_file(path)
-    found.update(_imported_distributions())
+    sources = [name if os.path.isabs(name) else os.path.join(_root, name)
+               for name, digest in found.items() if digest != ABSENT and name.endswith(".py")]
+    found.update(_imported_distributions(sources))
     return dict(sorted(found.items()))
