@@ -69,6 +69,19 @@ def _input_name(path: str) -> str | None:
 ABSENT = "absent"
 
 
+def _imported_by_user_code() -> bool:
+    """Whether the import statement being resolved is in a workspace file or another
+    source file no distribution installed (the innermost frame outside importlib)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename.startswith("<frozen importlib") or f"{os.sep}importlib{os.sep}" in filename:
+            frame = frame.f_back
+            continue
+        return not filename.startswith("<") and _input_name(filename) is not None
+    return False
+
+
 class _NegativeLookups:
     """A sys.meta_path finder that finds nothing and records where Python is about to
     look in the workspace: each `<dir>/<name>.py` and `<dir>/<name>/__init__.py` that does
@@ -77,6 +90,12 @@ class _NegativeLookups:
     absence is an input, as compilers' dep files record the include paths they tried."""
 
     def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
+        if not _imported_by_user_code():
+            # What TensorFlow and other installed packages look for depends on what else is
+            # installed (optional dependencies): recording it would make every key differ
+            # between two environments with the same toolchain. The user's imports are the
+            # user's inputs; an installed package's are part of that package.
+            return None
         tail = name.rpartition(".")[2]
         for entry in list(path if path is not None else sys.path):
             if not isinstance(entry, str) or not entry or not os.path.isdir(entry):
