@@ -170,11 +170,17 @@ def tpubuild(ws: Path, *args: str, timeout: float = 300, env: dict | None = None
     )
 
 
-def build_json(ws: Path, *args: str, expect: int = 0) -> dict:
+def build_json(ws: Path, *args: str, expect: int = 0, env: dict | None = None) -> dict:
     """`tpubuild build --json ARGS`, checked for its exit code, parsed."""
-    result = tpubuild(ws, "build", "--json", *args)
+    result = tpubuild(ws, "build", "--json", *args, env=env)
     assert result.returncode == expect, result.stderr
     return json.loads(result.stdout)
+
+
+def export_variant(ws: Path, script: str, old: str, new: str) -> None:
+    """recipes/models/<script>: the tiny export script with `old` replaced by `new`."""
+    assert old in EXPORT_SCRIPT, old
+    (ws / "recipes" / "models" / script).write_text(EXPORT_SCRIPT.replace(old, new))
 
 
 def statuses(document: dict, recipe: str) -> dict[str, str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.engine.conftest import CLI, REPO, build_json, export_recipe, statuses, tpubuild
+from tests.engine.conftest import CLI, REPO, build_json, export_recipe, export_variant, statuses, tpubuild
 
 SLOW_EXPORT = '''\
 import time
@@ -228,20 +228,12 @@ def test_a_module_imported_from_outside_the_workspace_is_keyed_by_content(make_w
     outside.mkdir()
     (outside / "extscale.py").write_text("SCALE = 2.0\n")
     ws = make_workspace({"ext": export_recipe("ext", "models/ext_export.py", "models/helper.py")})
-    (ws / "recipes" / "models" / "ext_export.py").write_text(
-        (ws / "recipes" / "models" / "tiny_export.py").read_text().replace(
-            "from helper import SCALE", "from extscale import SCALE"))
+    export_variant(ws, "ext_export.py", "from helper import SCALE", "from extscale import SCALE")
     env = {"PYTHONPATH": f"{REPO}{os.pathsep}{outside}"}
-
-    def build() -> dict:
-        result = tpubuild(ws, "build", "--json", env=env)
-        assert result.returncode == 0, result.stderr
-        return json.loads(result.stdout)
-
-    assert statuses(build(), "ext")["export"] == "built"
-    assert statuses(build(), "ext")["export"] == "cached"
+    assert statuses(build_json(ws, env=env), "ext")["export"] == "built"
+    assert statuses(build_json(ws, env=env), "ext")["export"] == "cached"
     (outside / "extscale.py").write_text("SCALE = 5.0\n")
-    assert statuses(build(), "ext")["export"] == "built"
+    assert statuses(build_json(ws, env=env), "ext")["export"] == "built"
 
 
 def test_upgrading_an_installed_package_an_export_imports_reruns_it(make_workspace, tmp_path):
@@ -261,20 +253,12 @@ def test_upgrading_an_installed_package_an_export_imports_reruns_it(make_workspa
 
     install("1.0")
     ws = make_workspace({"dist": export_recipe("dist", "models/dist_export.py", "models/helper.py")})
-    (ws / "recipes" / "models" / "dist_export.py").write_text(
-        (ws / "recipes" / "models" / "tiny_export.py").read_text().replace(
-            "from helper import SCALE", "from fakescale import SCALE"))
+    export_variant(ws, "dist_export.py", "from helper import SCALE", "from fakescale import SCALE")
     env = {"PYTHONPATH": f"{REPO}{os.pathsep}{site}"}
-
-    def build() -> dict:
-        result = tpubuild(ws, "build", "--json", env=env)
-        assert result.returncode == 0, result.stderr
-        return json.loads(result.stdout)
-
-    assert statuses(build(), "dist")["export"] == "built"
-    assert statuses(build(), "dist")["export"] == "cached"
+    assert statuses(build_json(ws, env=env), "dist")["export"] == "built"
+    assert statuses(build_json(ws, env=env), "dist")["export"] == "cached"
     install("1.1")  # same module file, another release: pip's upgrade renames the dist-info
-    assert statuses(build(), "dist")["export"] == "built"
+    assert statuses(build_json(ws, env=env), "dist")["export"] == "built"
 
 
 def test_two_recipes_on_one_model_publish_their_own_names(make_workspace):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tests.engine.conftest import export_recipe, tpubuild
+from tests.engine.conftest import export_recipe, export_variant, tpubuild
 
 
 def test_syntax_error_in_an_export_script_names_its_line(make_workspace):
@@ -64,9 +64,8 @@ def test_a_verification_that_cannot_fail_is_a_warning_not_a_pass(make_workspace)
     # Outputs around 1e-11 against the default atol: an artifact returning zeros would pass,
     # so the build says the comparison is vacuous instead of reporting it as verified.
     ws = make_workspace({"tiny": export_recipe("tiny", "models/tiny_out.py", "models/helper.py")})
-    (ws / "recipes" / "models" / "tiny_out.py").write_text(
-        (ws / "recipes" / "models" / "tiny_export.py").read_text().replace(
-            "return {\"y\": tf.matmul(x, self.w)}", "return {\"y\": tf.matmul(x, self.w) * 1e-11}"))
+    export_variant(ws, "tiny_out.py", 'return {"y": tf.matmul(x, self.w)}',
+                   'return {"y": tf.matmul(x, self.w) * 1e-11}')
     result = tpubuild(ws, "build")
     assert result.returncode == 0, result.stderr
     assert "signature 'serving_default' output 'y': the source's outputs are at most" in result.stderr
