@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from tpubuild.stages import batch, bfloat16, tpu
 from tpubuild.stages.base import StageContext
-from tpubuild.savedmodel.twin import make_cpu_twin
+from tpubuild.tpu.twin import make_cpu_twin
 
 WIDTHS = (512, 1024, 1024, 1024, 16)
 CALLERS = 32

@@ -6,7 +6,7 @@ cache): diff reads the models only to hash them, so each model directory holds a
 saved_model.pb and a variables file of random bytes of a tiny SavedModel's size.
 Measured: no change, one recipe edited, and the shared base edited (every recipe
 affected: the worst case, each one also resolved against the cache).
-Target (issue 10): under 1 s for 200 recipes. Prints the figures; asserts nothing.
+Target: under 1 s for 200 recipes. Prints the figures; asserts nothing.
 Usage: python3 benchmarks/diff_200.py [RECIPES]
 """
 

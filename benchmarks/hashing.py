@@ -1,5 +1,5 @@
 """Hashing a 1 GiB SavedModel: cold (no stat cache) against `cat FILE > /dev/null` on the
-same file, and warm (stat cache). Targets (issue 4): cold within 1.5x of cat, warm < 5 ms.
+same file, and warm (stat cache). Targets: cold within 1.5x of cat, warm < 5 ms.
 References in the same run: single-stream SHA-256 and single-thread BLAKE3.
 Usage: python3 benchmarks/hashing.py [SIZE_MIB]
 """

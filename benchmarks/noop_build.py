@@ -5,7 +5,7 @@ Recipes: TPU placement (a function alias) and batching on distinct models (each 
 has its own weights, so each recipe has its own stage keys). 2,000 recipes are ten
 recipes per model (different names: their stages are shared cache entries, each is
 published and checked on its own). Both workspaces share one cache_dir.
-Targets (issue 8): 200 recipes < 0.25 s and >= 10x faster than `dvc repro`; 2,000 < 1.5 s.
+Targets: 200 recipes < 0.25 s and >= 10x faster than `dvc repro`; 2,000 < 1.5 s.
 dvc comes from `pip install -e '.[bench]'` or a `dvc` on PATH (DVC env var: its path).
 Prints the figures; asserts nothing.
 Usage: python3 benchmarks/noop_build.py [MODELS] [RECIPES_PER_MODEL]

@@ -3,7 +3,7 @@ pushing to a remote cache on an S3-protocol server (moto's, on 127.0.0.1), then 
 second, fresh copy of the workspace built from that warm remote only (no local cache,
 no outputs): the second build's time, the stages it ran, and the bytes each way.
 
-Targets (issue 11): the warm build at least 10x faster than the cold one, 0 stages built.
+Targets: the warm build at least 10x faster than the cold one, 0 stages built.
 Needs `pip install -e '.[test]'` (moto[server], s3fs). Prints the figures; asserts nothing.
 Usage: python3 benchmarks/remote_cache.py [JOBS]
 """

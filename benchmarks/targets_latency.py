@@ -1,5 +1,5 @@
 """Per-call latency of the example model (recipes/models/all_targets.py) on each serving target,
-and the fused vs unfused op count of its LiteRT flatbuffer (issue 12's "Done when").
+and the fused vs unfused op count of its LiteRT flatbuffer.
 
 Without arguments: exports the example, converts it with the real `litert` stage twice
 (`composites: all` and `none`), and times, on the same input, the source SavedModel in
@@ -14,10 +14,10 @@ Run: python3 benchmarks/targets_latency.py [--built out/all_targets] [--runs 200
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 import importlib.util
 import json
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -38,8 +38,8 @@ def example() -> Any:
 
 def convert(source: Path, root: Path, composites: str) -> Path:
     """The real `litert` stage, called as the engine calls it."""
-    from tpubuild.stages import litert
     from tpubuild.stages.base import StageContext
+    from tpubuild.targets.litert import stage as litert
 
     output = root / f"litert-{composites}"
     output.mkdir()
@@ -52,19 +52,19 @@ def convert(source: Path, root: Path, composites: str) -> Path:
 def tf_latency(saved_model: Path, sample: dict[str, np.ndarray], runs: int) -> float:
     import tensorflow as tf
 
-    from tpubuild.savedmodel.litert_run import median_latency_us
+    from tpubuild.verify.latency import median_call_seconds, signature_call
 
     function = tf.saved_model.load(str(saved_model)).signatures["serving_default"]
-    tensors = {name: tf.constant(value) for name, value in sample.items()}
-    return median_latency_us(lambda: function(**tensors), runs)
+    return median_call_seconds(signature_call(function, sample), runs) * 1e6
 
 
 def litert_latency(built: Path, sample: dict[str, np.ndarray], runs: int) -> float:
-    from tpubuild.savedmodel.litert_run import LiteRTModel, median_latency_us
+    from tpubuild.targets.litert.interpreter import LiteRTModel
+    from tpubuild.verify.latency import median_call_seconds
 
     facts = json.loads((built / "litert.json").read_text())
     model = LiteRTModel(built / "model.tflite", stateful=facts["variable_tensors"] > 0)
-    return median_latency_us(lambda: model.invoke("serving_default", sample), runs)
+    return median_call_seconds(lambda: model.invoke("serving_default", sample), runs) * 1e6
 
 
 def describe_ops(built: Path) -> str:

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from tpubuild.savedmodel.checks import check_tpu_functions
 from tpubuild.savedmodel.model import SavedModel
-from tpubuild.savedmodel.resolve import resolve_tpu_functions
-from tpubuild.savedmodel.tpu import place_on_tpu
+from tpubuild.tpu.compatibility import check_tpu_functions
+from tpubuild.tpu.functions import resolve_tpu_functions
+from tpubuild.tpu.placement import place_on_tpu
 
 WIDTH = 896  # LAYERS=4 -> 4 * 896 * 896 = 3.2M parameters
 

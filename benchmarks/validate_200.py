@@ -1,6 +1,6 @@
 """`tpubuild validate` on a workspace of 200 recipes: wall time and TensorFlow-freeness.
 
-Target (issue 2): under 1 s, no TensorFlow import. Prints the figures; asserts nothing.
+Target: under 1 s, no TensorFlow import. Prints the figures; asserts nothing.
 """
 
 from __future__ import annotations

@@ -26,8 +26,9 @@ from tpubuild.quiet import quiet_tensorflow
 
 def main(argv: list[str]) -> int:
     quiet_tensorflow()
-    from tpubuild.stages import xla_aot, xla_aot_verify
     from tpubuild.stages.base import StageContext
+    from tpubuild.targets.xla_aot import stage as xla_aot
+    from tpubuild.targets.xla_aot import verify_stage as xla_aot_verify
 
     script = Path(argv[0] if argv else "recipes/models/all_targets.py")
     batch_sizes = [int(b) for b in (argv[1] if len(argv) > 1 else "1").split(",")]

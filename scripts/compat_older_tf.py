@@ -5,7 +5,7 @@
 1. Exports a small model with this environment's TensorFlow (a TPU function called from
    the serving signature), converts it with `tpubuild convert` (TPU placement, bfloat16,
    IO shapes, batching of the TPU call site), and makes the CPU twin.
-2. Computes the oldest TensorFlow the twin needs (tpubuild.savedmodel.compat) and, unless
+2. Computes the oldest TensorFlow the twin needs (tpubuild.report.compat) and, unless
    --tensorflow says otherwise, installs that release's `tensorflow-cpu` with pip into a
    separate virtual environment (default /tmp/tpubuild-compat-tf-VERSION; reused when it
    already has that release).
@@ -130,7 +130,7 @@ def ensure_venv(venv: Path, version: str) -> Path:
 
 
 def requirements(model_dir: Path) -> list:
-    from tpubuild.savedmodel import compat
+    from tpubuild.report import compat
     from tpubuild.savedmodel.model import SavedModel
 
     return compat.requirements(SavedModel.load(model_dir).meta_graph)
@@ -149,8 +149,8 @@ def main() -> int:
     import numpy as np
     import tensorflow as tf
 
-    from tpubuild.savedmodel.compat import min_tensorflow_version
-    from tpubuild.savedmodel.twin import make_cpu_twin
+    from tpubuild.report.compat import min_tensorflow_version
+    from tpubuild.tpu.twin import make_cpu_twin
 
     work = args.work or Path(tempfile.mkdtemp(prefix="tpubuild-compat-"))
     work.mkdir(parents=True, exist_ok=True)

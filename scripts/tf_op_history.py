@@ -1,7 +1,7 @@
-"""Regenerate tpubuild/savedmodel/tf_op_history.py: when each TensorFlow op and attribute appeared.
+"""Regenerate tpubuild/report/tf_op_history.py: when each TensorFlow op and attribute appeared.
 
 Usage:
-    python scripts/tf_op_history.py DIR [DIR ...] > tpubuild/savedmodel/tf_op_history.py
+    python scripts/tf_op_history.py DIR [DIR ...] > tpubuild/report/tf_op_history.py
 
 Each DIR holds one release's generated op wrappers, `tensorflow/python/ops/gen_*.py`, as
 unpacked from that release's `tensorflow-cpu` wheel (for example with

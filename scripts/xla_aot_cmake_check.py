@@ -45,8 +45,8 @@ int main() {{
 
 def main(argv: list[str]) -> int:
     quiet_tensorflow()
-    from tpubuild.stages import xla_aot
     from tpubuild.stages.base import StageContext
+    from tpubuild.targets.xla_aot import stage as xla_aot
 
     script = Path(argv[0] if argv else "recipes/models/all_targets.py")
     spec = importlib.util.spec_from_file_location("example_model", script)

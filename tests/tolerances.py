@@ -7,7 +7,7 @@ and a BatchFunction pads and concatenates requests). An AMD EPYC gave 1.31063210
 where an Intel CPU gave 1.310632348060608 for the same batched float32 call (issue 13).
 
 A bound is `atol + rtol * max|want|`, scaled by the tensor's largest magnitude as tpubuild's
-own verify stage does (tpubuild/savedmodel/compare.py): the rounding error of a dot product
+own verify stage does (tpubuild/verify/compare.py): the rounding error of a dot product
 is proportional to the magnitude of its terms, not to the result element, so an element
 that cancels to about zero would break a purely element-wise relative bound.
 """

@@ -27,18 +27,25 @@ def write_atomic(path: Path, data: bytes) -> None:
         except FileNotFoundError:
             pass
         raise
-    fsync_directory(path.parent)  # the rename itself survives a crash only once its directory is on disk
+    fsync_path(path.parent)  # the rename itself survives a crash only once its directory is on disk
 
 
-def fsync_directory(directory: Path) -> None:
+def fsync_path(path: Path | str) -> None:
+    """fsync a file or directory by path (a read-only descriptor is enough on Linux). A
+    file's failure raises; a directory that its file system will not open or fsync (some
+    network file systems) is skipped, since there is nothing more to do for it."""
+    directory = os.path.isdir(path)
     try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
-        return  # not every platform or file system lets a directory be opened
+        if directory:
+            return
+        raise
     try:
         os.fsync(fd)
     except OSError:
-        pass
+        if not directory:
+            raise
     finally:
         os.close(fd)
 

@@ -7,7 +7,6 @@ OUT_DIR, and the last one is renamed into place, so a failure leaves OUT_DIR unt
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import shutil
 import tempfile
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tpubuild.errors import ConversionError, UsageError
-from tpubuild.pipeline import TRANSFORMS, plan, spec
+from tpubuild.pipeline import TRANSFORMS, entry, plan
 from tpubuild.stages.base import StageContext
 
 # Stages convert runs: the model-changing ones after the source, plus the datasets quantize reads.
@@ -33,7 +32,6 @@ class StageRun:
 @dataclass
 class ConvertResult:
     ran: list[StageRun] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)  # planned stages whose module does not exist yet
 
 
 def convert(
@@ -59,11 +57,7 @@ def convert(
     try:
         current = src
         for index, stage in enumerate(s for s in plan(canonical) if s.name in RUNNABLE):
-            entry = _entry(stage.name)
-            if entry is None:
-                result.skipped.append(stage.name)
-                log(f"{stage.name}: stage not available in this build; skipped")
-                continue
+            run = _run_function(stage.name)
             stage_out = work / f"{index}-{stage.name}"
             stage_out.mkdir()
             log(f"{stage.name}: running")
@@ -74,7 +68,7 @@ def convert(
                 results={name: summaries[name] for name in stage.summaries if name in summaries},
                 log=log,
             )
-            outcome = entry(current, stage_out, stage.options, context)
+            outcome = run(current, stage_out, stage.options, context)
             outputs[stage.name] = stage_out
             summaries[stage.name] = outcome.summary
             result.ran.append(StageRun(stage.name, outcome.summary, list(outcome.warnings)))
@@ -86,11 +80,9 @@ def convert(
     return result
 
 
-def _entry(name: str) -> Callable[..., Any] | None:
-    """The stage's run function, or None when its module is not part of this build yet."""
-    module_name, _, function = spec(name).entry.partition(":")
-    if not module_name or importlib.util.find_spec(module_name) is None:
-        return None
+def _run_function(name: str) -> Callable[..., Any]:
+    """The stage's `run`, imported in this process (convert runs stages in-process)."""
+    module_name, _, function = entry(name).partition(":")
     return getattr(importlib.import_module(module_name), function)
 
 

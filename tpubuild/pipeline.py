@@ -1,9 +1,12 @@
-"""Which stages a recipe runs, in which order, with which options (TensorFlow-free).
+"""The one registry: which stages exist, in which order, which module runs each, which
+serving targets there are, and which stages a recipe runs with which options
+(TensorFlow-free).
 
-Each stage declares itself in `stages/<name>.py` (`SPEC`: options slice, files read,
-outputs consumed); this module only orders them. `source` (hashing and snapshotting the
-user's SavedModel directory) and `publish` (writing `out/<recipe>/<N>/`) are the
-engine's own steps.
+Each stage declares itself beside its code (`SPEC`: options slice, files read, outputs
+consumed); this module only names and orders them. `source` (hashing and snapshotting
+the user's SavedModel directory) and `publish` (writing `out/<recipe>/<N>/`) are the
+engine's own steps. No stage imports this module, so editing the registry reruns no
+stage by itself (a stage's key covers its import closure, engine/code.py).
 """
 
 from __future__ import annotations
@@ -14,44 +17,77 @@ from functools import lru_cache
 from typing import Any
 
 from tpubuild.op_libraries import resolve as resolve_op_libraries
-from tpubuild.stages.base import StageSpec
-from tpubuild.stages.slices import TARGET_STAGES, TRANSFORMS, converter, effective_state, generated_datasets, targets
+from tpubuild.stages.base import StageSpec, TargetSpec
+from tpubuild.stages.selection import TRANSFORMS, main_chain
+from tpubuild.stages.slices import MAIN_TARGET, targets
 
 Canonical = dict[str, Any]
 
-# The target chains this tpubuild has stage modules for (stages/slices.py TARGET_STAGES),
-# in this order after `report`. Adding a target's stages is one line here.
-TARGET_CHAINS = (
-    *TARGET_STAGES["cpu_savedmodel"],
-    *TARGET_STAGES["litert"],
-    *TARGET_STAGES["xla_aot"],
-)
+# The main chain, in the order of the converter's pipeline: stage -> module.
+# A recipe runs a subsequence (stages/selection.py).
+MAIN_STAGES = {
+    "source": None,  # an existing SavedModel directory, snapshotted into the store (engine)
+    "export": "tpubuild.stages.export",  # or: the user's export script makes the SavedModel
+    "dataset": "tpubuild.stages.dataset",  # npz / generator datasets turned into TFRecord
+    "quantize": "tpubuild.stages.quantize",
+    "tpu": "tpubuild.stages.tpu",
+    "bfloat16": "tpubuild.stages.bfloat16",
+    "io_shape": "tpubuild.stages.io_shape",
+    "batch": "tpubuild.stages.batch",
+    "verify": "tpubuild.stages.verify",
+    "report": "tpubuild.stages.report",
+}
 
-# The order of the converter's pipeline (design.md). A recipe runs a subsequence.
-STAGE_ORDER = (
-    "source",  # an existing SavedModel directory, snapshotted into the store
-    "export",  # or: the user's export script, run in a fresh process, makes the SavedModel
-    "dataset",  # npz / generator representative datasets turned into TFRecord
-    "quantize",
-    "tpu",
-    "bfloat16",
-    "io_shape",
-    "batch",
-    "verify",
-    "report",
-    *TARGET_CHAINS,  # each target the recipe lists: its build stage, then its verify stage
-    "publish",
-)
+# Serving targets besides the TPU SavedModel: target -> its folder, which holds `TARGET`
+# (a TargetSpec: chain and defaults) in its `__init__`, `stage.py` and `verify_stage.py`.
+# Adding a target is its folder, its schema entry and one line here.
+TARGET_PACKAGES = {
+    "cpu_savedmodel": "tpubuild.targets.cpu_savedmodel",
+    "litert": "tpubuild.targets.litert",
+    "xla_aot": "tpubuild.targets.xla_aot",
+}
+
 ENGINE_STEPS = frozenset({"source", "publish"})
 
-__all__ = ["STAGE_ORDER", "TARGET_CHAINS", "TRANSFORMS", "PlannedStage", "effective_state", "plan", "spec", "stage_names",
-           "target_chains"]
+
+@lru_cache(maxsize=None)
+def target(name: str) -> TargetSpec:
+    """The TargetSpec a target's folder declares (importing it never imports TensorFlow)."""
+    return importlib.import_module(TARGET_PACKAGES[name]).TARGET
+
+
+# Target -> (build stage, verify stage); the TPU SavedModel is the main chain's.
+TARGET_STAGES: dict[str, tuple[str, ...]] = {
+    MAIN_TARGET: (),
+    **{name: target(name).chain for name in TARGET_PACKAGES},
+}
+# Every stage in pipeline order: the main chain, each target's chain, then publish.
+STAGE_ORDER = (*MAIN_STAGES, *(s for chain in TARGET_STAGES.values() for s in chain), "publish")
+
+__all__ = ["ENGINE_STEPS", "MAIN_STAGES", "STAGE_ORDER", "TARGET_PACKAGES", "TARGET_STAGES", "TRANSFORMS",
+           "PlannedStage", "plan", "spec", "stage_module", "stage_names", "target", "target_chains"]
+
+
+def stage_module(name: str) -> str:
+    """The module whose `run` and `SPEC` are stage `name`."""
+    if MAIN_STAGES.get(name):
+        return MAIN_STAGES[name]
+    for target_name, chain in TARGET_STAGES.items():
+        if name in chain:
+            role = "stage" if name == chain[0] else "verify_stage"
+            return f"{TARGET_PACKAGES[target_name]}.{role}"
+    raise KeyError(f"no stage named {name!r}")
 
 
 @lru_cache(maxsize=None)
 def spec(name: str) -> StageSpec:
-    """The SPEC of `stages/<name>.py` (importing it never imports TensorFlow)."""
-    return importlib.import_module(f"tpubuild.stages.{name}").SPEC
+    """The SPEC of the stage's module (importing it never imports TensorFlow)."""
+    return importlib.import_module(stage_module(name)).SPEC
+
+
+def entry(name: str) -> str:
+    """`module:function` that a worker runs for the stage."""
+    return f"{stage_module(name)}:run"
 
 
 @dataclass(frozen=True)
@@ -66,31 +102,15 @@ class PlannedStage:
 
 def stage_names(recipe: Canonical) -> list[str]:
     """The stages this recipe runs, in pipeline order."""
-    conv = converter(recipe)
-    has_tpu = bool(conv["tpu_functions"])
-    bf16_scope_all = conv["bfloat16_optimization_options"]["scope"] == "ALL"
-    wanted = {
-        "source": "saved_model" in recipe["model"],
-        "export": "export" in recipe["model"],
-        "dataset": bool(generated_datasets(recipe)),
-        "quantize": bool(conv.get("quantization_options")),
-        "tpu": has_tpu,
-        # With scope TPU there is nothing to convert when nothing is on the TPU.
-        "bfloat16": effective_state(conv, "bfloat16_optimization") and (has_tpu or bf16_scope_all),
-        "io_shape": effective_state(conv, "io_shape_optimization") and has_tpu,
-        "batch": bool(conv["batch_options"]),
-        "verify": True,
-        "report": True,
-        "publish": True,
-    }
-    for target in targets(recipe):
-        wanted.update(dict.fromkeys(TARGET_STAGES[target], True))
-    return [name for name in STAGE_ORDER if wanted.get(name)]
+    wanted = main_chain(recipe) | {"publish"}
+    for name in targets(recipe):
+        wanted.update(TARGET_STAGES[name])
+    return [name for name in STAGE_ORDER if name in wanted]
 
 
 def target_chains(names: list[str]) -> dict[str, tuple[str, str]]:
     """Target -> (build stage, verify stage), for the target chains among `names`."""
-    return {target: chain for target, chain in TARGET_STAGES.items() if chain and chain[0] in names}
+    return {name: chain for name, chain in TARGET_STAGES.items() if chain and chain[0] in names}
 
 
 def plan(recipe: Canonical) -> list[PlannedStage]:
@@ -107,7 +127,7 @@ def plan(recipe: Canonical) -> list[PlannedStage]:
             # The recipe name names the directory.
             chains = target_chains([p.name for p in planned])
             consumes = {"model": roles["model"], **({"report": "report"} if "report" in roles else {}),
-                        **{target: build for target, (build, _) in chains.items()}}
+                        **{name: build for name, (build, _) in chains.items()}}
             summaries = tuple(verify for _, verify in chains.values())
             planned.append(PlannedStage(name, {"name": recipe["name"]}, [], consumes, summaries))
         else:

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from tpubuild.cli import main
-from tpubuild.config import load_recipes
+from tpubuild.config.recipe import load_recipes
+from tpubuild.config.workspace import load_workspace
 from tpubuild.errors import ConfigError
-from tpubuild.workspace import load_workspace
 
 
 class WorkspaceFactory:

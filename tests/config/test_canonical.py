@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from tpubuild.config import load_recipe_file, load_recipes
+from tpubuild.config.recipe import load_recipe_file, load_recipes
+from tpubuild.config.workspace import load_workspace
 from tpubuild.pipeline import plan, stage_names
-from tpubuild.workspace import load_workspace
 
 FULL = """
 # yaml-language-server: $schema=../schemas/recipe.schema.json

@@ -12,7 +12,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tpubuild.config import load_recipe_file
+from tpubuild.config.recipe import load_recipe_file
 from tpubuild.errors import ConfigError
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))

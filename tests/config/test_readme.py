@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tpubuild.config import load_recipe_file
+from tpubuild.config.recipe import load_recipe_file
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tpubuild.config.workspace import load_workspace
 from tpubuild.errors import ConfigError
-from tpubuild.workspace import load_workspace
 
 
 def errors_of(ws, recipe_text: str, name: str = "r") -> list[str]:

@@ -10,10 +10,10 @@ import pytest
 import tensorflow as tf
 
 from tpubuild.savedmodel.model import SavedModel
-from tpubuild.savedmodel.resolve import resolve_tpu_functions
-from tpubuild.savedmodel.tpu import place_on_tpu
-from tpubuild.savedmodel.twin import make_cpu_twin
 from tpubuild.stages.base import StageContext
+from tpubuild.tpu.functions import resolve_tpu_functions
+from tpubuild.tpu.placement import place_on_tpu
+from tpubuild.tpu.twin import make_cpu_twin
 
 SPEC4 = tf.TensorSpec([None, 4], tf.float32)
 

@@ -11,11 +11,11 @@ import pytest
 import tensorflow as tf
 
 from tests.convert.conftest import Toy, _save
-from tpubuild.savedmodel import batch_checks
 from tpubuild.savedmodel.model import SavedModel
-from tpubuild.savedmodel.resolve import resolve_tpu_functions
-from tpubuild.savedmodel.tpu import place_on_tpu
 from tpubuild.stages import batch
+from tpubuild.tpu.functions import resolve_tpu_functions
+from tpubuild.tpu.placement import place_on_tpu
+from tpubuild.transforms import batch_checks
 
 BATCH = {
     "num_batch_threads": 2,

@@ -161,7 +161,7 @@ def test_model_with_bfloat16_ops_is_refused_unless_skipped(models, tmp_path, con
 
 
 def test_ops_without_a_bfloat16_cpu_kernel_stay_float32():
-    from tpubuild.savedmodel.bfloat16 import has_cpu_kernel
+    from tpubuild.transforms.bfloat16 import has_cpu_kernel
 
     bf16 = tf.bfloat16.as_datatype_enum
     assert has_cpu_kernel("MatMul", (("T", bf16),))

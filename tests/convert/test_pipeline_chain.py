@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from tests.tolerances import BFLOAT16, assert_close
-from tpubuild.config import load_recipe_file
+from tpubuild.config.recipe import load_recipe_file
 from tpubuild.pipeline import TRANSFORMS, plan, stage_names
 from tpubuild.savedmodel.model import SavedModel
 from tpubuild.stages.base import StageContext
@@ -50,9 +50,9 @@ def _build(recipe, tmp_path: Path) -> tuple[Path, list[str], dict]:
 
 
 def _entry(name: str) -> tuple[str, str]:
-    from tpubuild.pipeline import spec
+    from tpubuild.pipeline import entry
 
-    module, func = spec(name).entry.split(":")
+    module, func = entry(name).split(":")
     return module, func
 
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tpubuild.savedmodel.mlir_bridge import bridge_findings
 from tpubuild.savedmodel.model import SavedModel
-from tpubuild.savedmodel.tpu_runtime_rules import check_tpu_runtime_rules, tpu_bodies
 from tpubuild.stages import batch, bfloat16, io_shape
+from tpubuild.tpu.findings import tpu_bodies
+from tpubuild.tpu.mlir_bridge import bridge_findings
+from tpubuild.tpu.runtime_rules import check_tpu_runtime_rules
 
 BASE = {"tags": ["serve"], "tpu_functions": [{"function_alias": "tpu_func"}]}
 BATCH = {

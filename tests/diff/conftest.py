@@ -46,7 +46,7 @@ RECIPES = {
 
 def write_samples(path: Path, value: float) -> None:
     """A verification dataset of four rows, all `value`."""
-    from tpubuild.savedmodel.datasets import write_tfrecord
+    from tpubuild.quantize.datasets import write_tfrecord
 
     write_tfrecord(path, "serving_default", [{"x": np.full((1, 2), value, np.float32)} for _ in range(4)])
 

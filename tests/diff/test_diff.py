@@ -174,8 +174,8 @@ def test_markdown_stays_under_the_comment_limit():
 def test_artifact_deltas_where_head_is_built(repo):
     """Lock files gaining an `artifact:` mapping (the figures of issue 10): the diff shows
     HEAD's against BASE's once HEAD's lock file records a build of HEAD's recipe."""
-    from tpubuild.config import load_recipes
-    from tpubuild.workspace import load_workspace
+    from tpubuild.config.recipe import load_recipes
+    from tpubuild.config.workspace import load_workspace
 
     lock = repo / "recipes" / "plain.lock.yaml"
     with open(lock, "a") as f:

@@ -15,12 +15,11 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tpubuild.config import load_recipes
+from tpubuild.config.recipe import load_recipes
+from tpubuild.config.workspace import load_workspace
 from tpubuild.errors import ConfigError
-from tpubuild.pipeline import STAGE_ORDER, plan
+from tpubuild.pipeline import STAGE_ORDER, TARGET_STAGES, plan
 from tpubuild.review.compare import Side, stage_changes
-from tpubuild.stages.slices import TARGET_STAGES
-from tpubuild.workspace import load_workspace
 
 REPO = Path(__file__).resolve().parents[2]
 

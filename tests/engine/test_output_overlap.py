@@ -4,8 +4,8 @@ tpubuild deletes and rewrites what is in them."""
 from __future__ import annotations
 
 from tests.engine.conftest import export_recipe, source_recipe
-from tpubuild.config import load_recipes
-from tpubuild.workspace import check_output_overlap, load_workspace
+from tpubuild.config.recipe import load_recipes
+from tpubuild.config.workspace import check_output_overlap, load_workspace
 
 
 def _problems(ws, settings: str) -> list[str]:

@@ -127,7 +127,7 @@ def test_stage_code_and_environment_are_in_the_key(built_workspace, tmp_path):
     same = json.loads(tpubuild(ws, "build", "--json", "toy", env=env).stdout)
     assert set(statuses(same, "toy").values()) == {"cached"}
     # Editing a module that only the report stage uses reruns the report alone.
-    cost = package / "tpubuild" / "savedmodel" / "cost.py"
+    cost = package / "tpubuild" / "report" / "cost.py"
     cost.write_text(cost.read_text() + "\n# an edit\n")
     explain = tpubuild(ws, "explain", "toy", env=env).stdout
     assert "report: would run" in explain and "the stage's code changed" in explain

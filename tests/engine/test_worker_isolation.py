@@ -16,7 +16,7 @@ import pytest
 
 from tests.engine.conftest import REPO, export_recipe
 from tpubuild.engine.code import PACKAGE_ROOT, closure
-from tpubuild.pipeline import STAGE_ORDER
+from tpubuild.pipeline import ENGINE_STEPS, STAGE_ORDER, stage_module
 
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="python -P is 3.11+ (workers get an empty cwd instead)")
@@ -54,10 +54,10 @@ def _subprocess_modules(path) -> set[str]:
 
 
 def test_every_module_a_stage_runs_in_a_subprocess_is_in_its_code_digest():
-    stages = [m for m in STAGE_ORDER]
+    stages = [m for m in STAGE_ORDER if m not in ENGINE_STEPS]
     checked = 0
     for stage in stages:
-        files = closure((f"tpubuild.stages.{stage}",))
+        files = closure((stage_module(stage),))
         for path in files.values():
             for module in _subprocess_modules(path):
                 checked += 1

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tpubuild.config import Recipe, load_recipes
-from tpubuild.workspace import load_workspace
+from tpubuild.config.recipe import Recipe, load_recipes
+from tpubuild.config.workspace import load_workspace
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -39,8 +39,8 @@ def runner(tmp_path: Path) -> Runner:
 def two_tpu_placed(models: Path) -> Path:
     """two_tpu with both aliases placed on the TPU by the real placement code."""
     from tpubuild.savedmodel.model import SavedModel
-    from tpubuild.savedmodel.resolve import resolve_tpu_functions
-    from tpubuild.savedmodel.tpu import place_on_tpu
+    from tpubuild.tpu.functions import resolve_tpu_functions
+    from tpubuild.tpu.placement import place_on_tpu
 
     model = SavedModel.load(models / "models" / "two_tpu", ["serve"])
     functions = resolve_tpu_functions(model, [{"function_alias": "tpu_func_1"}, {"function_alias": "tpu_func_2"}])

@@ -11,6 +11,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 
+from tpubuild.pipeline import stage_module  # noqa: E402
 from tpubuild.stages.base import StageContext, StageResult  # noqa: E402
 
 FEATURES, HIDDEN, CLASSES = 64, 128, 10
@@ -80,7 +81,7 @@ class Runner:
     def run(self, name: str, input_dir: Path, options: dict[str, Any]) -> tuple[Path, StageResult]:
         import importlib
 
-        module = importlib.import_module(f"tpubuild.stages.{name}")
+        module = importlib.import_module(stage_module(name))
         output = self.out / f"{name}-{len(list(self.out.iterdir())) if self.out.exists() else 0}"
         output.mkdir(parents=True)
         context = StageContext(

@@ -21,7 +21,7 @@ import tensorflow as tf
 from quality_helpers import FEATURES, Dense, Runner, dense_samples, save
 
 from tpubuild.errors import StageError
-from tpubuild.savedmodel.datasets import read_tfrecord, write_tfrecord
+from tpubuild.quantize.datasets import read_tfrecord, write_tfrecord
 
 TAGS = ["serve"]
 DATASET = "representative_datasets.serving_default"
@@ -272,7 +272,7 @@ def test_an_unquantized_result_the_recipe_accepts_passes(runner: Runner, small: 
 
 
 def test_allow_unquantized_is_in_the_recipe_and_not_in_the_converter_options(tmp_path: Path) -> None:
-    from tpubuild.config import load_recipe_file
+    from tpubuild.config.recipe import load_recipe_file
     from tpubuild.render import render
 
     (tmp_path / "tpubuild.yaml").write_text("recipes: [r.yaml]\n")

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from quality_helpers import FEATURES, Runner, dense_samples
+
 from tpubuild.errors import StageError
-from tpubuild.savedmodel.datasets import read_tfrecord, write_tfrecord
+from tpubuild.quantize.datasets import read_tfrecord, write_tfrecord
 
 TAGS = ["serve"]
 

@@ -11,9 +11,9 @@ import tensorflow as tf
 from click.testing import CliRunner
 
 from tpubuild.cli import cli
-from tpubuild.config import load_recipes
+from tpubuild.config.recipe import load_recipes
+from tpubuild.config.workspace import load_workspace
 from tpubuild.savedmodel.inspect import inspect
-from tpubuild.workspace import load_workspace
 
 REPO = Path(__file__).resolve().parents[2]
 

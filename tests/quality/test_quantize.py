@@ -11,7 +11,7 @@ from quality_helpers import Runner, dense_samples
 
 from tests.tolerances import INT8, assert_close
 from tpubuild.errors import ConversionError, StageError
-from tpubuild.savedmodel.datasets import write_tfrecord
+from tpubuild.quantize.datasets import write_tfrecord
 
 TAGS = ["serve"]
 

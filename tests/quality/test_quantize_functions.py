@@ -16,7 +16,7 @@ import tensorflow as tf
 from quality_helpers import Runner
 
 from tpubuild.errors import ConversionError
-from tpubuild.savedmodel.datasets import write_tfrecord
+from tpubuild.quantize.datasets import write_tfrecord
 from tpubuild.savedmodel.model import SavedModel
 
 TAGS = ["serve"]
@@ -160,7 +160,7 @@ def test_concrete_name_with_static_range(build: Callable[..., dict[str, Any]], e
 
 
 def test_calibration_samples_are_the_inputs_at_the_call_sites(exported: dict[str, Path]) -> None:
-    from tpubuild.savedmodel.quantize_functions import call_chains, call_site_samples
+    from tpubuild.quantize.functions import call_chains, call_site_samples
 
     model = SavedModel.load(exported["aliased"], TAGS)
     [name] = model.aliases

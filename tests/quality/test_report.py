@@ -7,7 +7,7 @@ from pathlib import Path
 
 from quality_helpers import Runner
 
-from tpubuild.savedmodel import report_format
+from tpubuild.report import formats as report_format
 
 TAGS = ["serve"]
 

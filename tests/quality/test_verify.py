@@ -13,7 +13,7 @@ from quality_helpers import Runner
 
 from tests.tolerances import FLOAT32_REORDERED
 from tpubuild.errors import StageError
-from tpubuild.savedmodel.datasets import random_samples, signature_inputs, write_tfrecord
+from tpubuild.quantize.datasets import random_samples, signature_inputs, write_tfrecord
 from tpubuild.savedmodel.model import SavedModel
 
 TAGS = ["serve"]

@@ -11,15 +11,15 @@ from pathlib import Path
 from tpubuild.engine.code import code_digest
 from tpubuild.engine.keys import toolchain
 from tpubuild.engine.ray_executor import node_env, run_on_node
-from tpubuild.pipeline import spec
+from tpubuild.pipeline import entry, stage_module
 
 
 def request(workspace: Path, **keyed) -> dict:
     """A request for the verify stage as the driver sends it, keyed as this process would."""
     return {
-        "entry": spec("verify").entry, "stage": "verify", "workspace": str(workspace), "options": {},
+        "entry": entry("verify"), "stage": "verify", "workspace": str(workspace), "options": {},
         "results": {}, "trees": {}, "fresh": False, "declared": {},
-        "keyed": {"code": code_digest(spec("verify").module), "toolchain": dict(toolchain()), "env": {}, **keyed},
+        "keyed": {"code": code_digest(stage_module("verify")), "toolchain": dict(toolchain()), "env": {}, **keyed},
     }
 
 
@@ -31,7 +31,7 @@ def reply_error(result: dict) -> str:
 def test_other_stage_code_is_refused(tmp_path):
     wrong = "0" * 64
     error = reply_error(run_on_node(request(tmp_path, code=wrong), 60, (tmp_path / "remote").as_uri()))
-    mine = code_digest(spec("verify").module)
+    mine = code_digest(stage_module("verify"))
     assert error == (f"ray node {socket.gethostname()} runs other tpubuild code/TensorFlow than this build "
                      f"(stage verify code {mine[:12]}, the build's {wrong[:12]})")
     assert not (tmp_path / "remote").exists()  # refused before the remote was touched

@@ -63,8 +63,8 @@ def test_the_published_model_serves_strings_with_the_library_loaded(bert_workspa
     import tensorflow as tf
     import tensorflow_text  # noqa: F401 - registers the tokenizer's ops, as the serving binary must
 
-    from tpubuild.savedmodel.serving_load import check_serving_load
-    from tpubuild.savedmodel.twin import make_cpu_twin
+    from tpubuild.tpu.twin import make_cpu_twin
+    from tpubuild.verify.serving_load import check_serving_load
 
     ws, _, _ = bert_workspace
     artifact = ws / "out" / "bert" / "1"

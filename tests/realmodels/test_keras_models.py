@@ -165,8 +165,8 @@ def test_session_loader_check_rejects_a_raw_keras_export(tmp_path):
     """What the verify stages now check: Keras 3's raw export fails TF Serving's loader,
     with the variable named, until its handles are merged."""
     from tpubuild.errors import ConversionError
-    from tpubuild.savedmodel.serving_load import check_serving_load
     from tpubuild.savedmodel.variable_handles import normalize_in_place
+    from tpubuild.verify.serving_load import check_serving_load
 
     raw = tmp_path / "raw"
     keras_models.export_lstm(str(raw))
@@ -177,8 +177,9 @@ def test_session_loader_check_rejects_a_raw_keras_export(tmp_path):
     # TF's LiteRT converter on the raw export keeps the weights as variables, which the
     # litert stage refuses (a flatbuffer that would run on uninitialized weights).
     from tpubuild.errors import StageError
-    from tpubuild.savedmodel import litert_convert, litert_inspect
-    from tpubuild.stages.litert import _refuse_unfrozen_weights
+    from tpubuild.targets.litert import convert as litert_convert
+    from tpubuild.targets.litert import flatbuffer as litert_inspect
+    from tpubuild.targets.litert.stage import _refuse_unfrozen_weights
 
     ops = litert_inspect.op_counts(litert_convert.convert(raw, ["serve"], ["serving_default"], "none", False, None))
     assert ops.get("VAR_HANDLE") and ops.get("READ_VARIABLE"), ops
@@ -186,7 +187,7 @@ def test_session_loader_check_rejects_a_raw_keras_export(tmp_path):
         _refuse_unfrozen_weights(ops)
     # The XLA AOT compiler's freezer fails on it too; the error quotes the cause, not TF's
     # `Graph execution error:` header.
-    from tpubuild.savedmodel import xla_aot
+    from tpubuild.targets.xla_aot import libraries as xla_aot
 
     (job,) = xla_aot.plan_jobs(["serving_default"], [1])
     (tmp_path / "aot").mkdir()

@@ -38,8 +38,8 @@ def test_credentials_in_the_workspace_file_are_an_error_at_their_line(tmp_path):
 
 def test_the_remote_setting_from_the_file_and_the_command_line(tmp_path):
     from tpubuild.commands._common import remote_setting
+    from tpubuild.config.workspace import load_workspace
     from tpubuild.errors import UsageError
-    from tpubuild.workspace import load_workspace
 
     (tmp_path / "tpubuild.yaml").write_text("remote_cache: {url: 's3://team/cache', push: false}\n")
     ws = load_workspace(override=tmp_path)
@@ -144,7 +144,7 @@ def test_a_downloaded_record_is_checked_before_use(pushed):
 def test_the_readme_example_is_a_valid_workspace_file(tmp_path):
     import re
 
-    from tpubuild.workspace import load_workspace
+    from tpubuild.config.workspace import load_workspace
 
     readme = (REPO / "README.md").read_text()
     section = readme[readme.index("\n## A shared remote cache (teams and CI)\n"):]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from tpubuild.config import load_recipe_file
+from tpubuild.config.recipe import load_recipe_file
 from tpubuild.render import render
 
 REPO = Path(__file__).resolve().parents[2]

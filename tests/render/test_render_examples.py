@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from google.protobuf import text_format
 
-from tpubuild.config import load_recipes
+from tpubuild.config.recipe import load_recipes
+from tpubuild.config.workspace import load_workspace
 from tpubuild.render import render
-from tpubuild.workspace import load_workspace
 
 REPO = Path(__file__).resolve().parents[2]
 ALL_RECIPES = {r.name: r for r in load_recipes(load_workspace(override=REPO))}

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from tpubuild.errors import ConversionError
-from tpubuild.savedmodel.checks import check_tpu_functions
 from tpubuild.savedmodel.model import SavedModel
-from tpubuild.savedmodel.resolve import resolve_tpu_functions
 from tpubuild.stages.base import StageContext
 from tpubuild.stages.tpu import run
+from tpubuild.tpu.compatibility import check_tpu_functions
+from tpubuild.tpu.functions import resolve_tpu_functions
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from tensorflow.core.framework.node_def_pb2 import NodeDef
 from tensorflow.python.framework import op_def_registry
 from tensorflow.python.framework.meta_graph import stripped_op_list_for_graph
 
-from tpubuild.savedmodel import compat, tf_op_history
+from tpubuild.report import compat, tf_op_history
 from tpubuild.savedmodel.model import SavedModel
 from tpubuild.stages import batch, tpu
 from tpubuild.stages.base import StageContext
@@ -75,7 +75,7 @@ def _default_valued(node: NodeDef) -> list[str]:
 def test_rewrites_add_defaults_that_the_write_strips(converted, tmp_path):
     # tf.saved_model.save strips (tensorflow/python/saved_model/save.py), but tpubuild's
     # rewrites build nodes with every default filled in (as graph import would).
-    from tpubuild.savedmodel import batching
+    from tpubuild.transforms import batching
 
     model = SavedModel.load(converted["tpu"])
     assert not any(_default_valued(n) for n in _nodes(model))
@@ -114,7 +114,7 @@ def test_stripped_batch_function_keeps_what_differs_from_the_defaults(converted)
 
 
 def test_stripped_artifact_runs_like_the_source(converted, tmp_path):
-    from tpubuild.savedmodel.twin import make_cpu_twin
+    from tpubuild.tpu.twin import make_cpu_twin
 
     make_cpu_twin(converted["batch"], tmp_path / "twin")
     x = tf.constant(np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4))

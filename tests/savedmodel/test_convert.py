@@ -8,20 +8,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from sm_models import SIGNATURES, run_signature
+
 from tests.tolerances import FLOAT32_REORDERED, assert_close
 from tpubuild.cli import main
-from tpubuild.config import discover, load_recipe_file
+from tpubuild.config.recipe import discover, load_recipe_file
+from tpubuild.config.workspace import load_workspace
 from tpubuild.convert import RUNNABLE
 from tpubuild.pipeline import stage_names
-from tpubuild.savedmodel.compare import compare_models, default_tolerances
-from tpubuild.savedmodel.datasets import random_samples, signature_inputs
+from tpubuild.quantize.datasets import random_samples, signature_inputs
 from tpubuild.savedmodel.model import SavedModel
-from tpubuild.savedmodel.mlir_bridge import bridge_findings
-from tpubuild.savedmodel.tpu_runtime_rules import check_tpu_runtime_rules
-from tpubuild.savedmodel.twin import make_cpu_twin
-from tpubuild.workspace import load_workspace
+from tpubuild.tpu.mlir_bridge import bridge_findings
+from tpubuild.tpu.runtime_rules import check_tpu_runtime_rules
+from tpubuild.tpu.twin import make_cpu_twin
+from tpubuild.verify.compare import compare_models, default_tolerances
 
 REPO = Path(__file__).resolve().parents[2]
 # The workspace's own discovery: recipe globs, lock files excluded.

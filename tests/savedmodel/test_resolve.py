@@ -6,7 +6,7 @@ import pytest
 
 from tpubuild.errors import ConversionError
 from tpubuild.savedmodel.model import SavedModel
-from tpubuild.savedmodel.resolve import resolve_tpu_functions
+from tpubuild.tpu.functions import resolve_tpu_functions
 
 
 @pytest.fixture(scope="module")

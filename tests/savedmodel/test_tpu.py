@@ -7,16 +7,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+from sm_models import ALIASES, SIGNATURES, run_signature
 from tensorflow.core.protobuf.tpu.topology_pb2 import TopologyProto
 
-from sm_models import ALIASES, SIGNATURES, run_signature
 from tests.tolerances import FLOAT32_REORDERED, assert_close
 from tpubuild.errors import ConversionError
 from tpubuild.savedmodel.model import SavedModel
-from tpubuild.savedmodel.tpu_runtime_rules import check_tpu_runtime_rules
-from tpubuild.savedmodel.twin import make_cpu_twin
 from tpubuild.stages.base import StageContext
 from tpubuild.stages.tpu import run
+from tpubuild.tpu.runtime_rules import check_tpu_runtime_rules
+from tpubuild.tpu.twin import make_cpu_twin
 
 # The twin runs the same float32 kernels as the source, but TensorFlow's kernels are not
 # bit-reproducible across CPUs and graph layouts (issue 13): compare within float32 rounding.

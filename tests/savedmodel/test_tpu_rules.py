@@ -8,18 +8,20 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 from click.testing import CliRunner
-
 from sm_models import F
+
 from tpubuild.cli import cli
 from tpubuild.errors import ConversionError
 from tpubuild.savedmodel.inspect import inspect, to_text
-from tpubuild.savedmodel.mlir_bridge import bridge_findings
 from tpubuild.savedmodel.model import SavedModel
-from tpubuild.savedmodel.resolve import resolve_tpu_functions
-from tpubuild.savedmodel.tpu import place_on_tpu
-from tpubuild.savedmodel.tpu_runtime_rules import check_tpu_runtime_rules, enforce, tpu_bodies
 from tpubuild.stages.base import StageContext
 from tpubuild.stages.tpu import run
+from tpubuild.tpu.findings import tpu_bodies
+from tpubuild.tpu.functions import resolve_tpu_functions
+from tpubuild.tpu.mlir_bridge import bridge_findings
+from tpubuild.tpu.placement import place_on_tpu
+from tpubuild.tpu.runtime_check import enforce
+from tpubuild.tpu.runtime_rules import check_tpu_runtime_rules
 
 VEC = tf.TensorSpec([None, F], tf.float32)
 # Placements of the zoo the pre-checks accept (string / float64 / sparse inputs and dynamic

@@ -7,11 +7,10 @@ import pytest
 import yaml
 
 from tests.config.conftest import WorkspaceFactory, run_cli
-from tpubuild.config import load_recipes
 from tpubuild.config.canonical import canonicalize
-from tpubuild.pipeline import STAGE_ORDER, plan, stage_names
-from tpubuild.stages.slices import TARGET_STAGES
-from tpubuild.workspace import load_workspace
+from tpubuild.config.recipe import load_recipes
+from tpubuild.config.workspace import load_workspace
+from tpubuild.pipeline import STAGE_ORDER, TARGET_STAGES, plan, stage_names
 
 MODEL = "model: {saved_model: ../models/toy}\n"
 # The target chains this checkout has stage modules for (the others land with their branches).

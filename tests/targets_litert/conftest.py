@@ -6,10 +6,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.targets_litert.litert_helpers import (
-    DynamicBatch, Runner, TwoSignatures, Unary, example_module, flex_only, no_kernel, save, scaled_tanh, unknown_composite,
-)
 
+from tests.targets_litert.litert_helpers import (
+    DynamicBatch,
+    Runner,
+    TwoSignatures,
+    Unary,
+    example_module,
+    flex_only,
+    no_kernel,
+    save,
+    scaled_tanh,
+    unknown_composite,
+)
 from tpubuild.stages.base import StageResult
 
 IDS_DATASET = "data/ids.tfrecord"
@@ -29,7 +38,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     save(Unary(unknown_composite), root / "models" / "unknown_composite")
     two = TwoSignatures()
     save(two, root / "models" / "two_signatures", {"project": two.project, "squash": two.squash})
-    from tpubuild.savedmodel.datasets import write_tfrecord
+    from tpubuild.quantize.datasets import write_tfrecord
 
     rng = np.random.default_rng(5)
     (root / "data").mkdir()

@@ -13,8 +13,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 
-from tpubuild.stages import litert, litert_verify  # noqa: E402
 from tpubuild.stages.base import StageContext, StageResult  # noqa: E402
+from tpubuild.targets.litert import stage as litert
+from tpubuild.targets.litert import verify_stage as litert_verify
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -100,12 +101,15 @@ def save(module: tf.Module, path: Path, signatures: dict[str, Any] | None = None
 
 
 def recipe(litert_target: dict[str, Any] | None = None, verify_datasets: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The slice of a canonical recipe the LiteRT stages' SPECs read."""
+    """The slice of a canonical recipe the LiteRT stages' SPECs read: `targets.litert` with
+    the defaults filled in, as config/canonical.py fills them."""
+    from tpubuild.pipeline import target
+
     return {
         "model": {"tags": ["serve"]},
         "converter": {},
         "verify": {"samples": 4, "seed": 0, **({"representative_datasets": verify_datasets} if verify_datasets else {})},
-        **({"targets": {"litert": litert_target}} if litert_target is not None else {}),
+        "targets": {"tpu_savedmodel": {}, "litert": {**target("litert").defaults, **(litert_target or {})}},
     }
 
 

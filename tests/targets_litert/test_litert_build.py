@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-from tests.targets_litert.litert_helpers import Runner
 
+from tests.targets_litert.litert_helpers import Runner
 from tpubuild.errors import StageError
-from tpubuild.savedmodel import litert_inspect
 from tpubuild.stages.base import StageResult
+from tpubuild.targets.litert import flatbuffer as litert_inspect
 
 FUSED_OPS = {"EMBEDDING_LOOKUP", "UNIDIRECTIONAL_SEQUENCE_LSTM"}
 # What the two composites' bodies convert to op by op: the lookup's tf.gather and the

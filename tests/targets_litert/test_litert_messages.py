@@ -3,7 +3,7 @@ carry (their text measured with TensorFlow 2.21's converter)."""
 
 from __future__ import annotations
 
-from tpubuild.savedmodel.litert_convert import describe_converter_error, readable_function
+from tpubuild.targets.litert.convert import describe_converter_error, readable_function
 
 # Keras 3's LSTM layer (a TensorList loop of unknown element shape), converted without select-TF ops.
 TENSOR_LIST = (

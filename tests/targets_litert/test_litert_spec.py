@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 from tests.targets_litert.litert_helpers import REPO, recipe
-
-from tpubuild.stages import litert, litert_verify
+from tpubuild.targets.litert import stage as litert
+from tpubuild.targets.litert import verify_stage as litert_verify
 
 DATASETS = {"serving_default": {"tfrecord_file_path": "data/ids.tfrecord"}}
 
@@ -45,13 +45,13 @@ def test_tolerances_change_verification_not_the_flatbuffer() -> None:
 
 
 def test_tolerance_kind_follows_the_quantization() -> None:
-    assert [litert_verify._applied(m) for m in ("none", "dynamic_range", "float16", "int8")] == [
+    assert [litert_verify.tolerance_stages(m) for m in ("none", "dynamic_range", "float16", "int8")] == [
         [], ["quantize"], ["bfloat16"], ["quantize"],
     ]
 
 
 def test_stage_modules_do_not_import_tensorflow() -> None:
-    code = ("import sys, tpubuild.stages.litert, tpubuild.stages.litert_verify; "
+    code = ("import sys, tpubuild.targets.litert.stage, tpubuild.targets.litert.verify_stage; "
             "assert 'tensorflow' not in sys.modules, 'tensorflow imported'")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

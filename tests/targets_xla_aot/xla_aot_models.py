@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tpubuild.stages import xla_aot, xla_aot_verify
 from tpubuild.stages.base import StageContext, StageResult
+from tpubuild.targets.xla_aot import stage as xla_aot
+from tpubuild.targets.xla_aot import verify_stage as xla_aot_verify
 
 VOCAB, EMBED, UNITS, STEPS = 16, 4, 6, 5
 BATCH_SIZES = [1, 3]

@@ -4,35 +4,35 @@ from __future__ import annotations
 
 import click
 
-from tpubuild.workspace import Workspace, load_workspace
+from tpubuild.config.workspace import Workspace, load_workspace
 
 
 def workspace_from(ctx: click.Context) -> Workspace:
     return load_workspace(override=ctx.obj.workspace if ctx.obj else None)
 
 
-def recipes_from(ctx: click.Context, targets: tuple[str, ...] | list[str]):
-    """(workspace, recipes matching targets; all when none are given)."""
-    from tpubuild.config import load_recipes
-    from tpubuild.workspace import OutputOverlapError, check_output_overlap
+def recipes_from(ctx: click.Context, patterns: tuple[str, ...] | list[str]):
+    """(workspace, recipes matching the patterns; all when none are given)."""
+    from tpubuild.config.recipe import load_recipes
+    from tpubuild.config.workspace import OutputOverlapError, check_output_overlap
 
     ws = workspace_from(ctx)
-    recipes = load_recipes(ws, list(targets) or None)
+    recipes = load_recipes(ws, list(patterns) or None)
     problems = check_output_overlap(ws, recipes)
     if problems:
         raise OutputOverlapError(problems)
     return ws, recipes
 
 
-def changed_targets(ctx: click.Context, targets: tuple[str, ...], rev: str) -> tuple[str, ...]:
+def changed_recipes(ctx: click.Context, patterns: tuple[str, ...], rev: str) -> tuple[str, ...]:
     """`--changed-since REV`: the names of the recipes `tpubuild diff REV` reports as
-    affected, among those `targets` match (all when none are given)."""
+    affected, among those `patterns` match (all when none are given)."""
     import fnmatch
 
-    from tpubuild.review import changed_since
+    from tpubuild.review.diff import changed_since
 
     names = changed_since(workspace_from(ctx), rev)
-    return tuple(n for n in names if not targets or any(fnmatch.fnmatchcase(n, t) for t in targets))
+    return tuple(n for n in names if not patterns or any(fnmatch.fnmatchcase(n, t) for t in patterns))
 
 
 def remote_setting(ws, url: str | None, read_only: bool) -> tuple[str, bool] | None:

@@ -17,7 +17,7 @@ import click
     "  tpubuild build --check         in CI: exit 1 if a lock file is out of date\n"
     "  tpubuild build --remote-cache-read-only   in a pull request: the team's cache, no uploads",
 )
-@click.argument("targets", nargs=-1)
+@click.argument("recipe_patterns", nargs=-1, metavar="[RECIPE]...")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
               help="Recipes built in parallel (one worker process each).")
 @click.option("--dry-run", is_flag=True, help="Show which stages are cached and which would run; run nothing.")
@@ -37,7 +37,7 @@ import click
               help="Like make -k: a failed target (cpu_savedmodel, litert, xla_aot) fails the build (exit 1) "
                    "but the recipe still publishes what built and verified, without that target.")
 @click.pass_context
-def command(ctx: click.Context, targets: tuple[str, ...], jobs: int, dry_run: bool, as_json: bool, check: bool,
+def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry_run: bool, as_json: bool, check: bool,
             changed_since: str | None, remote_cache: str | None, remote_cache_read_only: bool,
             executor: str | None = None, ray_address: str | None = None, keep_going: bool = False) -> int:
     """Build the workspace's recipes (names or globs; none = all).
@@ -49,20 +49,20 @@ def command(ctx: click.Context, targets: tuple[str, ...], jobs: int, dry_run: bo
     """
     since_ns = time.time_ns()  # files changed after this are never remembered as up to date
     if changed_since is not None:
-        from tpubuild.commands._common import changed_targets
+        from tpubuild.commands._common import changed_recipes
 
-        targets = changed_targets(ctx, targets, changed_since)
-        if not targets:
+        recipe_patterns = changed_recipes(ctx, recipe_patterns, changed_since)
+        if not recipe_patterns:
             click.echo(json.dumps({"rows": [], "versions": {}, "exit_code": 0}) if as_json
                        else f"no recipe affected since {changed_since}")
             return 0
     if not (check or dry_run):
-        code = _noop_fast_path(ctx, targets, as_json)
+        code = _noop_fast_path(ctx, recipe_patterns, as_json)
         if code is not None:
             return code
     from tpubuild.commands._common import recipes_from, remote_setting
 
-    ws, recipes = recipes_from(ctx, targets)
+    ws, recipes = recipes_from(ctx, recipe_patterns)
     remote = remote_setting(ws, remote_cache, remote_cache_read_only)  # checked even where unused
     ws.executor = executor or ws.executor
     ws.ray_address = ray_address or ws.ray_address
@@ -99,7 +99,7 @@ def command(ctx: click.Context, targets: tuple[str, ...], jobs: int, dry_run: bo
     return 1 if failed else 0
 
 
-def _noop_fast_path(ctx: click.Context, targets: tuple[str, ...], as_json: bool) -> int | None:
+def _noop_fast_path(ctx: click.Context, recipe_patterns: tuple[str, ...], as_json: bool) -> int | None:
     """A build with nothing to do, proven from stats alone (engine/noop.py): no recipe is
     loaded, no record read. None when anything may have changed: the full path decides."""
     import fnmatch
@@ -112,13 +112,13 @@ def _noop_fast_path(ctx: click.Context, targets: tuple[str, ...], as_json: bool)
     if found is None:
         return None
     _, entries = found
-    if targets:
+    if recipe_patterns:
         names = [e["name"] for e in entries]
         wanted = set()
-        for target in targets:
-            matched = fnmatch.filter(names, target)
+        for pattern in recipe_patterns:
+            matched = fnmatch.filter(names, pattern)
             if not matched:
-                return None  # the full path reports the unknown target
+                return None  # the full path reports the unknown recipe
             wanted.update(matched)
         entries = [e for e in entries if e["name"] in wanted]
     if as_json:

@@ -10,9 +10,9 @@ from tpubuild.commands._common import recipes_from
     short_help="Remove the published versions of recipes (the cache stays).",
     epilog="\b\nExamples:\n  tpubuild clean          every recipe's outputs\n  tpubuild clean toy      out/toy/ only",
 )
-@click.argument("targets", nargs=-1)
+@click.argument("recipe_patterns", nargs=-1, metavar="[RECIPE]...")
 @click.pass_context
-def command(ctx: click.Context, targets: tuple[str, ...]) -> int:
+def command(ctx: click.Context, recipe_patterns: tuple[str, ...]) -> int:
     """Remove the versions tpubuild published in `<output_dir>/<recipe>/` for TARGETs
     (names or globs; none = all).
 
@@ -20,11 +20,11 @@ def command(ctx: click.Context, targets: tuple[str, ...]) -> int:
     files it lists, are removed; anything else there is left and reported. The cache is
     kept, so the next build republishes without running stages.
     """
+    from tpubuild.config.workspace import OutputOverlapError, check_output_overlap
     from tpubuild.engine.versions import remove_published
     from tpubuild.engine.wslock import WorkspaceLock
-    from tpubuild.workspace import OutputOverlapError, check_output_overlap
 
-    ws, recipes = recipes_from(ctx, targets)
+    ws, recipes = recipes_from(ctx, recipe_patterns)
     problems = check_output_overlap(ws, recipes)
     if problems:
         raise OutputOverlapError(problems)

@@ -26,7 +26,7 @@ def command(src_dir: Path, out_dir: Path, recipe: Path | None, options_file: Pat
     No cache and no version numbers: that is `tpubuild build`. The model given as
     SRC_DIR is used even when the recipe names another one.
     """
-    from tpubuild.config import load_converter_options_file, load_recipe_file
+    from tpubuild.config.recipe import load_converter_options_file, load_recipe_file
     from tpubuild.convert import convert
 
     if (recipe is None) == (options_file is None):
@@ -39,6 +39,4 @@ def command(src_dir: Path, out_dir: Path, recipe: Path | None, options_file: Pat
             click.echo(f"warning: {run.name}: {warning}", err=True)
     done = ", ".join(run.name for run in result.ran) or "no stage"
     click.echo(f"converted {src_dir} -> {out_dir} ({done})")
-    if result.skipped:
-        click.echo(f"not run (stage not available yet): {', '.join(result.skipped)}", err=True)
     return 0

@@ -29,7 +29,7 @@ def command(ctx: click.Context, base: str | None, head: str | None, fmt: str, ex
     artifact figures' deltas where HEAD's lock file records a build. Never imports
     TensorFlow and builds nothing.
     """
-    from tpubuild.review import diff
+    from tpubuild.review.diff import diff
     from tpubuild.review.formats import FORMATS
 
     ws = workspace_from(ctx)

@@ -11,10 +11,10 @@ from tpubuild.commands._common import recipes_from
     epilog="\b\nExample:\n  tpubuild explain toy\n    source: cached\n    tpu: would run\n"
     "      - option tpu_functions: ... -> ...",
 )
-@click.argument("target")
+@click.argument("recipe_pattern", metavar="RECIPE")
 @click.pass_context
-def command(ctx: click.Context, target: str) -> int:
-    """Explain why stages of TARGET (a recipe name or glob) would rerun.
+def command(ctx: click.Context, recipe_pattern: str) -> int:
+    """Explain why stages of RECIPE (a recipe name or glob) would rerun.
 
     For each stage: cached, or would run and exactly which option, input file or
     earlier stage output changed since the run recorded in the lock file. Builds
@@ -22,7 +22,7 @@ def command(ctx: click.Context, target: str) -> int:
     """
     from tpubuild.engine.explain import explain_lines
 
-    ws, recipes = recipes_from(ctx, [target])
+    ws, recipes = recipes_from(ctx, [recipe_pattern])
     for recipe in recipes:
         for line in explain_lines(ws, recipe):
             click.echo(line)

@@ -4,7 +4,7 @@ import json
 
 import click
 
-from tpubuild.commands._common import changed_targets, recipes_from
+from tpubuild.commands._common import changed_recipes, recipes_from
 
 
 @click.command(
@@ -12,20 +12,20 @@ from tpubuild.commands._common import changed_targets, recipes_from
     short_help="List recipes with their model, the stages they run and their targets.",
     epilog="\b\nExamples:\n  tpubuild list\n  tpubuild list --json 'nlp-*' | jq '.[].stages'",
 )
-@click.argument("targets", nargs=-1)
+@click.argument("recipe_patterns", nargs=-1, metavar="[RECIPE]...")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.option("--changed-since", metavar="REV", help="Only the recipes `tpubuild diff REV` reports as affected.")
 @click.pass_context
-def command(ctx: click.Context, targets: tuple[str, ...], as_json: bool, changed_since: str | None) -> int:
+def command(ctx: click.Context, recipe_patterns: tuple[str, ...], as_json: bool, changed_since: str | None) -> int:
     """List the workspace's recipes: name, file, model, the pipeline stages and the
     serving targets (`targets:`; shown when there is more than the TPU SavedModel)."""
     from tpubuild.pipeline import stage_names
-    from tpubuild.stages.slices import DEFAULT_TARGETS
+    from tpubuild.stages.slices import MAIN_TARGET
     from tpubuild.stages.slices import targets as recipe_targets
 
     if changed_since is not None:
-        targets = changed_targets(ctx, targets, changed_since)
-    _, recipes = recipes_from(ctx, targets) if targets or changed_since is None else (None, [])
+        recipe_patterns = changed_recipes(ctx, recipe_patterns, changed_since)
+    _, recipes = recipes_from(ctx, recipe_patterns) if recipe_patterns or changed_since is None else (None, [])
     rows = [
         {
             "name": r.name,
@@ -42,7 +42,7 @@ def command(ctx: click.Context, targets: tuple[str, ...], as_json: bool, changed
     width = max((len(row["name"]) for row in rows), default=0)
     for row in rows:
         # The default target (the TPU SavedModel alone) goes without saying.
-        shown = f"  targets: {', '.join(row['targets'])}" if row["targets"] != list(DEFAULT_TARGETS) else ""
+        shown = f"  targets: {', '.join(row['targets'])}" if row["targets"] != [MAIN_TARGET] else ""
         click.echo(f"{row['name']:<{width}}  {row['model']}  [{' > '.join(row['stages'])}]{shown}")
     return 0
 

@@ -18,7 +18,7 @@ from tpubuild.errors import UsageError
     "      --input_model_dir=/ws/models/toy --output_model_dir=/ws/out/toy \\\n"
     "      --converter_options_string=\"$(tpubuild render toy --path-prefix /ws)\"",
 )
-@click.argument("target")
+@click.argument("recipe", metavar="RECIPE")
 @click.option(
     "--format",
     "fmt",
@@ -35,8 +35,8 @@ from tpubuild.errors import UsageError
     "converter sees the workspace (e.g. its mount point in the container).",
 )
 @click.pass_context
-def command(ctx: click.Context, target: str, fmt: str, path_prefix: str) -> int:
-    """Print TARGET's converter options, a recipe name (or a glob matching one) or a
+def command(ctx: click.Context, recipe: str, fmt: str, path_prefix: str) -> int:
+    """Print RECIPE's converter options, a recipe name (or a glob matching one) or a
     recipe file. TensorFlow is not imported.
 
     The text proto is what the Cloud TPU Inference Converter takes as
@@ -50,28 +50,28 @@ def command(ctx: click.Context, target: str, fmt: str, path_prefix: str) -> int:
     """
     from tpubuild.render import render
 
-    recipe = _one_recipe(ctx, target)
-    click.echo(render(recipe.canonical, fmt, source=recipe.rel_file, path_prefix=path_prefix), nl=False)
+    found = _one_recipe(ctx, recipe)
+    click.echo(render(found.canonical, fmt, source=found.rel_file, path_prefix=path_prefix), nl=False)
     return 0
 
 
-def _one_recipe(ctx: click.Context, target: str):
-    path = Path(target)
+def _one_recipe(ctx: click.Context, pattern: str):
+    path = Path(pattern)
     if path.suffix in (".yaml", ".yml") and _is_file(path):
-        from tpubuild.config import load_recipe_file
-        from tpubuild.workspace import load_workspace
+        from tpubuild.config.recipe import load_recipe_file
+        from tpubuild.config.workspace import load_workspace
 
         workspace = load_workspace(override=ctx.obj.workspace) if ctx.obj and ctx.obj.workspace else None
         return load_recipe_file(path, workspace)
-    _, recipes = recipes_from(ctx, [target])
+    _, recipes = recipes_from(ctx, [pattern])
     if len(recipes) > 1:
         names = ", ".join(r.name for r in recipes)
-        raise UsageError(f"render takes one recipe; {target!r} matches {len(recipes)}: {names}")
+        raise UsageError(f"render takes one recipe; {pattern!r} matches {len(recipes)}: {names}")
     return recipes[0]
 
 
 def _is_file(path: Path) -> bool:
-    """Whether TARGET names a recipe file; a name too long for the file system or holding a
+    """Whether RECIPE names a recipe file; a name too long for the file system or holding a
     null byte cannot, and is then looked up as a recipe name (which fails with a usage error)."""
     try:
         return path.is_file()

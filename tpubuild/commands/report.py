@@ -15,12 +15,12 @@ from tpubuild.errors import UsageError
     epilog="\b\nExamples:\n  tpubuild report toy\n  tpubuild report toy --format markdown > report.md\n"
     "  tpubuild report toy --against 3      what changed since version 3",
 )
-@click.argument("target")
+@click.argument("recipe_pattern", metavar="RECIPE")
 @click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text", show_default=True)
 @click.option("--version", "version", type=int, help="A published version number instead of the newest.")
 @click.option("--against", type=int, metavar="VERSION", help="Show the difference from this older version.")
 @click.pass_context
-def command(ctx: click.Context, target: str, fmt: str, version: int | None, against: int | None) -> int:
+def command(ctx: click.Context, recipe_pattern: str, fmt: str, version: int | None, against: int | None) -> int:
     """Print the conversion report saved in `<output_dir>/<recipe>/<N>/tpubuild-report.json`.
 
     TPU vs CPU cost (per TPU function), sizes, parameters by dtype, verification errors,
@@ -28,11 +28,11 @@ def command(ctx: click.Context, target: str, fmt: str, version: int | None, agai
     (size, verified max error, per-call and load latency, from the version's manifest).
     TensorFlow is not imported.
     """
-    from tpubuild import targets_report
     from tpubuild.engine.versions import read_manifest, version_numbers
-    from tpubuild.savedmodel import report_format
+    from tpubuild.report import formats as report_format
+    from tpubuild.report import targets as targets_report
 
-    ws, recipes = recipes_from(ctx, [target])
+    ws, recipes = recipes_from(ctx, [recipe_pattern])
     for recipe in recipes:
         recipe_dir = Path(ws.output_dir) / recipe.name
         numbers = version_numbers(recipe_dir)
@@ -49,7 +49,7 @@ def command(ctx: click.Context, target: str, fmt: str, version: int | None, agai
                 click.echo(f"{recipe.name}: version {against} -> version {chosen}")
                 click.echo(report_format.difference_text(diff, f"version {against}", f"version {chosen}"), nl=False)
             continue
-        # Serving targets beside the TPU SavedModel: from the manifest (targets_report.py).
+        # Serving targets beside the TPU SavedModel: from the manifest (report/targets.py).
         manifest = read_manifest(recipe_dir / str(chosen)) or {}
         table = targets_report.rows(manifest) if manifest.get("targets") else []
         if fmt == "json":
@@ -67,7 +67,7 @@ def command(ctx: click.Context, target: str, fmt: str, version: int | None, agai
 
 
 def _load(recipe_dir: Path, name: str, number: int, numbers: list[int]) -> dict:
-    from tpubuild.savedmodel.report_format import REPORT_JSON
+    from tpubuild.report.formats import REPORT_JSON
 
     if number not in numbers:
         listed = ", ".join(map(str, numbers))

@@ -11,9 +11,9 @@ from tpubuild.commands._common import recipes_from
     epilog="\b\nExamples:\n  tpubuild validate            every recipe of the workspace\n"
     "  tpubuild validate 'nlp-*'    the recipes whose name matches",
 )
-@click.argument("targets", nargs=-1)
+@click.argument("recipe_patterns", nargs=-1, metavar="[RECIPE]...")
 @click.pass_context
-def command(ctx: click.Context, targets: tuple[str, ...]) -> int:
+def command(ctx: click.Context, recipe_patterns: tuple[str, ...]) -> int:
     """Check recipes without building anything.
 
     Every problem is printed as `file:line:col: json.path: message`, all problems of
@@ -21,7 +21,7 @@ def command(ctx: click.Context, targets: tuple[str, ...]) -> int:
     """
     from tpubuild.config.recipe import unmatched_globs
 
-    ws, recipes = recipes_from(ctx, targets)
+    ws, recipes = recipes_from(ctx, recipe_patterns)
     # A mistyped glob in tpubuild.yaml would otherwise end in "0 recipes OK".
     for pattern in unmatched_globs(ws):
         click.echo(f"warning: {ws.display(ws.file)}: recipes glob {pattern!r} matches no recipe file", err=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tpubuild.config.checks import DEFAULT_SIGNATURE_KEYS, expand_globs, generator_module_file
+from tpubuild.pipeline import target
 
 BATCH_DEFAULTS = {
     "num_batch_threads": 1,
@@ -22,13 +23,6 @@ BATCH_DEFAULTS = {
 }
 VERIFY_DEFAULTS = {"samples": 32, "seed": 0, "rtol": None, "atol": None, "representative_datasets": {}}
 DEFAULT_TAGS = ["serve"]
-# Each target's options as the targets contract (docs/architecture.md, "Targets") defines them.
-TARGET_DEFAULTS: dict[str, dict[str, Any]] = {
-    "cpu_savedmodel": {"optimize": True, "rtol": None, "atol": None},
-    "litert": {"quantization": "none", "composites": "all", "select_tf_ops": False, "signatures": None,
-               "rtol": None, "atol": None},
-    "xla_aot": {"signatures": ["serving_default"], "rtol": None, "atol": None},  # batch_sizes: required
-}
 DEFAULT_NUM_SAMPLES = 200
 
 
@@ -68,7 +62,7 @@ def _targets(targets: dict[str, Any]) -> dict[str, Any]:
 
 
 def _target(name: str, options: dict[str, Any]) -> dict[str, Any]:
-    out = {**TARGET_DEFAULTS[name], **options}
+    out = {**target(name).defaults, **options}
     for key in ("signatures", "batch_sizes"):  # sets: their order means nothing
         if isinstance(out.get(key), list):
             out[key] = sorted(set(out[key]))

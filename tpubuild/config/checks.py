@@ -121,7 +121,7 @@ class Checker:
 
     def check_tolerances(self, verify: dict[str, Any]) -> None:
         # The schema's `minimum` lets NaN through (NaN < 0 is false) and has no way to say
-        # "finite"; a NaN or infinite tolerance makes every comparison pass (issue 13).
+        # "finite"; a NaN or infinite tolerance makes every comparison pass.
         for key in ("rtol", "atol"):
             value = verify.get(key)
             if isinstance(value, float) and not math.isfinite(value) and not value < 0:

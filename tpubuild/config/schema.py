@@ -20,8 +20,8 @@ def validator(name: str):
     import jsonschema  # imported here: ~50 ms that only validation needs
 
     # JSON Schema counts 8.0 as an integer; YAML's 8.0 is a float, which a proto int32
-    # field, `range()` and the text proto cannot take (issue 13: `max_batch_size: 8.0`
-    # validated, then crashed render and build). An integer is a Python int, not a bool.
+    # field, `range()` and the text proto cannot take (`max_batch_size: 8.0` would pass
+    # validation, then crash render and build). An integer is a Python int, not a bool.
     checker = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
         "integer", lambda _, value: isinstance(value, int) and not isinstance(value, bool)
     )

@@ -21,8 +21,8 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 JsonPath = tuple  # of str keys and int indexes
 
-# Bounds on what one YAML document may make us build (issue 13: a 9 x 10 alias bomb
-# grew `validate` to 2.25 GB). The largest example recipe is about 2 KB, 8 levels deep,
+# Bounds on what one YAML document may make us build (a 9 x 10 alias bomb would grow
+# `validate` to 2.25 GB). The largest example recipe is about 2 KB, 8 levels deep,
 # with no alias and under 100 nodes; these leave a wide margin and keep the worst case
 # in milliseconds and a few MB.
 MAX_DOCUMENT_BYTES = 1 << 20  # 1 MiB of text

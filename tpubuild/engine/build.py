@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tpubuild import __version__
+from tpubuild.engine import target_versions
 from tpubuild.engine.imports import ABSENT
 from tpubuild.engine.keys import installed_dist, toolchain, worker_env
 from tpubuild.engine.lockfile import lock_document, write_lock
-from tpubuild.engine import siblings
 from tpubuild.engine.resolve import (
     Output,
     Pending,
@@ -32,9 +32,9 @@ from tpubuild.engine.resolve import (
 )
 from tpubuild.engine.statcache import StatCache
 from tpubuild.engine.store import StageEntry, Store
-from tpubuild.stages.slices import TARGET_STAGES
 from tpubuild.errors import StageError
-from tpubuild.pipeline import ENGINE_STEPS, PlannedStage, spec
+from tpubuild.pipeline import ENGINE_STEPS, TARGET_STAGES, PlannedStage, entry, spec
+from tpubuild.report.formats import human_bytes
 
 __all__ = ["Engine", "RecipeRun", "Row", "build", "new_runs"]
 
@@ -151,7 +151,7 @@ class Engine:
         start = time.monotonic()
         with self.state_lock:
             if self._failed_target(run, planned):
-                self._row(run, Row(run.name, planned.name, "skipped", None, 0.0))
+                self.row(run, Row(run.name, planned.name, "skipped", None, 0.0))
                 return True  # nothing to run: the chain's build stage failed
             try:
                 if planned.name == "publish":
@@ -183,7 +183,7 @@ class Engine:
             self.store.touch(entry.key)
         directory = self.store.checkout(entry)
         run.outputs[planned.name] = self.resolver.output_of(planned, entry, directory)
-        self._row(run, Row(run.name, planned.name, "cached", entry.key, time.monotonic() - start, remote=fetched))
+        self.row(run, Row(run.name, planned.name, "cached", entry.key, time.monotonic() - start, remote=fetched))
         return True
 
     def action(self, run: RecipeRun, planned: PlannedStage) -> bool:
@@ -201,7 +201,7 @@ class Engine:
                 entry = self._snapshot_source(run, planned, pending)
             elif planned.name == "publish":
                 self._publish(run)
-                self._row(run, Row(run.name, "publish", "built", self.resolver.publish_key(run, run.outputs["publish"].tree),
+                self.row(run, Row(run.name, "publish", "built", self.resolver.publish_key(run, run.outputs["publish"].tree),
                                    time.monotonic() - start))
                 return True
             else:
@@ -216,7 +216,7 @@ class Engine:
         run.outputs[planned.name] = self.resolver.output_of(planned, entry, directory)
         for warning in entry.warnings:
             self.errors(f"{run.recipe.rel_file}: stage {planned.name}: warning: {warning}")
-        self._row(run, Row(run.name, planned.name, "built", entry.key, time.monotonic() - start))
+        self.row(run, Row(run.name, planned.name, "built", entry.key, time.monotonic() - start))
         return True
 
     def _fail(self, run: RecipeRun, planned: PlannedStage, message: str, start: float,
@@ -227,14 +227,15 @@ class Engine:
         line = f"{run.recipe.rel_file}: stage {planned.name}: {message}"
         target = next((t for t, chain in TARGET_STAGES.items() if chain and planned.name in chain), None)
         self.errors(line + (f"\n{detail.rstrip()}" if detail and os.environ.get("TPUBUILD_DEBUG") else ""))
-        self._row(run, Row(run.name, planned.name, "failed", None, time.monotonic() - start))
+        self.row(run, Row(run.name, planned.name, "failed", None, time.monotonic() - start))
         if self.keep_going and target is not None:
             run.failed_targets[target] = line
             return True
         run.error = line
         return False
 
-    def _row(self, run: RecipeRun, row: Row) -> None:
+    def row(self, run: RecipeRun, row: Row) -> None:
+        """Record a stage's outcome in its recipe's rows and print it."""
         with self.state_lock:
             run.rows.append(row)
         self.printer(run, row)
@@ -255,18 +256,13 @@ class Engine:
         work = self.store.new_workdir(planned.name)
         out_dir = work / "out"
         out_dir.mkdir()
-        inputs = {role: str(run.outputs[name].directory) for role, name in planned.consumes.items()}
-        model = planned.consumes.get("model")
-        request = {
-            "entry": stage.entry,
-            "stage": planned.name,
-            "workspace": str(run.recipe.root),
-            "input_dir": str(run.outputs[model].directory) if model else str(run.recipe.root),
-            "output_dir": str(out_dir),
-            "options": planned.options,
-            "inputs": inputs,
-            "results": {name: _result(run.outputs[name]) for name in planned.summaries},
-        }
+        from tpubuild.engine.workers import stage_request
+
+        request = stage_request(
+            entry(planned.name), planned.name, str(run.recipe.root), str(out_dir), planned.options,
+            {role: str(run.outputs[name].directory) for role, name in planned.consumes.items()},
+            {name: _result(run.outputs[name]) for name in planned.summaries},
+        )
         if self.executor == "ray":  # no driver paths reach a node: input trees, and what the key holds
             request["trees"] = {role: [[f.path, f.hash, f.size] for f in run.outputs[name].files]
                                 for role, name in planned.consumes.items()}
@@ -323,7 +319,7 @@ class Engine:
             self.pending[(run.name, "publish")] = Pending(None, None)
             return False
         run.version = number
-        self._row(run, Row(run.name, "publish", "cached", run.outputs["publish"].key, time.monotonic() - start))
+        self.row(run, Row(run.name, "publish", "cached", run.outputs["publish"].key, time.monotonic() - start))
         return True
 
     def _publish(self, run: RecipeRun) -> None:
@@ -342,7 +338,7 @@ class Engine:
         artifact (cached outputs never name a recipe)."""
         publish = run.plan[-1]
         targets = published_targets(publish)
-        main, by_target = siblings.split(run.outputs["publish"].files, sorted(targets))
+        main, by_target = target_versions.split(run.outputs["publish"].files, sorted(targets))
         verdicts = dict(zip(targets, publish.summaries))  # plan order: each target's verify stage
         return {
             "recipe": run.name,
@@ -419,7 +415,7 @@ def artifact_facts(run: RecipeRun, model_measured: bool) -> list[tuple[str, Any,
     facts: list[tuple[str, Any, bool]] = [("converter_options", options, False)]
     size = (summary.get("size") or {}).get("artifact")
     if size is not None:
-        facts += [("size", human_size(size), model_measured), ("size_bytes", size, model_measured)]
+        facts += [("size", human_bytes(size), model_measured), ("size_bytes", size, model_measured)]
     if summary.get("parameters"):
         facts.append(("parameters", dict(summary["parameters"]), model_measured))
     cost = summary.get("cost")
@@ -444,15 +440,6 @@ def target_facts(run: RecipeRun) -> list[tuple[str, Any, bool]]:
         value.update({k: summary[k] for k in ("passed", "max_abs_error") if k in summary})
         facts.append((target, value, True))
     return facts
-
-
-def human_size(size: int) -> str:
-    value = float(size)
-    for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{size} bytes"
 
 
 def git_commit(root: Path) -> str | None:
@@ -492,7 +479,7 @@ def up_to_date(engine: Engine, run: RecipeRun) -> bool:
         run.version = None
         return False
     for r in resolved:
-        engine._row(run, Row(run.name, r.name, "cached", r.key, 0.0))
+        engine.row(run, Row(run.name, r.name, "cached", r.key, 0.0))
     return True
 
 
@@ -622,7 +609,7 @@ def _skip_rest(engine: Engine, run: RecipeRun) -> None:
     done = {row.stage for row in run.rows}
     for planned in run.plan:
         if planned.name not in done:
-            engine._row(run, Row(run.name, planned.name, "skipped", None, 0.0))
+            engine.row(run, Row(run.name, planned.name, "skipped", None, 0.0))
 
 
 def _register(engine: Engine, runs: list[RecipeRun]) -> None:

@@ -87,6 +87,12 @@ def code_digest(module: str) -> str:
     return hash_bytes("\n".join(lines).encode())
 
 
+def forget_code() -> None:
+    """Read the sources again (a long-lived process after tpubuild's files changed)."""
+    code_digest.cache_clear()
+    _imports.cache_clear()
+
+
 def package_fingerprint() -> str:
     """A digest of the stat of every source file of the installed package: when it is
     unchanged, so are all code digests (one directory walk instead of parsing ~80 files)."""

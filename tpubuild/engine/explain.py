@@ -37,7 +37,7 @@ def _reasons(engine: Engine, run: RecipeRun, old_key: str | None, state: Resolve
     old_record = {k: v for k, v in old.record.items() if k != "discovered"}
     changes = diff_records(old_record, state.record or {})
     for rel, digest in sorted(old.record.get("discovered", {}).items()):
-        now = engine.resolver._current_hash(run, rel)
+        now = engine.resolver.current_hash(run, rel)
         if now != digest:
             changes.append(f"imported module {rel}: " + ("removed" if now is None else
                                                           f"content changed ({digest[:12]} -> {now[:12]})"))

@@ -13,21 +13,13 @@ import fcntl
 import os
 from pathlib import Path
 
+from tpubuild.atomic import fsync_path
 from tpubuild.errors import StageError
 
 # linux/fs.h: _IOW(0x94, 9, int). Shares the source's extents (btrfs, XFS with
 # reflink=1, bcachefs, ...): instant, and a later write to either file unshares it.
 FICLONE = 0x40049409
 LINK_TYPES = ("copy", "hardlink")
-
-
-def fsync_path(path: Path | str) -> None:
-    """fsync a file or directory by path (a read-only descriptor is enough on Linux)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def fsync_tree(root: Path | str) -> None:

@@ -112,7 +112,7 @@ class NoopMemo:
 def quick(start: Path, override: Path | None) -> tuple[Path, list[dict[str, Any]]] | None:
     """(workspace root, remembered entries of every recipe) when the whole workspace is
     provably up to date from stats alone; None sends the build down the full path."""
-    from tpubuild.discovery import WORKSPACE_FILE, discover_files, find_workspace_file
+    from tpubuild.config.finding import WORKSPACE_FILE, discover_files, find_workspace_file
 
     if override is not None:
         ws_file = override / WORKSPACE_FILE if override.is_dir() else override

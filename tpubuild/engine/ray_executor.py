@@ -162,7 +162,7 @@ class RayExecutor:
                 self.running.discard(ref)
         reply = result["reply"]
         # The nodes' transfers are this build's too: the summary line and --json count them.
-        self.remote._count(bytes_down=result.get("bytes_down", 0), bytes_up=result.get("bytes_up", 0))
+        self.remote.count(bytes_down=result.get("bytes_down", 0), bytes_up=result.get("bytes_up", 0))
         if reply.get("ok"):
             self._take_outputs(stage, _files(result["files"]), Path(request["output_dir"]), result["host"])
         elif reply.get("bug") and reply.get("detail") and self.log_dir is not None:
@@ -224,11 +224,11 @@ def mismatch(request: dict[str, Any]) -> str | None:
     """Why this node would run other code than the driver keyed, or None."""
     from tpubuild.engine.code import code_digest
     from tpubuild.engine.keys import toolchain
-    from tpubuild.pipeline import spec
+    from tpubuild.pipeline import stage_module
 
     keyed = request["keyed"]
     problems = []
-    code = code_digest(spec(request["stage"]).module)
+    code = code_digest(stage_module(request["stage"]))
     if code != keyed["code"]:
         problems.append(f"stage {request['stage']} code {code[:12]}, the build's {keyed['code'][:12]}")
     mine = toolchain()
@@ -282,8 +282,7 @@ def refresh_installed() -> None:
     fingerprint = code.package_fingerprint()
     keys.forget_installed()
     if _installed and _installed[0] != fingerprint:
-        code.code_digest.cache_clear()
-        code._imports.cache_clear()
+        code.forget_code()
         for pool in _pools.values():
             pool.close()
         _pools.clear()
@@ -309,7 +308,7 @@ def run_on_node(request: dict[str, Any], timeout: float | None, remote_url: str)
     WorkerDied (retried by Ray) when the worker process dies."""
     from tpubuild.engine.statcache import StatCache
     from tpubuild.engine.store import StageEntry, Store
-    from tpubuild.engine.workers import StageTimeout
+    from tpubuild.engine.workers import StageTimeout, stage_request
 
     host = socket.gethostname()
 
@@ -342,20 +341,12 @@ def run_on_node(request: dict[str, Any], timeout: float | None, remote_url: str)
         work = store.new_workdir(request["stage"])
         out_dir = work / "out"
         out_dir.mkdir()
-        stage_request = {
-            "entry": request["entry"],
-            "stage": request["stage"],
-            "workspace": request["workspace"],
-            "input_dir": dirs.get("model", request["workspace"]),
-            "output_dir": str(out_dir),
-            "options": request["options"],
-            "inputs": dirs,
-            "results": request["results"],
-        }
+        local_request = stage_request(request["entry"], request["stage"], request["workspace"], str(out_dir),
+                                      request["options"], dirs, request["results"])
         pool = node_pool(node_env(request["keyed"]["env"]), logs)
         fresh = Path(request["workspace"]) if request["fresh"] else None
         try:
-            reply = pool.run(stage_request, timeout, fresh)
+            reply = pool.run(local_request, timeout, fresh)
         except StageTimeout as exc:
             return failed(str(exc))
         except StageError as exc:  # Worker.call's only other error: the process died

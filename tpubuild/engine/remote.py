@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from tpubuild.engine.hashing import FileEntry, hash_file
 from tpubuild.engine.keys import canonical_dumps, stage_key
-from tpubuild.engine.remote_backends import Backend, RemoteSetupError, open_backend
 from tpubuild.engine.records import DIGEST, StageEntry, discovered_final_key, parse_entry
+from tpubuild.engine.remote_backends import Backend, RemoteSetupError, open_backend
 
 if TYPE_CHECKING:
     from tpubuild.engine.statcache import StatCache
@@ -172,7 +172,8 @@ class RemoteCache:
         with self._lock:
             self.stats.misses += 1
 
-    def _count(self, **deltas: int) -> None:
+    def count(self, **deltas: int) -> None:
+        """Add to the transfer counters (thread-safe); Ray builds add their nodes' transfers."""
         with self._lock:
             for name, delta in deltas.items():
                 setattr(self.stats, name, getattr(self.stats, name) + delta)
@@ -192,7 +193,7 @@ class RemoteCache:
             return None
         except _Off:
             return None
-        self._count(bytes_down=len(raw))
+        self.count(bytes_down=len(raw))
         entry, problem = parse_entry(key, raw)
         if entry is None:
             self._fail(f"remote cache {self.url}: stage record {key} is malformed ({problem}); not used")
@@ -202,7 +203,7 @@ class RemoteCache:
             self.note_miss()
             return None
         local = store.add_entry(entry)
-        self._count(hits=1)
+        self.count(hits=1)
         return local
 
     def fetch_objects(self, files: Iterable[FileEntry], store: Store, stat_cache: StatCache | None = None,
@@ -244,7 +245,7 @@ class RemoteCache:
         except _Off:
             return False
         size = os.path.getsize(tmp)
-        self._count(bytes_down=size)
+        self.count(bytes_down=size)
         if size != f.size:
             problem = f"is truncated or padded ({size} bytes, expected {f.size})"
         elif hash_file(tmp, size) != f.hash:
@@ -275,7 +276,7 @@ class RemoteCache:
                 continue  # collected meanwhile
             except _Off:
                 return []
-            self._count(bytes_down=len(raw))
+            self.count(bytes_down=len(raw))
             candidate = _parse_candidate(declared_key, raw)
             if candidate is None or f"{prefix}/{candidate['key']}.json" != rel:
                 self._fail(f"remote cache {self.url}: discovered-input record {rel} is malformed; not used")
@@ -315,7 +316,7 @@ class RemoteCache:
             self._write(lambda io: io.upload(os.fspath(store.object_path(f.hash)), rel))
         except (_Off, FileExistsError):
             return False
-        self._count(bytes_up=f.size)
+        self.count(bytes_up=f.size)
         with self._lock:
             self._bad.discard(f.hash)
         return True
@@ -338,7 +339,7 @@ class RemoteCache:
         except _Off:
             return False
         if created:
-            self._count(uploads=1, bytes_up=len(data))
+            self.count(uploads=1, bytes_up=len(data))
         discovered = entry.record.get("discovered")
         if isinstance(discovered, dict):
             declared = stage_key({k: v for k, v in entry.record.items() if k != "discovered"})
@@ -355,7 +356,7 @@ class RemoteCache:
         except _Off:
             return False
         if created:
-            self._count(bytes_up=len(data))
+            self.count(bytes_up=len(data))
         return True
 
 

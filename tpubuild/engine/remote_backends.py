@@ -176,7 +176,7 @@ class _LocalBackend(Backend):
         return os.fspath(tmp)
 
     def upload(self, local: str, rel: str) -> None:
-        from tpubuild.engine.fsutil import fsync_path
+        from tpubuild.atomic import fsync_path
 
         target = self.root / rel
         tmp = self._temp_copy(target, lambda out: _copy_into(local, out))
@@ -188,7 +188,7 @@ class _LocalBackend(Backend):
         fsync_path(target.parent)
 
     def create(self, rel: str, data: bytes) -> bool:
-        from tpubuild.engine.fsutil import fsync_path
+        from tpubuild.atomic import fsync_path
 
         target = self.root / rel
         tmp = self._temp_copy(target, lambda out: out.write(data))

@@ -29,10 +29,9 @@ from tpubuild.engine.imports import ABSENT
 from tpubuild.engine.keys import canonical_dumps, installed_dist, key_record, stage_key, summary_digest
 from tpubuild.engine.statcache import StatCache
 from tpubuild.engine.store import StageEntry, Store
+from tpubuild.engine.target_versions import MANIFEST
 from tpubuild.errors import StageError
-from tpubuild.pipeline import ENGINE_STEPS, STAGE_ORDER, PlannedStage, plan, spec
-from tpubuild.engine.siblings import MANIFEST
-from tpubuild.stages.slices import TARGET_STAGES
+from tpubuild.pipeline import ENGINE_STEPS, STAGE_ORDER, TARGET_STAGES, PlannedStage, plan, spec, stage_module
 
 
 @dataclass
@@ -51,7 +50,7 @@ class Output:
 
 @dataclass
 class RecipeRun:
-    recipe: Any  # tpubuild.config.Recipe
+    recipe: Any  # tpubuild.config.recipe.Recipe
     plan: list[PlannedStage]
     outputs: dict[str, Output] = field(default_factory=dict)
     rows: list[Any] = field(default_factory=list)
@@ -95,8 +94,8 @@ class Resolver:
         self.store = store
         self.stat = stat
         names = [name for name in STAGE_ORDER if name not in ENGINE_STEPS]
-        digests = code_digests([spec(n).module for n in names], Path(ws.state_dir) / "code-digests.json")
-        self.codes = {name: digests[spec(name).module] for name in names}
+        digests = code_digests([stage_module(n) for n in names], Path(ws.state_dir) / "code-digests.json")
+        self.codes = {name: digests[stage_module(name)] for name in names}
         # The engine's own steps: a snapshot copy and a publish (not cached in the store).
         self.codes["source"] = self.codes["publish"] = "engine"
         self._entries: dict[str, StageEntry] = {}
@@ -190,7 +189,7 @@ class Resolver:
         for candidate in candidates:
             # A file recorded absent (engine/imports.py: where an import looked) matches only
             # while it is still missing.
-            if all((self._current_hash(run, rel) or ABSENT) == digest for rel, digest in candidate["files"].items()):
+            if all((self.current_hash(run, rel) or ABSENT) == digest for rel, digest in candidate["files"].items()):
                 return candidate
         return None
 
@@ -198,7 +197,9 @@ class Resolver:
         """A record that entered the store from elsewhere (the remote cache)."""
         self._entries[entry.key] = entry
 
-    def _current_hash(self, run: RecipeRun, rel: str) -> str | None:
+    def current_hash(self, run: RecipeRun, rel: str) -> str | None:
+        """The hash a key-record input has now (a file, a directory's tree, an installed
+        distribution's version): what `explain` compares with the recorded one."""
         if rel.startswith("dist:"):  # an installed distribution, by version
             installed = installed_dist(rel[len("dist:"):])
             return installed[0] if installed else None
@@ -228,7 +229,7 @@ class Resolver:
     # --- publish ------------------------------------------------------------------
     def publish_files(self, run: RecipeRun) -> list[FileEntry]:
         """The published tree: the final model, plus the files the report stage wrote, plus
-        each target's build output named `<target>/<path>` (engine/siblings.py)."""
+        each target's build output named `<target>/<path>` (engine/target_versions.py)."""
         planned = run.plan[-1]
         files = {f.path: f for f in run.outputs[planned.consumes["model"]].files}
         report = run.outputs.get("report")

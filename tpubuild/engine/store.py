@@ -36,9 +36,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from tpubuild.atomic import write_text_atomic
-from tpubuild.discovery import WORKSPACE_FILE
-from tpubuild.engine.fsutil import fsync_path, fsync_tree, place_file, replace_file
+from tpubuild.atomic import fsync_path, write_text_atomic
+from tpubuild.config.finding import WORKSPACE_FILE
+from tpubuild.engine.fsutil import fsync_tree, place_file, replace_file
 from tpubuild.engine.hashing import FileEntry, hash_file, tree_digest, walk_files
 from tpubuild.engine.records import StageEntry, parse_entry
 from tpubuild.engine.statcache import StatCache, stat_key

@@ -12,11 +12,18 @@ rely on it (the records in the store decide).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from tpubuild.engine.build import Engine
-    from tpubuild.engine.resolve import RecipeRun
+from tpubuild.engine.resolve import RecipeRun
+
+
+class Engine(Protocol):
+    """What the task graph needs of the engine (engine/build.py): a stage's action and
+    its up-to-date test."""
+
+    def action(self, run: RecipeRun, planned: Any) -> Any: ...
+
+    def uptodate(self, run: RecipeRun, planned: Any) -> bool: ...
 
 
 def task_name(run: RecipeRun, stage: str) -> str:

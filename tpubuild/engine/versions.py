@@ -19,7 +19,7 @@ What tpubuild deletes (`clean`, pruning): only a directory `<recipe>/<N>/` holdi
 Anything else in the output directory is the user's: it is left and reported.
 
 Targets (recipe `targets:`): each other target of version N is published first at
-`<recipe>/<target>/<N>/` (engine/siblings.py), the main `<N>/` last; the main manifest
+`<recipe>/<target>/<N>/` (engine/target_versions.py), the main `<N>/` last; the main manifest
 lists their files too, so the no-op check, repair, pruning and `clean` cover them.
 """
 
@@ -33,13 +33,13 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from tpubuild.engine import siblings
-from tpubuild.engine.fsutil import fsync_path, place_file, replace_file
+from tpubuild.atomic import fsync_path
+from tpubuild.engine import target_versions
+from tpubuild.engine.fsutil import place_file, replace_file
 from tpubuild.engine.hashing import FileEntry, hash_file
 from tpubuild.engine.statcache import StatCache
+from tpubuild.engine.target_versions import MANIFEST
 from tpubuild.errors import StageError
-
-MANIFEST = "tpubuild-manifest.json"
 
 
 def version_numbers(recipe_dir: Path) -> list[int]:
@@ -62,7 +62,7 @@ def damaged_files(version_dir: Path, manifest: dict[str, Any], stat_cache: StatC
     """The files of a published version (its target versions' too, named `<target>/<path>`)
     whose content is not what its manifest lists."""
     bad = []
-    for name, path, digest in siblings.version_files(version_dir.parent, version_dir.name, manifest):
+    for name, path, digest in target_versions.version_files(version_dir.parent, version_dir.name, manifest):
         try:
             if stat_cache.file_hash(os.fspath(path)) != digest:
                 bad.append(name)
@@ -132,7 +132,7 @@ def newest_matching(
         # version is published beside it; pruning leaves it (not_published_reason).
         return None
     bad = damaged_files(version_dir, manifest, stat_cache)
-    stale = siblings.stale_manifests(recipe_dir, numbers[-1], manifest)
+    stale = target_versions.stale_manifests(recipe_dir, numbers[-1], manifest)
     if not bad and not stale:
         return numbers[-1]
     if files is None:
@@ -140,9 +140,9 @@ def newest_matching(
     objects = {entry.path: (entry, obj) for entry, obj in files}
     if any(rel not in objects for rel in bad):
         return None
-    paths = {name: path for name, path, _ in siblings.version_files(recipe_dir, numbers[-1], manifest)}
+    paths = {name: path for name, path, _ in target_versions.version_files(recipe_dir, numbers[-1], manifest)}
     for target in stale:  # a target version's own manifest: what `clean` trusts
-        siblings.write_manifest(recipe_dir, numbers[-1], manifest, target)
+        target_versions.write_manifest(recipe_dir, numbers[-1], manifest, target)
         if restored is not None:
             restored.append(recipe_dir / target / str(numbers[-1]) / MANIFEST)
     for rel in bad:
@@ -169,7 +169,7 @@ def publish(
     Files named `<target>/<path>` for a target in `manifest["targets"]` go to the target
     version `<recipe>/<target>/<N>/`, written before the main version."""
     targets = sorted(manifest.get("targets") or {})
-    files, target_files = siblings.split(files, targets)
+    files, target_files = target_versions.split(files, targets)
     try:
         recipe_dir.mkdir(parents=True, exist_ok=True)
         remove_orphans(recipe_dir, warn)
@@ -178,11 +178,11 @@ def publish(
         raise StageError(f"cannot write the output directory {recipe_dir}: {exc.strerror}") from None
     written: list[Path] = []
     try:
-        number = max([0, *version_numbers(recipe_dir), *(n for t in targets for n in siblings.numbers(recipe_dir / t))]) + 1
+        number = max([0, *version_numbers(recipe_dir), *(n for t in targets for n in target_versions.numbers(recipe_dir / t))]) + 1
         manifest = dict(manifest, version=number)
         for target in targets:
-            written.append(siblings.write_version(recipe_dir / target, number, target_files[target],
-                                                  siblings.target_manifest(manifest, target), link_type))
+            written.append(target_versions.write_version(recipe_dir / target, number, target_files[target],
+                                                  target_versions.target_manifest(manifest, target), link_type))
         made = {tmp}
         for entry, obj in files:
             target = tmp / entry.path
@@ -241,7 +241,7 @@ def repair_version(version_dir: Path, object_path: Callable[[str], Path], link_t
     verified the objects). Returns (restored, damaged and not restorable)."""
     manifest = read_manifest(version_dir) or {}
     restored, lost = [], []
-    for _, path, digest in siblings.version_files(version_dir.parent, version_dir.name, manifest):
+    for _, path, digest in target_versions.version_files(version_dir.parent, version_dir.name, manifest):
         try:
             if hash_file(path) == digest:
                 continue
@@ -301,16 +301,16 @@ def prune(recipe_dir: Path, keep: int, warn: Callable[[str], None] | None = None
             if warn is not None:
                 warn(f"{version_dir}: {reason}; left in place")
             continue
-        _delete_siblings(recipe_dir, number, warn)  # target versions first: the main one is what a build trusts
+        _delete_target_versions(recipe_dir, number, warn)  # target versions first: the main one is what a build trusts
         _delete(version_dir)
         removed.append(number)
     return removed
 
 
-def _delete_siblings(recipe_dir: Path, number: int, warn: Callable[[str], None] | None) -> list[Path]:
+def _delete_target_versions(recipe_dir: Path, number: int, warn: Callable[[str], None] | None) -> list[Path]:
     """Delete the target versions `<recipe>/<target>/<number>/` tpubuild published."""
     removed = []
-    for target_dir in siblings.target_dirs(recipe_dir):
+    for target_dir in target_versions.target_dirs(recipe_dir):
         path = target_dir / str(number)
         if not os.path.lexists(path):
             continue
@@ -328,9 +328,9 @@ def remove_orphans(recipe_dir: Path, warn: Callable[[str], None] | None = None) 
     """Delete target versions whose main version does not exist (a killed publish)."""
     main = set(version_numbers(recipe_dir))
     removed = []
-    for target_dir in siblings.target_dirs(recipe_dir):
+    for target_dir in target_versions.target_dirs(recipe_dir):
         clean_temp(target_dir)
-        for number in siblings.numbers(target_dir):
+        for number in target_versions.numbers(target_dir):
             path = target_dir / str(number)
             if number not in main and not_published_reason(path, recipe_dir.name, target_dir.name) is None:
                 _delete(path)
@@ -350,12 +350,12 @@ def remove_published(recipe_dir: Path, recipe: str) -> tuple[list[Path], list[tu
     names = sorted(os.listdir(recipe_dir))
     reasons = {name: not_published_reason(recipe_dir / name, recipe) for name in names if name.isdigit()}
     target_reasons = {path / str(n): not_published_reason(path / str(n), recipe, path.name)
-                      for path in siblings.target_dirs(recipe_dir) for n in siblings.numbers(path)}
+                      for path in target_versions.target_dirs(recipe_dir) for n in target_versions.numbers(path)}
     if None not in reasons.values() and None not in target_reasons.values():  # nothing here is ours
         left.append((recipe_dir, f"holds no version tpubuild published for recipe {recipe!r}"))
         return removed, left
     clean_temp(recipe_dir)
-    handled = siblings.target_dirs(recipe_dir)
+    handled = target_versions.target_dirs(recipe_dir)
     for target_dir in handled:  # target versions first: the main version is what a build trusts
         gone, kept = _remove_target_dir(target_dir, target_reasons)
         removed += gone

@@ -30,6 +30,23 @@ from typing import Any
 from tpubuild.errors import StageError
 
 
+def stage_request(entry: str, stage: str, workspace: str, output_dir: str, options: dict[str, Any],
+                  inputs: dict[str, str], results: dict[str, Any]) -> dict[str, Any]:
+    """The request a worker runs (JSON on its stdin): the one place its fields are made,
+    for the local engine and for Ray nodes alike. `input_dir` is the consumed model
+    (role `model`), else the workspace root (stages that start from nothing)."""
+    return {
+        "entry": entry,
+        "stage": stage,
+        "workspace": workspace,
+        "input_dir": inputs.get("model", workspace),
+        "output_dir": output_dir,
+        "options": options,
+        "inputs": inputs,
+        "results": results,
+    }
+
+
 class StageTimeout(StageError):
     pass
 

@@ -1,27 +1,2 @@
 """Reviewing changes between two git revisions of a workspace: `tpubuild diff` and
-`--changed-since` (TensorFlow-free)."""
-
-from __future__ import annotations
-
-from typing import Any
-
-
-def diff(ws: Any, base: str | None, head: str | None) -> tuple[list[Any], str, str]:
-    """(RecipeChange of every recipe, BASE label, HEAD label)."""
-    from tpubuild.review.compare import add_cache_state, compare
-    from tpubuild.review.sides import sides
-
-    with sides(ws, base, head) as (base_side, head_side, changed):
-        changes = compare(base_side, head_side, changed)
-        if head is None:
-            add_cache_state(ws, base_side, changes, head_side)
-        return changes, base_side.label, head_side.label
-
-
-def changed_since(ws: Any, rev: str) -> list[str]:
-    """Names of the recipes `tpubuild diff REV` reports as affected (to build)."""
-    from tpubuild.review.compare import compare
-    from tpubuild.review.sides import sides
-
-    with sides(ws, rev, None) as (base_side, head_side, changed):
-        return [c.name for c in compare(base_side, head_side, changed) if c.affected]
+`--changed-since` (TensorFlow-free). The entry points are in `review/diff.py`."""

@@ -23,11 +23,10 @@ from typing import Any
 
 from tpubuild.engine.lockfile import read_lock
 from tpubuild.engine.resolve import expand_inputs
-from tpubuild.pipeline import ENGINE_STEPS, PlannedStage, plan, spec
-from tpubuild.stages.slices import TARGET_STAGES
+from tpubuild.pipeline import ENGINE_STEPS, TARGET_STAGES, PlannedStage, plan, spec
 
-# The lock file's `artifact:` figures compared when both sides have them (the lead's
-# lock files gain them; absent keys are skipped, so older lock files still work).
+# The lock file's `artifact:` figures compared when both sides have them (a key absent
+# from either side is skipped, so lock files written before a figure existed still work).
 ARTIFACT_KEYS = ("size_bytes", "parameters", "cost", "max_abs_error", "argmax_agreement", "warnings",
                  *(target for target, chain in TARGET_STAGES.items() if chain))  # each target's size and error
 _MISSING = object()
@@ -171,7 +170,7 @@ def _imports(lock: dict[str, Any]) -> list[str]:
 
 def _reads(base: Side, head: Side, old: Any, new: Any) -> list[str]:
     """Every workspace path either side of the recipe reads (a superset of its stages' inputs)."""
-    from tpubuild.workspace import recipe_inputs
+    from tpubuild.config.workspace import recipe_inputs
 
     paths = [rel for _, rel in recipe_inputs(old.canonical) + recipe_inputs(new.canonical)]
     return paths + _imports(base.lock(old)) + _imports(head.lock(new))

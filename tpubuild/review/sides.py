@@ -16,10 +16,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from tpubuild.config.finding import LOCK_SUFFIX
 from tpubuild.review.compare import Side
 from tpubuild.review.revisions import blobs, changed_paths, commit_of, default_base, materialize, repo_root
-
-LOCK_SUFFIX = ".lock.yaml"
 
 
 def _at(exc: Any, label: str) -> Any:
@@ -34,8 +33,8 @@ def load_side(ws_file: Path, top: Path, label: str, changed: set[str], reuse: Si
     without that file has none. With `reuse` (the other side), recipes whose files are
     not in `changed` (paths relative to the top) take the other side's canonical form."""
     from tpubuild.config.recipe import discover, load_recipe_file
+    from tpubuild.config.workspace import load_workspace
     from tpubuild.errors import ConfigError
-    from tpubuild.workspace import load_workspace
 
     if not ws_file.is_file():
         return Side(label, {}, top=top)
@@ -88,7 +87,7 @@ def _rel(path: Path, top: Path) -> str:
 @contextmanager
 def sides(ws: Any, base: str | None, head: str | None) -> Iterator[tuple[Side, Side, set[str]]]:
     """(BASE side, HEAD side, the workspace-relative paths whose content differs)."""
-    from tpubuild.config import load_recipes
+    from tpubuild.config.recipe import load_recipes
 
     top = repo_root(ws.root)
     ws_file_rel = _rel(ws.file, top)

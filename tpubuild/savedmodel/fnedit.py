@@ -13,7 +13,10 @@ from tensorflow.python.framework import op_def_registry
 
 # Tensors that must be passed as they are (never concatenated, cast or reshaped).
 UNBATCHABLE = frozenset({types_pb2.DT_RESOURCE, types_pb2.DT_VARIANT})
-CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall", "TPUPartitionedCall"})
+# Ops that call a library function by its `f` attr: the ordinary calls, and the TPU's.
+CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
+TPU_CALL = "TPUPartitionedCall"
+ANY_CALL_OPS = CALL_OPS | {TPU_CALL}
 
 
 def fill_default_attrs(node: NodeDef) -> None:

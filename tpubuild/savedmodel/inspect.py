@@ -42,8 +42,9 @@ def inspect(path: Path, tags: list[str] | None = None) -> dict[str, Any]:
     runtime's rule findings (tpu_runtime_rules.py, then TF's MLIR clustering bridge), on any
     SavedModel, converted by tpubuild or elsewhere.
     """
-    from tpubuild.savedmodel.checks import check_xla_kernels
-    from tpubuild.savedmodel.tpu_runtime_rules import all_findings, tpu_bodies
+    from tpubuild.tpu.compatibility import check_xla_kernels
+    from tpubuild.tpu.findings import tpu_bodies
+    from tpubuild.tpu.runtime_check import all_findings
 
     model = SavedModel.load(Path(path), tags)
     bodies = set(tpu_bodies(model))
@@ -97,7 +98,7 @@ def inspect(path: Path, tags: list[str] | None = None) -> dict[str, Any]:
 
 
 def _tpu_placement(fdef: Any, findings: list[Any]) -> dict[str, Any]:
-    from tpubuild.savedmodel.tpu import REPLICATE_ATTR
+    from tpubuild.tpu.placement import REPLICATE_ATTR
 
     clusters = sorted({n.attr[REPLICATE_ATTR].s.decode() for n in fdef.node_def if REPLICATE_ATTR in n.attr})
     return {"clusters": clusters, "findings": [f.to_json() | {"text": str(f)} for f in findings]}

@@ -19,6 +19,7 @@ from tensorflow.core.protobuf.meta_graph_pb2 import MetaGraphDef
 
 from tpubuild.atomic import write_atomic
 from tpubuild.errors import ConversionError
+
 # make_fingerprint_reproducible is re-exported: callers imported it from here first.
 from tpubuild.savedmodel.reproducible import make_fingerprint_reproducible, write_fingerprint  # noqa: F401
 from tpubuild.savedmodel.variable_handles import merge_duplicate_handles
@@ -261,7 +262,7 @@ def prepare_for_older_runtimes(meta_graph: MetaGraphDef) -> None:
     attribute ... Unknown attributes will be ignored" for the node and drops it
     (ValidateNodeDef, tensorflow/core/framework/node_def_util.cc). Spelling out defaults
     (BatchFunction's `batch_padding_policy`, ...) only makes such logs and raises the
-    oldest release that understands the model (tpubuild.savedmodel.compat). TF's own
+    oldest release that understands the model (tpubuild.report.compat). TF's own
     stripper does the work: tensorflow/python/framework/meta_graph.py
     `strip_graph_default_valued_attrs` (graph nodes and every library function's nodes,
     nodes calling a library function left alone; the C++ twin is `StripDefaultAttributes`
@@ -305,3 +306,17 @@ def _link_tree(src: Path, dst: Path) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)
+
+
+def readable_copy(saved_model_dir: Path, tags: list[str], scratch: Path) -> Path:
+    """The SavedModel a session-based TF tool (quantizer, LiteRT converter, AOT freezer)
+    should read: `saved_model_dir` itself when it has one handle per weight, else a copy
+    in `scratch` (a new, empty directory is made there) with the duplicates merged.
+    `SavedModel.load` merges them too, so every stage that writes a model writes it merged."""
+    model = SavedModel.load(Path(saved_model_dir), tags)
+    if not model.merged_handles:
+        return Path(saved_model_dir)
+    copy = Path(scratch) / "one-handle-per-weight"
+    copy.mkdir(parents=True)
+    model.save(copy)
+    return copy

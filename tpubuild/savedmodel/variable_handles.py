@@ -114,22 +114,6 @@ def normalize_in_place(saved_model_dir: Path) -> list[Duplicate]:
     return merged
 
 
-def readable_copy(saved_model_dir: Path, tags: list[str], scratch: Path) -> Path:
-    """The SavedModel a session-based TF tool (quantizer, LiteRT converter, AOT freezer)
-    should read: `saved_model_dir` itself when it has one handle per weight, else a copy
-    in `scratch` (a new, empty directory is made there) with the duplicates merged.
-    `SavedModel.load` merges them too, so every stage that writes a model writes it merged."""
-    from tpubuild.savedmodel.model import SavedModel
-
-    model = SavedModel.load(Path(saved_model_dir), tags)
-    if not model.merged_handles:
-        return Path(saved_model_dir)
-    copy = Path(scratch) / "one-handle-per-weight"
-    copy.mkdir(parents=True)
-    model.save(copy)
-    return copy
-
-
 def _node_name(ref: str) -> str:
     return ref.lstrip("^").split(":")[0]
 

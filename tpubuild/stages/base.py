@@ -1,6 +1,6 @@
 """The contract between the build engine and a stage (TensorFlow-free).
 
-Each `stages/<name>.py` exports `SPEC`, a `StageSpec` that says, next to the stage's
+Each stage module (registered in `tpubuild.pipeline`) exports `SPEC`, a `StageSpec` that says, next to the stage's
 code, everything the engine needs to key it without importing TensorFlow: the slice of
 the canonical recipe it reads, the workspace files it reads, and which earlier outputs
 and summaries it consumes. The engine hashes exactly those into the stage's key and
@@ -40,13 +40,21 @@ class StageSpec:
     # lock files mark it, and everything keyed on it, as measured on the building machine.
     machine_dependent: Callable[[dict[str, Any]], bool] = lambda options: False
 
-    @property
-    def entry(self) -> str:
-        return f"tpubuild.stages.{self.name}:run"
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """A serving target besides the TPU SavedModel, declared in its folder's `__init__`:
+    the stage that builds it, the stage that verifies it, and its options' defaults (the
+    schema's, filled into the canonical recipe)."""
+
+    name: str
+    build: str
+    verify: str
+    defaults: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def module(self) -> str:
-        return f"tpubuild.stages.{self.name}"
+    def chain(self) -> tuple[str, str]:
+        return (self.build, self.verify)
 
 
 @dataclass

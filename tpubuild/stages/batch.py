@@ -23,8 +23,8 @@ WHERE = "batch_options[0].experimental"
 
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
     """Insert BatchFunction ops as `batch_options[0]` asks; checks run before anything is written."""
-    from tpubuild.savedmodel import batch_checks, batching
     from tpubuild.savedmodel.model import SavedModel
+    from tpubuild.transforms import batch_checks, batching
 
     if not options["batch_options"]:
         raise ConversionError("batch stage: batch_options is empty; nothing to batch")
@@ -70,7 +70,7 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     done = [batching.batch_site(model, site, entry, digest) for site in sites]
     warnings = findings.warnings + batch_checks.recompilation_warnings(model)
     # The TPU runtime's rules hold after every rewrite of a TPU body, not only after placement.
-    from tpubuild.savedmodel.tpu_runtime_rules import enforce
+    from tpubuild.tpu.runtime_check import enforce
 
     rule_warnings = enforce(model)
     model.save(Path(output_dir))
@@ -91,9 +91,9 @@ def _raise(findings: Any) -> None:
 
 
 def _calls(node: Any, fn: str) -> bool:
-    from tpubuild.savedmodel.fnedit import CALL_OPS
+    from tpubuild.savedmodel.fnedit import ANY_CALL_OPS
 
-    return node.op in CALL_OPS and node.attr["f"].func.name == fn
+    return node.op in ANY_CALL_OPS and node.attr["f"].func.name == fn
 
 
 def _signature_function(model: Any, key: str) -> str:
@@ -106,7 +106,7 @@ def _signature_function(model: Any, key: str) -> str:
 
 def _named_function(model: Any, experimental: dict[str, str]) -> str:
     """Resolve an experimental function_alias / concrete_function_name like a tpu_functions entry."""
-    from tpubuild.savedmodel.resolve import resolve_tpu_functions
+    from tpubuild.tpu.functions import resolve_tpu_functions
 
     try:
         (found,) = resolve_tpu_functions(model, [dict(experimental)])
@@ -123,7 +123,7 @@ def _tpu_sites(model: Any, tpu_functions: list[dict[str, Any]]) -> list[Any]:
     conversion are batched too, as the converter does. A model that skipped placement falls
     back to the functions the recipe names.
     """
-    from tpubuild.savedmodel.batching import TPU_CALL, BatchSite
+    from tpubuild.transforms.batching import TPU_CALL, BatchSite
 
     tpu_bodies = {
         n.attr["f"].func.name
@@ -146,7 +146,7 @@ def _tpu_sites(model: Any, tpu_functions: list[dict[str, Any]]) -> list[Any]:
                 f"with {WHERE} (function_alias, concrete_function_name or signature_name)"
             )
         return sites
-    from tpubuild.savedmodel.resolve import resolve_tpu_functions
+    from tpubuild.tpu.functions import resolve_tpu_functions
 
     names = {f.name for f in resolve_tpu_functions(model, tpu_functions)}
     return [

@@ -21,8 +21,9 @@ SPEC = StageSpec(
 
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
     """Convert the scope's float32 ops and the variables they read to bfloat16."""
-    from tpubuild.savedmodel import bfloat16, checkpoint
+    from tpubuild.savedmodel import checkpoint
     from tpubuild.savedmodel.model import SavedModel
+    from tpubuild.transforms import bfloat16
 
     settings = options["bfloat16_optimization_options"]
     model = SavedModel.load(Path(input_dir), options["tags"])
@@ -35,7 +36,7 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     plan = bfloat16.convert(model, scope, settings.get("filterlist", []))
     keys = checkpoint.checkpoint_keys(model, set(plan.variables))
     # The TPU runtime's rules hold after every rewrite of a TPU body, not only after placement.
-    from tpubuild.savedmodel.tpu_runtime_rules import enforce
+    from tpubuild.tpu.runtime_check import enforce
 
     rule_warnings = enforce(model)
     model.save(Path(output_dir))
@@ -56,7 +57,7 @@ def tpu_scope(model: Any, tpu_functions: list[dict[str, Any]]) -> set[str]:
     already in the model count too); a model that skipped placement falls back to the
     functions the recipe names.
     """
-    from tpubuild.savedmodel.resolve import resolve_tpu_functions
+    from tpubuild.tpu.functions import resolve_tpu_functions
 
     roots = {
         node.attr["f"].func.name

@@ -33,7 +33,7 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     # every workspace module imported, so those imports are inputs of this stage too.
     sys.path.insert(0, str(context.workspace))
     os.chdir(context.workspace)  # relative paths a generator opens: as in the export stage
-    from tpubuild.savedmodel import datasets
+    from tpubuild.quantize import datasets
     from tpubuild.savedmodel.model import SavedModel
 
     model = SavedModel.load(input_dir, options["tags"])

@@ -16,8 +16,9 @@ SPEC = StageSpec(
 
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
     """Reshape around every TPUPartitionedCall made from CPU code; outputs stay identical."""
-    from tpubuild.savedmodel import io_shape
     from tpubuild.savedmodel.model import SavedModel
+    from tpubuild.savedmodel.fnedit import TPU_CALL
+    from tpubuild.transforms import io_shape
 
     model = SavedModel.load(Path(input_dir), options["tags"])
     # The graph is the source of truth: the tpu stage made every call of a TPU function a
@@ -27,14 +28,14 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
         n.attr["f"].func.name
         for f in model.functions.values()
         for n in f.node_def
-        if n.op == io_shape.TPU_CALL
+        if n.op == TPU_CALL
     }
     tpu_code = set(bodies).union(*(model.reachable(b) for b in bodies))
     for caller, fdef in sorted(model.functions.items()):
         if caller in tpu_code:
             continue
         for node in fdef.node_def:
-            if node.op == io_shape.TPU_CALL:
+            if node.op == TPU_CALL:
                 sites.setdefault(node.attr["f"].func.name, []).append((caller, node.name))
     functions, warnings = [], []
     for fn, calls in sorted(sites.items()):
@@ -51,7 +52,7 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
         ]
         functions.append(plan.summary(wrapper, [{"caller": c, "node": n} for c, n in calls]))
     # The TPU runtime's rules hold after every rewrite of a TPU body, not only after placement.
-    from tpubuild.savedmodel.tpu_runtime_rules import enforce
+    from tpubuild.tpu.runtime_check import enforce
 
     rule_warnings = enforce(model)
     model.save(Path(output_dir))

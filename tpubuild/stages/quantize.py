@@ -17,7 +17,7 @@ from tpubuild.stages.base import DATASET, MODEL, StageContext, StageResult, Stag
 SPEC = StageSpec(
     "quantize",
     # tpu_functions: the functions named by alias or concrete name are quantized one by
-    # one and keep their identity (savedmodel/quantize_functions.py).
+    # one and keep their identity (quantize/functions.py).
     options=lambda r: {"tags": slices.tags(r), "tpu_functions": slices.converter(r)["tpu_functions"],
                        **slices.converter(r)["quantization_options"]},
     files=lambda r: slices.tfrecord_files(slices.dataset_sources(r)),
@@ -28,24 +28,13 @@ SPEC = StageSpec(
 )
 
 
-def dataset_paths(options: dict[str, Any], context: StageContext) -> dict[str, Path]:
-    """Signature key -> TFRecord file: given ones from the workspace, generated ones from `dataset`."""
-    paths = {}
-    for key, source in sorted(options.get("representative_datasets", {}).items()):
-        if "tfrecord_file_path" in source:
-            paths[key] = context.workspace / source["tfrecord_file_path"]
-        else:
-            paths[key] = context.inputs["dataset"] / f"{key}.tfrecord"
-    return paths
-
-
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
-    from tpubuild.savedmodel import datasets, variable_handles
-    from tpubuild.savedmodel.model import SavedModel
+    from tpubuild.quantize import datasets
+    from tpubuild.savedmodel.model import SavedModel, readable_copy
 
     method = options["method"]
     where = f"quantization ({method})"
-    paths = dataset_paths(options, context)
+    paths = datasets.dataset_paths(options, context)
     model = SavedModel.load(input_dir, options["tags"])
     warnings = []
     sample_counts = {}
@@ -72,9 +61,9 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     # Beside output_dir, not in it: TF's quantizer writes the whole of output_dir.
     with tempfile.TemporaryDirectory(prefix=".quantize-", dir=Path(output_dir).parent) as scratch:
         # TF's quantizer loads the model in a session: it must see one handle per weight.
-        readable = variable_handles.readable_copy(Path(input_dir), options["tags"], Path(scratch))
+        readable = readable_copy(Path(input_dir), options["tags"], Path(scratch))
         summary, kept = _quantize(model, readable, output_dir, options, paths, samples, where, warnings)
-    from tpubuild.savedmodel.params import parameters
+    from tpubuild.report.params import parameters
 
     weights = parameters(SavedModel.load(output_dir, options["tags"]))["total"]
     if model.aliases and not kept:
@@ -83,7 +72,7 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
         warnings.append(f"{where}: the quantized model has one function per signature; function aliases ({names}) are gone")
     for message in warnings:
         context.log(f"warning: {message}")
-    from tpubuild.savedmodel.quantization_checks import check_something_quantized
+    from tpubuild.quantize.checks import check_something_quantized
 
     check_something_quantized(where, summary, weights, options)
     return StageResult(
@@ -100,8 +89,8 @@ def _quantize_kept(
     samples: dict[str, list[dict[str, Any]]],
 ) -> dict[str, Any]:
     """Quantize each kept function on its own; the summary adds up the per-function ones."""
-    from tpubuild.savedmodel import quantization
-    from tpubuild.savedmodel.quantize_functions import quantize_functions
+    from tpubuild.quantize import tf_quantizer as quantization
+    from tpubuild.quantize.functions import quantize_functions
 
     # TF1 session loading logs deprecation notices; they belong in the log, not the terminal.
     with quantization.captured_stderr():
@@ -129,12 +118,12 @@ def _quantize_kept(
 def _quantize(model: Any, input_dir: Path, output_dir: Path, options: dict[str, Any], paths: dict[str, Path],
               samples: dict[str, list[dict[str, Any]]], where: str, warnings: list[str]) -> tuple[dict[str, Any], Any]:
     """TF's quantizer on `input_dir`: the kept functions one by one, else the whole model."""
-    from tpubuild.savedmodel import quantization
-    from tpubuild.savedmodel.quantize_functions import absorbed, kept_functions
+    from tpubuild.quantize import tf_quantizer as quantization
+    from tpubuild.quantize.functions import absorbed, kept_functions
 
     try:
         # Functions placed later by alias or concrete name are quantized one by one, so they
-        # survive under their own names (savedmodel/quantize_functions.py explains how).
+        # survive under their own names (quantize/functions.py explains how).
         kept = kept_functions(model, options.get("tpu_functions", []))
         if kept:
             summary = _quantize_kept(input_dir, output_dir, options, kept, samples)

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tpubuild.savedmodel.report_format import REPORT_JSON, REPORT_MD
+from tpubuild.report.formats import REPORT_JSON, REPORT_MD
 from tpubuild.stages import slices
 from tpubuild.stages.base import MODEL, SOURCE, StageContext, StageResult, StageSpec
 
@@ -30,9 +30,9 @@ STAGE_SECTIONS = ("dataset", "tpu", "bfloat16", "io_shape", "batch")
 
 
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
-    from tpubuild.savedmodel import compat, cost, params
+    from tpubuild.report import compat, cost, params
+    from tpubuild.report.formats import REPORT_SCHEMA, to_json, to_markdown
     from tpubuild.savedmodel.model import SavedModel
-    from tpubuild.savedmodel.report_format import REPORT_SCHEMA, to_json, to_markdown
 
     tags = options["tags"]
     artifact = SavedModel.load(input_dir, tags)
@@ -70,8 +70,8 @@ def _write_hlo(
     artifact: Path, output_dir: Path, tags: list[str], names: list[str], aliases: dict[str, str]
 ) -> dict[str, dict[str, str]]:
     """HLO of each TPU function, from the artifact's CPU twin (TPU calls cannot run here)."""
-    from tpubuild.savedmodel.hlo import function_hlo
-    from tpubuild.savedmodel.twin import make_cpu_twin
+    from tpubuild.tpu.hlo import function_hlo
+    from tpubuild.tpu.twin import make_cpu_twin
 
     (output_dir / HLO_DIR).mkdir()
     with tempfile.TemporaryDirectory(prefix=".twin-", dir=output_dir) as scratch:

@@ -6,10 +6,6 @@ from typing import Any
 
 Canonical = dict[str, Any]
 
-# Model-changing stages: each writes a SavedModel that the next one reads as `input_dir`.
-TRANSFORMS = frozenset({"source", "export", "quantize", "tpu", "bfloat16", "io_shape", "batch"})
-
-
 def tags(recipe: Canonical) -> list[str]:
     return recipe["model"]["tags"]
 
@@ -20,7 +16,7 @@ def converter(recipe: Canonical) -> dict[str, Any]:
 
 def effective_state(conv: dict[str, Any], field_name: str) -> bool:
     """Whether a default optimization runs: ENABLED wins, DISABLED loses, DEFAULT follows
-    `disable_default_optimizations` (converter-reference.md, "The four default steps")."""
+    `disable_default_optimizations` (the converter turns bfloat16 and IO shape optimization on by default)."""
     state = conv.get(field_name, "DEFAULT")
     if state == "ENABLED":
         return True
@@ -49,20 +45,13 @@ def verify_datasets(recipe: Canonical) -> dict[str, dict[str, Any]]:
     return {**dataset_sources(recipe), **recipe["verify"].get("representative_datasets", {})}
 
 
-# Serving targets (recipe `targets:`) -> the chain of stages that builds and verifies each,
-# after `report` and before `publish`. The TPU SavedModel is the recipe's main chain.
-TARGET_STAGES: dict[str, tuple[str, ...]] = {
-    "tpu_savedmodel": (),
-    "cpu_savedmodel": ("cpu_savedmodel", "cpu_savedmodel_verify"),
-    "litert": ("litert", "litert_verify"),
-    "xla_aot": ("xla_aot", "xla_aot_verify"),
-}
-DEFAULT_TARGETS = {"tpu_savedmodel": {}}
+# The TPU SavedModel: always built, by the main chain; the recipe's default `targets:`.
+MAIN_TARGET = "tpu_savedmodel"
 
 
 def targets(recipe: Canonical) -> dict[str, dict[str, Any]]:
     """The recipe's targets with their options (canonical: defaults filled)."""
-    return recipe.get("targets", DEFAULT_TARGETS)
+    return recipe.get("targets", {MAIN_TARGET: {}})
 
 
 def target_options(recipe: Canonical, target: str) -> dict[str, Any]:

@@ -22,11 +22,11 @@ SPEC = StageSpec(
 
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
     """Resolve `tpu_functions`, run the compatibility checks, write the placed SavedModel."""
-    from tpubuild.savedmodel.checks import check_tpu_functions
     from tpubuild.savedmodel.model import SavedModel
-    from tpubuild.savedmodel.resolve import resolve_tpu_functions
-    from tpubuild.savedmodel.tpu import place_on_tpu
-    from tpubuild.savedmodel.tpu_runtime_rules import enforce
+    from tpubuild.tpu.compatibility import check_tpu_functions
+    from tpubuild.tpu.functions import resolve_tpu_functions
+    from tpubuild.tpu.placement import place_on_tpu
+    from tpubuild.tpu.runtime_check import enforce
 
     model = SavedModel.load(Path(input_dir), options.get("tags"))
     functions = resolve_tpu_functions(model, options["tpu_functions"])
@@ -37,7 +37,7 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     # clustering bridge accept every TPU body; a violation fails the stage before writing.
     rule_warnings = enforce(model)
     if not options.get("batched"):
-        from tpubuild.savedmodel import batch_checks
+        from tpubuild.transforms import batch_checks
 
         rule_warnings += batch_checks.recompilation_warnings(model)
     model.save(Path(output_dir))

@@ -9,7 +9,6 @@ a check that looked at nothing must not report "passed".
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -17,21 +16,22 @@ from typing import Any
 from tpubuild.errors import StageError
 from tpubuild.stages import slices
 from tpubuild.stages.base import DATASET, MODEL, SOURCE, StageContext, StageResult, StageSpec
-
-
-def _applied(recipe: dict[str, Any]) -> list[str]:
-    """The model-changing stages this recipe runs: verify picks default tolerances by them."""
-    from tpubuild.pipeline import stage_names
-
-    return [name for name in stage_names(recipe) if name in slices.TRANSFORMS - {"source", "export"}]
-
+from tpubuild.stages.selection import applied_transforms
+from tpubuild.verify.verdict import (
+    error_summary,
+    raise_on_failure,
+    tolerances,
+    vacuous_warnings,
+    verification_samples,
+    write_json,
+)
 
 SPEC = StageSpec(
     "verify",
     # The representative datasets, when there are any, are verify's samples.
     options=lambda r: {
         "tags": slices.tags(r),
-        "applied": _applied(r),
+        "applied": applied_transforms(r),
         **r["verify"],
         "representative_datasets": slices.verify_datasets(r),
     },
@@ -45,9 +45,9 @@ VERIFY_JSON = "verify.json"
 
 
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
-    from tpubuild.savedmodel import compare
     from tpubuild.savedmodel.model import INIT_OP_KEY, SavedModel
-    from tpubuild.savedmodel.serving_load import check_serving_load
+    from tpubuild.verify import compare
+    from tpubuild.verify.serving_load import check_serving_load
 
     tags = options["tags"]
     applied = list(options.get("applied", []))
@@ -71,7 +71,7 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
         **error_summary(errors, (kind, rtol, atol), options, samples_by_key, origin),
         "signatures_not_in_artifact": dropped,
     }
-    _write_json(output_dir / VERIFY_JSON, summary)
+    write_json(output_dir / VERIFY_JSON, summary)
     raise_on_failure(errors, rtol, atol)
     # What is published must load where it is served, not only in TF2's loader.
     check_serving_load(input_dir, tags, "the TPU SavedModel")
@@ -80,135 +80,11 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     return StageResult(summary=summary, warnings=warnings)
 
 
-def tolerances(applied: list[str], options: dict[str, Any], where: str) -> tuple[str, float, float]:
-    """(kind, rtol, atol): the defaults for the stages that changed the model
-    (compare.default_tolerances, e.g. `applied=["quantize"]` for int8), overridden by the
-    `rtol`/`atol` of `options`. `where` names the recipe field in errors."""
-    from tpubuild.savedmodel import compare
-
-    kind, rtol, atol = compare.default_tolerances(applied)
-    try:
-        # The schema refuses these too; a NaN bound would make every comparison pass.
-        if options.get("rtol") is not None:
-            rtol = compare.checked_tolerance(f"{where}.rtol", options["rtol"])
-        if options.get("atol") is not None:
-            atol = compare.checked_tolerance(f"{where}.atol", options["atol"])
-    except ValueError as exc:
-        raise StageError(str(exc)) from None
-    return kind, rtol, atol
-
-
-def verification_samples(source: Any, keys: list[str], options: dict[str, Any],
-                         context: StageContext) -> tuple[dict[str, list[dict[str, Any]]], dict[str, str]]:
-    """The samples every verifier runs (verify, and each target's verify stage): for each
-    signature key, the first `samples` records of its representative dataset when the
-    recipe has one, else `samples` random inputs seeded with `seed`. Returns (samples by
-    key, origin by key). Every record of a dataset is read and checked (a bad or truncated
-    tail is an error); a signature with no samples is an error: a check that looked at
-    nothing must not pass."""
-    from tpubuild.savedmodel import datasets
-
-    samples_by_key, origin = {}, {}
-    dataset_files = _dataset_files(options, context)
-    for key in keys:
-        specs = datasets.signature_inputs(source, key)
-        if key in dataset_files:
-            label = f"representative_datasets.{key}: {dataset_files[key].name}"
-            samples = [
-                datasets.check_sample(sample, specs, f"{label}: sample {i}")
-                for i, sample in enumerate(datasets.read_tfrecord(dataset_files[key], label))
-            ][: options["samples"]]
-            origin[key] = "representative_dataset"
-        else:
-            try:
-                samples = datasets.random_samples(specs, options["samples"], options["seed"])
-            except StageError as exc:
-                raise StageError(f"signature {key!r}: {exc}") from None
-            origin[key] = "random"
-        if not samples:
-            raise StageError(f"signature {key!r}: no samples to verify on")
-        samples_by_key[key] = samples
-    return samples_by_key, origin
-
-
-def error_summary(errors: list[Any], tolerance: tuple[str, float, float], options: dict[str, Any],
-                  samples_by_key: dict[str, list[Any]], origin: dict[str, str]) -> dict[str, Any]:
-    """What every verifier (verify, and each target's verify stage) says of a comparison:
-    the tolerance used (and the one the recipe gave), the samples, each output's errors,
-    the worst errors and the verdict."""
-    kind, rtol, atol = tolerance
-    return {
-        "tolerance": {"kind": kind, "rtol": rtol, "atol": atol,
-                      "given": {"rtol": options.get("rtol"), "atol": options.get("atol")}},
-        "samples": {key: {"count": len(s), "from": origin[key]} for key, s in samples_by_key.items()},
-        "outputs": [e.as_dict() for e in errors],
-        "max_abs_error": max((e.max_abs_error for e in errors), default=0.0),
-        "max_rel_error": max((e.max_rel_error for e in errors), default=0.0),
-        "passed": all(e.passed for e in errors),
-        # Outputs whose comparison could not fail (vacuous_warnings): not verified.
-        "vacuous": [f"{e.signature}/{e.output}" for e in errors
-                    if e.elements and e.max_reference <= atol + rtol * e.max_reference],
-    }
-
-
-def vacuous_warnings(errors: list[Any], rtol: float, atol: float, where: str = "verify") -> list[str]:
-    """One warning per output whose reference is so small next to the tolerance that an
-    artifact returning zeros would pass: |0 - b| <= atol + rtol * max|b| for every b. A
-    check that cannot fail is not a verification, and the report must not say it is."""
-    return [
-        f"{where}: signature {e.signature!r} output {e.output!r}: the source's outputs are at most "
-        f"{e.max_reference:.3g}, within the tolerance (atol {atol:g}, rtol {rtol:g}): an artifact returning "
-        "zeros would pass, so this comparison says nothing; give this recipe a smaller atol"
-        for e in errors
-        if e.elements and e.max_reference <= atol + rtol * e.max_reference and not (e.nan_in_artifact or e.nan_in_source)
-    ]
-
-
-def raise_on_failure(errors: list[Any], rtol: float, atol: float, prefix: str = "") -> None:
-    """A StageError of one line when an output holds NaN (whatever the tolerances) or
-    differs from the source beyond them (the worst output, by how far it is out)."""
-    with_nan = [e for e in errors if e.nan_in_artifact or e.nan_in_source]
-    if with_nan:
-        raise StageError(prefix + describe_nan(with_nan[0]))
-    failed = [e for e in errors if e.mismatched]
-    if failed:
-        worst = max(failed, key=lambda e: e.max_abs_error - (atol + rtol * e.max_reference))
-        raise StageError(prefix + describe_failure(worst, rtol, atol))
-
-
-def describe_failure(error: Any, rtol: float, atol: float) -> str:
-    """One line with the measured error and the bound it broke."""
-    bound = atol + rtol * error.max_reference
-    text = (
-        f"signature {error.signature!r} output {error.output!r} differs from the source: "
-        f"max abs error {error.max_abs_error:.4g} > {bound:.4g} (atol {atol:g} + rtol {rtol:g} "
-        f"x max|output| {error.max_reference:.4g}); max rel error {error.max_rel_error:.4g}, "
-        f"{error.mismatched}/{error.elements} elements outside"
-    )
-    if error.argmax_agreement is not None:
-        text += f", argmax agreement {error.argmax_agreement:.1%}"
-    return text
-
-
-def describe_nan(error: Any) -> str:
-    """One line naming the output and how many of its values are NaN, in each model."""
-    return (
-        f"signature {error.signature!r} output {error.output!r}: {error.nan_in_artifact} of {error.elements} "
-        f"values are NaN in the artifact, {error.nan_in_source} in the source; NaN never passes verification"
-    )
-
-
-def _dataset_files(options: dict[str, Any], context: StageContext) -> dict[str, Path]:
-    from tpubuild.stages.quantize import dataset_paths
-
-    return dataset_paths(options, context) if options.get("representative_datasets") else {}
-
-
 def _runnable(artifact: Path, scratch: Path, tags: list[str], tpu_placed: bool) -> Path:
     """The artifact itself, or its CPU twin when functions were placed on the TPU."""
     if not tpu_placed:
         return artifact
-    from tpubuild.savedmodel.twin import make_cpu_twin
+    from tpubuild.tpu.twin import make_cpu_twin
 
     twin = scratch / "twin"
     twin.mkdir()
@@ -216,7 +92,3 @@ def _runnable(artifact: Path, scratch: Path, tags: list[str], tpu_placed: bool) 
     return twin
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    from tpubuild.atomic import write_atomic
-
-    write_atomic(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())

@@ -1,0 +1,232 @@
+"""Finding and reading the workspace file, `tpubuild.yaml` (like git finds `.git`)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tpubuild.config.finding import WORKSPACE_FILE, find_workspace_file
+from tpubuild.config.paths import leaves_root, name_problem, rebase, to_root_relative
+from tpubuild.config.schema import schema_diagnostics
+from tpubuild.config.yamlload import Marks, format_path, read_yaml_file
+from tpubuild.errors import ConfigError, Diagnostic, TpubuildError, UsageError
+
+STATE_DIR = ".tpubuild"  # tpubuild's own files (dep file, stat cache, locks) live here
+DEFAULT_RECIPE_GLOBS = ("recipes/*.yaml",)
+
+
+@dataclass
+class Workspace:
+    root: Path  # absolute; canonical recipe paths are relative to it
+    file: Path
+    recipe_globs: list[str] = field(default_factory=lambda: list(DEFAULT_RECIPE_GLOBS))
+    output_dir: Path | None = None
+    cache_dir: Path | None = None
+    keep_versions: int | None = None
+    link_type: str = "copy"  # how versions are published: copy (reflink or copy) | hardlink
+    stage_timeout: float = 3600.0  # seconds before a stage's worker is killed
+    remote_cache: str | None = None  # an fsspec URL (engine/remote.py)
+    remote_push: bool = True  # upload stages built here to the remote cache
+    executor: str = "local"  # where stages run: local worker processes | ray (engine/ray_executor.py)
+    ray_address: str | None = None  # the Ray cluster; None: RAY_ADDRESS, else a cluster on this machine
+    ray_resources: dict[str, dict[str, float]] = field(default_factory=dict)  # stage -> Ray resources per task
+    defaults: dict[str, Any] = field(default_factory=dict)
+    defaults_marks: Marks = field(default_factory=Marks)
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / STATE_DIR
+
+    def display(self, path: Path) -> str:
+        """`path` as printed in messages: workspace-relative when inside the workspace."""
+        return display_path(path, self.root)
+
+
+def display_path(path: Path, root: Path) -> str:
+    try:
+        return Path(path).resolve().relative_to(root).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def load_workspace(start: Path | None = None, override: Path | None = None) -> Workspace:
+    """Read the workspace named by `override` (a directory or a file), else found upward."""
+    if override is not None:
+        override = Path(override)
+        try:  # a null byte or an over-long name is a usage error, not a crash
+            path = override / WORKSPACE_FILE if override.is_dir() else override
+            found = path.is_file()
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"no workspace file at {str(override)!r}: {getattr(exc, 'strerror', None) or exc}") from None
+        if not found:
+            raise UsageError(f"no workspace file at {path}")
+    else:
+        start = Path.cwd() if start is None else Path(start)
+        path = find_workspace_file(start)
+        if path is None:
+            raise UsageError(
+                f"no {WORKSPACE_FILE} in {os.path.abspath(start)} or any parent directory "
+                f"(create one, or pass --workspace PATH)"
+            )
+    path = path.resolve()
+    root = path.parent
+    data, marks = read_yaml_file(path, display_path(path, root))
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError([Diagnostic(marks.value(()), "", "the workspace file must be a mapping")])
+    problems = schema_diagnostics("workspace", data, marks) + _recipe_glob_problems(data, marks, root)
+    problems += _directory_problems(data, marks, root) + _remote_problems(data, marks)
+    if problems:
+        raise ConfigError(problems)
+    defaults_marks = _sub_marks(marks, ("defaults",))
+    defaults = data.get("defaults", {})
+    # Paths in defaults are relative to tpubuild.yaml: normalize them (messages quote the originals).
+    rebase(defaults, root, root, defaults_marks.written)
+    return Workspace(
+        root=root,
+        file=path,
+        recipe_globs=list(data.get("recipes", DEFAULT_RECIPE_GLOBS)),
+        output_dir=root / data.get("output_dir", "out"),
+        cache_dir=root / data.get("cache_dir", f"{STATE_DIR}/cache"),
+        keep_versions=data.get("keep_versions"),
+        link_type=data.get("link_type", "copy"),
+        stage_timeout=float(data.get("stage_timeout", 3600.0)),
+        remote_cache=_remote_setting(data)[0],
+        remote_push=_remote_setting(data)[1],
+        executor=data.get("executor", "local"),
+        ray_address=data.get("ray_address"),
+        ray_resources=data.get("ray_resources", {}),
+        defaults=defaults,
+        defaults_marks=defaults_marks,
+    )
+
+
+def _recipe_glob_problems(data: dict, marks: Marks, root: Path) -> list[Diagnostic]:
+    """Recipe globs stay inside the workspace: `/etc/*.conf` or `../*` are errors (the
+    files they match through symlinks are checked by config.recipe.discover)."""
+    globs = data.get("recipes")
+    if not isinstance(globs, list):
+        return []  # absent, or a wrong type the schema reports
+    problems = []
+    for index, pattern in enumerate(globs):
+        if not isinstance(pattern, str):
+            continue
+        problem = name_problem(os.path.join(root, pattern))
+        if problem is None and leaves_root(to_root_relative(pattern, root, root)):
+            problem = f"is outside the workspace ({root}): recipes must be inside it"
+        if problem:
+            path = ("recipes", index)
+            problems.append(Diagnostic(marks.value(path), format_path(path), f"{pattern!r} {problem}"))
+    return problems
+
+
+def _directory_problems(data: dict, marks: Marks, root: Path) -> list[Diagnostic]:
+    """output_dir and cache_dir are created later: refuse now what the OS would refuse then."""
+    problems = []
+    for key in ("output_dir", "cache_dir"):
+        value = data.get(key)
+        problem = name_problem(os.path.join(root, value)) if isinstance(value, str) else None
+        if problem:
+            problems.append(Diagnostic(marks.value((key,)), key, f"{value!r} {problem}"))
+    return problems
+
+
+def _remote_setting(data: dict) -> tuple[str | None, bool]:
+    """`remote_cache:` as (url, push): a URL string, or {url, push}."""
+    value = data.get("remote_cache")
+    if isinstance(value, dict):
+        return value.get("url"), bool(value.get("push", True))
+    return value, True
+
+
+def _remote_problems(data: dict, marks: Marks) -> list[Diagnostic]:
+    """A remote cache URL with credentials in it (user:password@, a secret query
+    parameter), an unknown scheme: errors at the line that wrote it."""
+    value = data.get("remote_cache")
+    path: tuple = ("remote_cache", "url") if isinstance(value, dict) else ("remote_cache",)
+    url = _remote_setting(data)[0] if isinstance(value, (str, dict)) else None
+    if not isinstance(url, str):
+        return []  # absent, or a wrong type the schema reports
+    from tpubuild.engine.remote_url import url_problem
+
+    problem = url_problem(url)
+    return [Diagnostic(marks.value(path), format_path(path), problem)] if problem else []
+
+
+def _sub_marks(marks: Marks, prefix: tuple) -> Marks:
+    """The marks below `prefix`, re-rooted so `prefix` becomes ()."""
+    n = len(prefix)
+    out = Marks()
+    out.values = {p[n:]: loc for p, loc in marks.values.items() if p[:n] == prefix}
+    out.keys = {p[n:]: loc for p, loc in marks.keys.items() if p[:n] == prefix and len(p) > n}
+    return out
+
+
+def implicit_workspace(directory: Path) -> Workspace:
+    """A workspace for a recipe used outside any tpubuild.yaml: rooted at its directory."""
+    root = Path(directory).resolve()
+    return Workspace(
+        root=root,
+        file=root / WORKSPACE_FILE,
+        output_dir=root / "out",
+        cache_dir=root / STATE_DIR / "cache",
+    )
+
+
+
+class OutputOverlapError(TpubuildError):
+    """output_dir or cache_dir overlaps a recipe's inputs (exit code 2), one line each."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+    def lines(self) -> list[str]:
+        return [f"error: {p}" for p in self.problems]
+
+
+def recipe_inputs(canonical: dict[str, Any]) -> list[tuple[str, str]]:
+    """(field, workspace-relative path) of what a recipe reads from the workspace: the
+    SavedModel directory or the export script's directory and deps, and dataset files."""
+    model = canonical.get("model", {})
+    found = []
+    if "saved_model" in model:
+        found.append(("model.saved_model", model["saved_model"]))
+    if "export" in model:
+        export = model["export"]
+        found.append(("model.export.script", os.path.dirname(export["script"]) or "."))
+        found += [("model.export.deps", dep) for dep in export.get("deps", [])]
+    quant = (canonical.get("converter") or {}).get("quantization_options") or {}
+    sources = [("converter.quantization_options.representative_datasets", s)
+               for s in quant.get("representative_datasets", {}).values()]
+    sources += [("verify.representative_datasets", s)
+                for s in (canonical.get("verify") or {}).get("representative_datasets", {}).values()]
+    for where, source in sources:
+        for key in ("tfrecord_file_path", "npz", "module_file"):
+            if key in source:
+                found.append((f"{where}.{key}", source[key]))
+    return found
+
+
+def check_output_overlap(ws: Workspace, recipes: list[Any]) -> list[str]:
+    """One line per recipe input that is inside output_dir or cache_dir, or contains one:
+    tpubuild deletes and rewrites what is in those directories, so they must never hold
+    (or be held by) a file the user owns. Globs are checked by their fixed prefix."""
+    owned = [(name, Path(os.path.realpath(d))) for name, d in (("output_dir", ws.output_dir), ("cache_dir", ws.cache_dir))
+             if d is not None]
+    problems = []
+    for recipe in recipes:
+        for where, rel in recipe_inputs(recipe.canonical):
+            fixed = rel.split("*", 1)[0].split("?", 1)[0].split("[", 1)[0]
+            path = Path(os.path.realpath(Path(recipe.root) / fixed))
+            for name, directory in owned:
+                if path == directory or directory in path.parents:
+                    problems.append(f"{recipe.rel_file}: {where} {rel} is inside {name} {ws.display(directory)}, "
+                                    "whose content tpubuild deletes and rewrites; move one of them")
+                elif path in directory.parents:
+                    problems.append(f"{recipe.rel_file}: {name} {ws.display(directory)} is inside {where} {rel}, "
+                                    "so tpubuild would write into the recipe's input; move one of them")
+    return problems

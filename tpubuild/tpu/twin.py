@@ -1,0 +1,123 @@
+"""The CPU twin of a TPU-placed SavedModel: TPU call sites mapped back to ordinary calls.
+
+Only the TPU plumbing is undone; BatchFunction, bfloat16 casts, IO reshapes stay, so
+running the twin on CPU checks every other rewrite numerically.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tensorflow.core.framework.function_pb2 import FunctionDef
+from tensorflow.core.framework.graph_pb2 import GraphDef
+from tensorflow.core.framework.node_def_pb2 import NodeDef
+
+from tpubuild.savedmodel.model import SavedModel
+from tpubuild.tpu.placement import (
+    COMPILATION_RESULT,
+    METADATA,
+    ORDINAL_SELECTOR,
+    OUTPUT_IDENTITY_ATTR,
+    OUTPUT_SHARD_ATTR,
+    REPLICATE_ATTR,
+    REPLICATED_INPUT,
+    REPLICATED_OUTPUT,
+    TPU_CALL,
+)
+
+DROPPED_OPS = (ORDINAL_SELECTOR, METADATA, COMPILATION_RESULT)
+# Single-replica pass-throughs that have no CPU kernel: on CPU they are Identity ops.
+# {op: (name of its output arg, attrs Identity does not have)}
+PASS_THROUGH = {
+    REPLICATED_OUTPUT: ("outputs", ("num_replicas",)),
+    REPLICATED_INPUT: ("output", ("N", "is_mirrored_variable", "index", "is_packed")),
+}
+TPU_ONLY_ATTRS = (REPLICATE_ATTR, OUTPUT_IDENTITY_ATTR, OUTPUT_SHARD_ATTR)
+
+
+def make_cpu_twin(src: Path, dst: Path, tags: list[str] | None = None) -> dict[str, int]:
+    """Write the CPU twin of the SavedModel `src` into the empty directory `dst`; returns counts."""
+    model = SavedModel.load(Path(src), tags)
+    counts = untpu(model)
+    Path(dst).mkdir(parents=True, exist_ok=True)
+    model.save(Path(dst))
+    return counts
+
+
+def untpu(model: SavedModel) -> dict[str, int]:
+    """Undo TPU placement in place: TPUPartitionedCall -> StatefulPartitionedCall, drop metadata."""
+    counts = {"calls": 0, "dropped": 0}
+    for fdef in model.meta_graph.graph_def.library.function:
+        _untpu_function(fdef, counts)
+    _untpu_nodes(model.meta_graph.graph_def, counts)
+    model.invalidate()
+    return counts
+
+
+def _untpu_function(fdef: FunctionDef, counts: dict[str, int]) -> None:
+    dropped = _untpu_nodes(fdef, counts)
+    for key in [k for k, v in fdef.ret.items() if v.split(":")[0] in dropped]:
+        raise ValueError(f"{fdef.signature.name}: output {key} comes from a dropped TPU node")
+    for key in [k for k, v in fdef.control_ret.items() if v in dropped]:
+        del fdef.control_ret[key]
+        fdef.signature.control_output.remove(key)
+
+
+def _untpu_nodes(holder: GraphDef | FunctionDef, counts: dict[str, int]) -> set[str]:
+    nodes = holder.node_def if isinstance(holder, FunctionDef) else holder.node
+    dropped = {n.name for n in nodes if n.op in DROPPED_OPS}
+    keep = [n for n in nodes if n.name not in dropped]
+    counts["dropped"] += len(dropped)
+    renamed: dict[str, str] = {}
+    for node in keep:
+        for attr in TPU_ONLY_ATTRS:
+            if attr in node.attr:
+                del node.attr[attr]
+        if node.op in PASS_THROUGH:
+            renamed.update(_to_identity(node))
+        if node.op == TPU_CALL:
+            # The device ordinal is the last data input, whatever produces it.
+            data = [i for i in node.input if not i.startswith("^")]
+            control = [i for i in node.input if i.startswith("^")]
+            node.input[:] = [*data[:-1], *control]
+            node.op = "StatefulPartitionedCall"
+            if "autotuner_thresh" in node.attr:
+                del node.attr["autotuner_thresh"]
+            counts["calls"] += 1
+        # Control edges from dropped nodes (metadata) go too.
+        node.input[:] = [i for i in node.input if _source(i) not in dropped]
+    if renamed:
+        for node in keep:
+            node.input[:] = [renamed.get(i, i) for i in node.input]
+        if isinstance(holder, FunctionDef):
+            for key, ref in list(holder.ret.items()):
+                holder.ret[key] = renamed.get(ref, ref)
+    if dropped:
+        kept = [_copy(n) for n in keep]
+        del nodes[:]
+        nodes.extend(kept)
+    return dropped
+
+
+def _to_identity(node: NodeDef) -> dict[str, str]:
+    """Turn a one-replica TPUReplicatedOutput/Input into Identity; returns the output refs it renames."""
+    output_arg, attrs = PASS_THROUGH[node.op]
+    count = node.attr["num_replicas"].i if node.op == REPLICATED_OUTPUT else node.attr["N"].i
+    if count != 1:
+        raise ValueError(f"node {node.name}: {node.op} with {count} replicas has no CPU equivalent")
+    node.op = "Identity"
+    for attr in attrs:
+        if attr in node.attr:
+            del node.attr[attr]
+    return {f"{node.name}:{output_arg}:0": f"{node.name}:output:0"}
+
+
+def _source(tensor: str) -> str:
+    return tensor.lstrip("^").split(":")[0]
+
+
+def _copy(node: NodeDef) -> NodeDef:
+    """A detached copy: a repeated field cannot take elements that still belong to it."""
+    copy = NodeDef()
+    copy.CopyFrom(node)
+    return copy

@@ -1,0 +1,138 @@
+"""Numerical verification: run the source and the artifact on the same samples, compare outputs.
+
+An output passes when max|a - b| <= atol + rtol * max|b| (b = the source's output): the
+relative term is scaled by the output's largest magnitude, not element by element, because
+int8 and bfloat16 errors are proportional to the tensor's range, and near-zero elements
+would otherwise make any relative bound meaningless.
+
+NaN never passes: an output holding NaN (in the artifact or in the source) fails, whatever
+the tolerances, because NaN compares false with everything and would otherwise vanish from
+the error figures. An infinity matches only the same infinity.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from tpubuild.quantize.datasets import Sample
+
+# Defaults by the most lossy optimization applied (rtol, atol); see the module docstring.
+# Exact stages still get 1e-5: oneDNN picks different kernels for different batch shapes
+# (batching pads, io_shape reshapes), which changes float32 summation order.
+TOLERANCES = {
+    "exact": (1e-5, 1e-6),
+    "bfloat16": (2e-2, 1e-3),  # 8-bit mantissa: ~0.4% per rounding, accumulated
+    "int8": (5e-2, 1e-3),  # 256 levels over the range, accumulated through layers
+}
+
+
+def checked_tolerance(name: str, value: object) -> float:
+    """`value` as a float; ValueError unless it is a finite number >= 0 (NaN would pass anything)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def default_tolerances(applied: list[str]) -> tuple[str, float, float]:
+    """(kind, rtol, atol) for the stages that changed the model."""
+    kind = "int8" if "quantize" in applied else "bfloat16" if "bfloat16" in applied else "exact"
+    return (kind, *TOLERANCES[kind])
+
+
+@dataclass
+class OutputError:
+    signature: str
+    output: str
+    max_abs_error: float
+    max_rel_error: float  # max|a - b| / max|b|
+    max_reference: float
+    argmax_agreement: float | None  # for [..., classes] float outputs
+    mismatched: int  # elements outside atol + rtol * max|b| (or unequal, for non-floats)
+    elements: int
+    nan_in_artifact: int = 0
+    nan_in_source: int = 0
+
+    @property
+    def passed(self) -> bool:
+        return self.mismatched == 0 and self.nan_in_artifact == 0 and self.nan_in_source == 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def run_signature(model: Any, key: str, samples: list[Sample]) -> dict[str, np.ndarray]:
+    """Call signature `key` on every sample; outputs concatenated along a new first axis."""
+    function = model.signatures[key]
+    outputs: dict[str, list[np.ndarray]] = {}
+    for sample in samples:
+        result = function(**{name: tf.constant(value) for name, value in sample.items()})
+        for name, tensor in result.items():
+            outputs.setdefault(name, []).append(tensor.numpy())
+    return {name: np.stack(values) for name, values in outputs.items()}
+
+
+def compare_outputs(
+    key: str, reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], rtol: float, atol: float
+) -> list[OutputError]:
+    """One OutputError per output of the signature; ValueError naming an output that differs in kind."""
+    errors = []
+    for name in sorted(reference):
+        if name not in candidate:
+            raise ValueError(f"signature {key!r}: the artifact has no output {name!r}")
+        ref, got = reference[name], candidate[name]
+        if ref.shape != got.shape:
+            raise ValueError(
+                f"signature {key!r} output {name!r}: shape {list(got.shape[1:])} in the artifact, "
+                f"{list(ref.shape[1:])} in the source"
+            )
+        errors.append(_compare(key, name, ref, got, rtol, atol))
+    return errors
+
+
+def _compare(key: str, name: str, ref: np.ndarray, got: np.ndarray, rtol: float, atol: float) -> OutputError:
+    if ref.dtype.kind not in "fc" and got.dtype.kind not in "fc":
+        unequal = int(np.sum(ref != got))
+        return OutputError(key, name, float(unequal > 0), float(unequal > 0), 0.0, None, unequal, int(ref.size))
+    ref64, got64 = ref.astype(np.float64), got.astype(np.float64)
+    # Error figures over the elements finite in both; the others are counted, never averaged in.
+    finite = np.isfinite(ref64) & np.isfinite(got64)
+    diff = np.abs(ref64 - got64, where=finite, out=np.zeros(ref64.shape))
+    max_ref = float(np.max(np.abs(ref64), where=np.isfinite(ref64), initial=0.0))
+    max_abs = float(np.max(diff, initial=0.0))
+    nan_ref, nan_got = int(np.sum(np.isnan(ref64))), int(np.sum(np.isnan(got64)))
+    # An infinity in one and not the same infinity in the other (NaN aside: counted above).
+    inf_mismatch = ~finite & ~np.isnan(ref64) & ~np.isnan(got64) & (ref64 != got64)
+    if inf_mismatch.any():
+        max_abs = math.inf
+    max_rel = max_abs / max_ref if max_ref > 0 else (0.0 if max_abs == 0 else math.inf)
+    agreement = None
+    # Classification-like: float scores over a trailing class axis ([sample, batch, classes]).
+    if ref.ndim >= 3 and ref.shape[-1] > 1:
+        agreement = float(np.mean(np.argmax(ref64, axis=-1) == np.argmax(got64, axis=-1)))
+    mismatched = int(np.sum(diff > atol + rtol * max_ref)) + int(np.sum(inf_mismatch))
+    return OutputError(
+        key, name, max_abs, max_rel, max_ref, agreement, mismatched, int(ref.size), nan_got, nan_ref
+    )
+
+
+def compare_models(
+    source: Path, artifact: Path, tags: list[str], samples_by_key: dict[str, list[Sample]], rtol: float, atol: float
+) -> list[OutputError]:
+    """Load both SavedModels and compare every output of the signatures sampled."""
+    reference_model = tf.saved_model.load(str(source), tags=tags)
+    candidate_model = tf.saved_model.load(str(artifact), tags=tags)
+    errors = []
+    for key, samples in sorted(samples_by_key.items()):
+        if key not in candidate_model.signatures:
+            raise ValueError(f"the artifact has no signature {key!r}")
+        reference = run_signature(reference_model, key, samples)
+        candidate = run_signature(candidate_model, key, samples)
+        errors.extend(compare_outputs(key, reference, candidate, rtol, atol))
+    return errors
