@@ -24,7 +24,10 @@ quantized as a model of its own and grafted back:
    weights are int8 constants now): its call sites and its `bound_inputs` in the object
    graph follow. `function_aliases` still maps F's name to its alias.
 
-Code outside the kept functions stays float32 (its variables stay in the checkpoint).
+Code outside the kept functions stays float32 (its variables stay in the checkpoint); the
+float variables only the replaced bodies read are then removed from the captures, the
+object graph, the saver and the checkpoint (savedmodel/prune.py), so the artifact serves
+the int8 weights alone.
 """
 
 from __future__ import annotations
@@ -50,7 +53,9 @@ from tpubuild.savedmodel.fnedit import (
     data_inputs,
     fill_default_attrs,
 )
+from tpubuild.savedmodel.checkpoint import write_without
 from tpubuild.savedmodel.model import GRAPH, SavedModel, attr_functions
+from tpubuild.savedmodel.prune import prune
 from tpubuild.tpu.functions import resolve_tpu_functions
 
 STANDALONE_KEY = "serving_default"
@@ -492,11 +497,12 @@ def absorbed(model: SavedModel, functions: dict[str, str]) -> list[tuple[str, st
 def quantize_functions(
     src: Path, dst: Path, tags: list[str], functions: dict[str, str], method: str, op_set: str,
     samples: dict[str, list[dict[str, Any]]],
-) -> dict[str, dict[str, Any]]:
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """Quantize each function of `functions` (name -> label) on its own; write the model to `dst`.
 
     `samples` are the representative samples by signature key (STATIC_RANGE only).
-    Returns the quantizer's summary per function label.
+    Returns the quantizer's summary per function label, and the names of the float
+    variables removed because only the replaced bodies read them.
     """
     # Every function is cut out of the untouched source: the quantizer never sees another
     # function's int8 body (a kept function calling another absorbs its float body).
@@ -511,9 +517,13 @@ def quantize_functions(
             body = flatten_signature(quantized, tags, names)
             graft(model, fn, body, referenced_library(body, quantized, tags))
             summaries[label] = summary
+    # The float variables the grafted bodies no longer read go (savedmodel/prune.py).
+    removed, object_graph, keys = prune(model)
     dst.mkdir(parents=True, exist_ok=True)
     model.save(dst)
-    return summaries
+    if object_graph is not None:
+        write_without(src, dst, keys, object_graph)
+    return summaries, removed
 
 
 def _quantize_one(

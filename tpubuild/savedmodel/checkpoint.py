@@ -46,8 +46,15 @@ def write_bfloat16(src_dir: Path, out_dir: Path, keys: set[str]) -> None:
     for name in names:
         value = tf.constant(reader.get_tensor(name))
         tensors.append(tf.cast(value, tf.bfloat16) if name in keys else value)
+    _write(out_dir, names, tensors)
+
+
+def _write(out_dir: Path, names: list[str], tensors: list) -> None:
+    """SaveV2 into a staging directory beside out_dir's checkpoint, then rename into place."""
+    import tensorflow as tf
+
     variables = out_dir / PREFIX.parent
-    staging = Path(tempfile.mkdtemp(dir=variables, prefix=".bf16-"))
+    staging = Path(tempfile.mkdtemp(dir=variables, prefix=".ckpt-"))
     try:
         tf.raw_ops.SaveV2(
             prefix=str(staging / PREFIX.name),
@@ -61,3 +68,16 @@ def write_bfloat16(src_dir: Path, out_dir: Path, keys: set[str]) -> None:
         for left in staging.iterdir():
             left.unlink()
         staging.rmdir()
+
+
+def write_without(src_dir: Path, out_dir: Path, keys: set[str], object_graph: bytes) -> None:
+    """Rewrite out_dir's checkpoint without `keys` and with a new object graph (after
+    variables were removed from the SavedModel); like `write_bfloat16`, the files are
+    renamed into place, so hardlinks to the source checkpoint are never written through."""
+    import tensorflow as tf
+
+    reader = _reader(src_dir)
+    names = sorted(n for n in reader.get_variable_to_dtype_map() if n not in keys)
+    tensors = [tf.constant(object_graph) if name == OBJECT_GRAPH_KEY else tf.constant(reader.get_tensor(name))
+               for name in names]
+    _write(out_dir, names, tensors)

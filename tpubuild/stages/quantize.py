@@ -94,11 +94,12 @@ def _quantize_kept(
 
     # TF1 session loading logs deprecation notices; they belong in the log, not the terminal.
     with quantization.captured_stderr():
-        per_function = quantize_functions(
+        per_function, removed = quantize_functions(
             input_dir, output_dir, options["tags"], kept, options["method"], options["op_set"],
             {key: samples[key] for key in options["signature_keys"] if key in samples},
         )
-    total: dict[str, Any] = {"layers": {}, "counts": {}, "text": [], "functions": {}}
+    # The float variables only the replaced bodies read, removed from the artifact.
+    total: dict[str, Any] = {"layers": {}, "counts": {}, "text": [], "functions": {}, "removed_variables": removed}
     for label, summary in per_function.items():
         total["functions"][label] = {k: v for k, v in summary.items() if k != "text"}
         total["text"].extend(summary["text"])
