@@ -106,3 +106,37 @@ def test_given_tolerance_overrides_only_what_is_given(runner: Runner, dense: Pat
     assert result.summary["tolerance"] == {
         "kind": "bfloat16", "rtol": 2e-2, "atol": 0.5, "given": {"rtol": None, "atol": 0.5}
     }
+
+
+def test_the_verdict_says_which_inputs_it_used_and_random_inputs_are_measured_too(
+        runner: Runner, dense: Path, quantized: Path) -> None:
+    rng = np.random.default_rng(5)
+    write_tfrecord(
+        runner.workspace / "realistic.tfrecord", "serving_default",
+        [{"x": (rng.standard_normal((2, 64)) * 0.1).astype(np.float32)} for _ in range(4)],
+    )
+    datasets = {"serving_default": {"tfrecord_file_path": "realistic.tfrecord"}}
+    _, result = runner.run("verify", quantized, verify_options(["quantize"], datasets=datasets))
+    summary = result.summary
+    assert summary["verdict_on"] == "representative_dataset"
+    other = summary["random_inputs"]
+    # The same comparison on `samples` seeded random inputs, beside the verdict, not in it.
+    assert other["signatures"] == ["serving_default"]
+    assert other["outputs"][0]["elements"] == 8 * 1 * 10  # 8 samples of batch 1 (unknown dims become 1)
+    assert other["max_rel_error"] > 0 and isinstance(other["within_tolerance"], bool)
+    from tpubuild.report.formats import inputs_lines
+
+    lines = inputs_lines(summary)
+    assert lines[0] == "Verdict on the representative dataset."
+    assert lines[1].startswith("On seeded random inputs (not part of the verdict): max abs error ")
+
+
+def test_without_a_dataset_the_verdict_is_on_random_inputs_and_says_so(runner: Runner, dense: Path) -> None:
+    runner.inputs["source"] = dense
+    _, result = runner.run("verify", dense, verify_options([]))
+    assert result.summary["verdict_on"] == "random" and "random_inputs" not in result.summary
+    from tpubuild.report.formats import inputs_lines
+
+    assert inputs_lines(result.summary) == [
+        "Verdict on seeded random inputs.", "No representative dataset: the error on realistic inputs is unknown.",
+    ]

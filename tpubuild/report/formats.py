@@ -86,6 +86,29 @@ def _verify_lines(verify: dict[str, Any] | None) -> list[str]:
         if out["argmax_agreement"] is not None:
             line += f", argmax agreement {out['argmax_agreement']:.1%}"
         lines.append(line)
+    return lines + [f"  {line}" for line in inputs_lines(verify)]
+
+
+INPUTS = {"representative_dataset": "the representative dataset", "random": "seeded random inputs",
+          "mixed": "the representative dataset where a signature has one, else seeded random inputs"}
+
+
+def inputs_lines(verify: dict[str, Any]) -> list[str]:
+    """Which inputs the verdict used, and the error on the other kind (random inputs)."""
+    on = verify.get("verdict_on")
+    if on is None:  # a report written before verify recorded it
+        return []
+    lines = [f"Verdict on {INPUTS[on]}."]
+    random_inputs = verify.get("random_inputs")
+    if random_inputs and "skipped" in random_inputs:
+        lines.append(f"On random inputs: not measured ({random_inputs['skipped']}).")
+    elif random_inputs:
+        within = "within" if random_inputs["within_tolerance"] else "outside"
+        lines.append(f"On seeded random inputs (not part of the verdict): max abs error "
+                     f"{random_inputs['max_abs_error']:.4g}, max rel error {random_inputs['max_rel_error']:.4g}, "
+                     f"{within} the same tolerances.")
+    elif on == "random":
+        lines.append("No representative dataset: the error on realistic inputs is unknown.")
     return lines
 
 
@@ -188,6 +211,9 @@ def to_markdown(report: dict[str, Any]) -> str:
             agree = "" if o["argmax_agreement"] is None else f"{o['argmax_agreement']:.1%}"
             out.append(f"| {o['signature']} | {o['output']} | {o['max_abs_error']:.4g} | {o['max_rel_error']:.4g} "
                        f"| {o['mismatched']}/{o['elements']} | {agree} |")
+        inputs = inputs_lines(verify)
+        if inputs:
+            out += ["", *inputs]
     else:
         out.append("Not run.")
     if report["quantization"]:

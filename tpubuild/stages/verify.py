@@ -20,8 +20,10 @@ from tpubuild.stages.selection import applied_transforms
 from tpubuild.verify.verdict import (
     error_summary,
     raise_on_failure,
+    random_input_check,
     tolerances,
     vacuous_warnings,
+    verdict_inputs,
     verification_samples,
     write_json,
 )
@@ -62,14 +64,20 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
         raise StageError("nothing to verify: no signature of the source is in the artifact")
     with tempfile.TemporaryDirectory(prefix=".twin-", dir=output_dir) as scratch:
         runnable = _runnable(input_dir, Path(scratch), tags, "tpu" in applied)
-        try:
-            errors = compare.compare_models(source_dir, runnable, tags, samples_by_key, rtol, atol)
-        except ValueError as exc:
-            raise StageError(str(exc)) from None
+        def compare_on(samples: dict[str, list[dict[str, Any]]]) -> list[Any]:
+            try:
+                return compare.compare_models(source_dir, runnable, tags, samples, rtol, atol)
+            except ValueError as exc:
+                raise StageError(str(exc)) from None
+
+        errors = compare_on(samples_by_key)
+        random_inputs = random_input_check(source, origin, options, compare_on)
     summary = {
         "applied": applied,
         **error_summary(errors, (kind, rtol, atol), options, samples_by_key, origin),
         "signatures_not_in_artifact": dropped,
+        "verdict_on": verdict_inputs(origin),
+        **({"random_inputs": random_inputs} if random_inputs else {}),
     }
     write_json(output_dir / VERIFY_JSON, summary)
     raise_on_failure(errors, rtol, atol)

@@ -144,3 +144,38 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     from tpubuild.atomic import write_atomic
 
     write_atomic(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
+
+
+def random_input_check(source: Any, origin: dict[str, str], options: dict[str, Any],
+                       compare_on: Any) -> dict[str, Any] | None:
+    """The same comparison on seeded random inputs, for the signatures the verdict judged
+    on their representative dataset: the report shows both, so a tolerance met only on
+    realistic data (or only on noise) is visible. Not part of the verdict. `compare_on`
+    runs the comparison on samples by key and returns its errors. None when the verdict
+    itself used random inputs."""
+    from tpubuild.quantize import datasets
+
+    keys = sorted(k for k, where in origin.items() if where == "representative_dataset")
+    if not keys:
+        return None
+    samples = {}
+    try:
+        for key in keys:
+            samples[key] = datasets.random_samples(datasets.signature_inputs(source, key), options["samples"],
+                                                   options["seed"])
+    except StageError as exc:  # e.g. a string input random values cannot fill
+        return {"skipped": f"signature {key!r}: {exc}"}
+    errors = compare_on(samples)
+    return {
+        "signatures": keys,
+        "max_abs_error": max((e.max_abs_error for e in errors), default=0.0),
+        "max_rel_error": max((e.max_rel_error for e in errors), default=0.0),
+        "within_tolerance": all(e.passed for e in errors),
+        "outputs": [e.as_dict() for e in errors],
+    }
+
+
+def verdict_inputs(origin: dict[str, str]) -> str:
+    """Which inputs the verdict was taken on: `representative_dataset`, `random`, or `mixed`."""
+    kinds = set(origin.values())
+    return kinds.pop() if len(kinds) == 1 else "mixed"
