@@ -35,6 +35,7 @@ MAIN_STAGES = {
     "io_shape": "tpubuild.stages.io_shape",
     "batch": "tpubuild.stages.batch",
     "verify": "tpubuild.stages.verify",
+    "warmup": "tpubuild.stages.warmup",  # TF Serving warmup requests for the published SavedModels
     "report": "tpubuild.stages.report",
 }
 
@@ -127,6 +128,7 @@ def plan(recipe: Canonical) -> list[PlannedStage]:
             # The recipe name names the directory.
             chains = target_chains([p.name for p in planned])
             consumes = {"model": roles["model"], **({"report": "report"} if "report" in roles else {}),
+                        **({"warmup": "warmup"} if "warmup" in roles else {}),
                         **{name: build for name, (build, _) in chains.items()}}
             summaries = tuple(verify for _, verify in chains.values())
             planned.append(PlannedStage(name, {"name": recipe["name"]}, [], consumes, summaries))

@@ -37,6 +37,7 @@ VALID = {
         "quantization_options": {"method": "DYNAMIC_RANGE", "representative_datasets": {"serving_default": {"npz": "../d.npz"}}},
     },
     "verify": {"samples": 3, "rtol": 0.1},
+    "warmup": {"enabled": False, "max_records": 4},
 }
 
 
@@ -110,7 +111,7 @@ def test_random_field_values_in_a_valid_recipe(tmp_path_factory):
     check()
 
 
-# Issue 13: values mutated the way hostile recipes did (floats for ints, huge ints, NaN,
+# Values mutated the way hostile recipes do (floats for ints, huge ints, NaN,
 # null bytes, long strings, alias bombs), then every planning command a user would run
 # next on whatever validates. Only exit codes 0, 1, 2; an exception escaping the CLI
 # would be a traceback.
@@ -138,6 +139,7 @@ BUILDABLE = {
         },
     },
     "verify": {"samples": 3, "seed": 1, "rtol": 0.1, "atol": 0.01},
+    "warmup": {"enabled": True, "max_records": 10},
 }
 BUILDABLE_PATHS = [p for p in _paths(BUILDABLE) if p]
 

@@ -35,7 +35,7 @@ def quick_start(tmp_path_factory) -> Path:
     root = cwd / "my-models"
     assert done.stdout.startswith(
         f"1 recipe OK in {root}\n"
-        "toy  recipes/toy.py:export  [export > tpu > bfloat16 > io_shape > batch > verify > report > publish]\n"
+        "toy  recipes/toy.py:export  [export > tpu > bfloat16 > io_shape > batch > verify > warmup > report > publish]\n"
         'tpu_functions {\n  function_alias: "tpu_func"\n}\n'
     ), done.stdout
     return root

@@ -1,4 +1,4 @@
-"""No missed targets (issue 10): every field of the recipe schema, edited in the recipe,
+"""No missed targets: every field of the recipe schema, edited in the recipe,
 in its `extends` base or in the workspace defaults, is either reported by `tpubuild diff`
 with a cause for every stage whose key inputs changed, or provably changes no key
 (comments, key order, equivalent spellings). In process, on the diff's own comparison
@@ -98,8 +98,11 @@ MUTATIONS = [
     ("verify.atol", ("verify", "atol"), 0.01),
     ("verify.representative_datasets", ("verify", "representative_datasets"),
      {"serving_default": {"tfrecord_file_path": "data/e.tfrecord"}}),
+    # The recipe batches, so warmup runs by default: off removes the stage, max_records keys it.
+    ("warmup.enabled", ("warmup", "enabled"), False),
+    ("warmup.max_records", ("warmup", "max_records"), 10),
 ]
-# `targets:` (issue 12): each option of each target whose stages this tpubuild has.
+# `targets:`: each option of each target whose stages this tpubuild has.
 TARGET_MUTATIONS = [
     ("targets.cpu_savedmodel.optimize", ("targets", "cpu_savedmodel", "optimize"), False),
     ("targets.cpu_savedmodel.rtol", ("targets", "cpu_savedmodel", "rtol"), 0.1),

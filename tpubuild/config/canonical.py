@@ -24,6 +24,7 @@ BATCH_DEFAULTS = {
 VERIFY_DEFAULTS = {"samples": 32, "seed": 0, "rtol": None, "atol": None, "representative_datasets": {}}
 DEFAULT_TAGS = ["serve"]
 DEFAULT_NUM_SAMPLES = 200
+WARMUP_MAX_RECORDS = 1000  # TF Serving's limit (serving/warmup.py)
 
 
 def canonicalize(data: dict[str, Any], name: str, root: Path) -> dict[str, Any]:
@@ -48,6 +49,9 @@ def canonicalize(data: dict[str, Any], name: str, root: Path) -> dict[str, Any]:
         **_targets(data.get("targets") or {}),
         # Present only when set: recipes without custom ops keep their canonical form.
         **({"op_libraries": list(data["op_libraries"])} if data.get("op_libraries") else {}),
+        # Present only when the recipe has a `warmup:` section (which turns it on).
+        **({"warmup": {"enabled": True, "max_records": WARMUP_MAX_RECORDS, **data["warmup"]}}
+           if "warmup" in data else {}),
     }
 
 

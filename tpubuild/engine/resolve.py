@@ -32,6 +32,7 @@ from tpubuild.engine.store import StageEntry, Store
 from tpubuild.engine.target_versions import MANIFEST
 from tpubuild.errors import StageError
 from tpubuild.pipeline import ENGINE_STEPS, STAGE_ORDER, TARGET_STAGES, PlannedStage, plan, spec, stage_module
+from tpubuild.pipeline import target as target_spec
 
 
 @dataclass
@@ -229,13 +230,15 @@ class Resolver:
     # --- publish ------------------------------------------------------------------
     def publish_files(self, run: RecipeRun) -> list[FileEntry]:
         """The published tree: the final model, plus the files the report stage wrote, plus
-        each target's build output named `<target>/<path>` (engine/target_versions.py)."""
+        each target's build output named `<target>/<path>` (engine/target_versions.py);
+        the warmup requests go into the model and into each SavedModel target."""
         planned = run.plan[-1]
         files = {f.path: f for f in run.outputs[planned.consumes["model"]].files}
-        report = run.outputs.get("report")
-        for f in report.files if report else []:
+        extras = [(name, f) for name in ("report", "warmup") if name in planned.consumes
+                  for f in run.outputs[planned.consumes[name]].files]
+        for name, f in extras:
             if f.path in files:
-                raise StageError(f"report file {f.path} would overwrite a file of the model")
+                raise StageError(f"{name} file {f.path} would overwrite a file of the model")
             files[f.path] = f
         targets = published_targets(planned)
         clash = sorted({path.split("/")[0] for path in files} & set(targets))
@@ -246,6 +249,9 @@ class Resolver:
                 raise StageError(f"stage {stage} wrote {MANIFEST}, the name of the target version's manifest")
             for f in run.outputs[stage].files:
                 files[f"{target}/{f.path}"] = FileEntry(f"{target}/{f.path}", f.hash, f.size)
+            if "warmup" in planned.consumes and target_spec(target).savedmodel:
+                for f in run.outputs[planned.consumes["warmup"]].files:
+                    files.setdefault(f"{target}/{f.path}", FileEntry(f"{target}/{f.path}", f.hash, f.size))
         return sorted(files.values(), key=lambda f: f.path)
 
     def publish_content(self, run: RecipeRun, files: list[FileEntry]) -> str:

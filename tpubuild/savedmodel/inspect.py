@@ -42,6 +42,7 @@ def inspect(path: Path, tags: list[str] | None = None) -> dict[str, Any]:
     runtime's rule findings (tpu_runtime_rules.py, then TF's MLIR clustering bridge), on any
     SavedModel, converted by tpubuild or elsewhere.
     """
+    from tpubuild.serving import warmup
     from tpubuild.tpu.compatibility import check_xla_kernels
     from tpubuild.tpu.findings import tpu_bodies
     from tpubuild.tpu.runtime_check import all_findings
@@ -94,6 +95,8 @@ def inspect(path: Path, tags: list[str] | None = None) -> dict[str, Any]:
         "aliases": dict(sorted((alias, fn) for fn, alias in model.aliases.items())),
         "functions": functions,
         "tpu_and_batch_ops": dict(sorted(ops.items())),
+        # What TF Serving replays at load (assets.extra/tf_serving_warmup_requests).
+        "warmup_requests": [warmup.describe(log) for log in warmup.read(Path(path))],
     }
 
 
@@ -136,4 +139,7 @@ def to_text(info: dict[str, Any]) -> str:
             lines += _tpu_text(fn["tpu"])
     ops = info["tpu_and_batch_ops"]
     lines.append("TPU / batch ops: " + (", ".join(f"{op} x{n}" for op, n in ops.items()) or "none (not converted)"))
+    requests = info.get("warmup_requests", [])
+    lines.append("warmup requests (assets.extra):" + ("" if requests else " none"))
+    lines += [f"  {line}" for line in requests]
     return "\n".join(lines) + "\n"

@@ -51,6 +51,8 @@ class TargetSpec:
     build: str
     verify: str
     defaults: dict[str, Any] = field(default_factory=dict)
+    # Its artifact is a SavedModel TF Serving loads: it gets the warmup requests too.
+    savedmodel: bool = False
 
     @property
     def chain(self) -> tuple[str, str]:

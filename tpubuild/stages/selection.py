@@ -33,9 +33,18 @@ def main_chain(recipe: Canonical) -> set[str]:
         "io_shape": effective_state(conv, "io_shape_optimization") and has_tpu,
         "batch": bool(conv["batch_options"]),
         "verify": True,
+        "warmup": warmup_enabled(recipe),
         "report": True,
     }
     return {name for name, runs in wanted.items() if runs}
+
+
+def warmup_enabled(recipe: Canonical) -> bool:
+    """TF Serving warmup requests: as the recipe's `warmup.enabled` says, else when it batches
+    (a batched model compiles one program per batch size)."""
+    if "warmup" in recipe:
+        return bool(recipe["warmup"]["enabled"])
+    return bool(converter(recipe)["batch_options"])
 
 
 def applied_transforms(recipe: Canonical) -> list[str]:

@@ -7,4 +7,5 @@ from tpubuild.stages.base import TargetSpec
 TARGET = TargetSpec(
     "cpu_savedmodel", build="cpu_savedmodel", verify="cpu_savedmodel_verify",
     defaults={"optimize": True, "rtol": None, "atol": None},
+    savedmodel=True,
 )

@@ -1,0 +1,124 @@
+"""TF Serving warmup requests: `assets.extra/tf_serving_warmup_requests` in a SavedModel.
+
+TF Serving replays this file when it loads a model, before it serves
+(tensorflow_serving/servables/tensorflow/saved_model_warmup.h, `RunSavedModelWarmup`):
+a TFRecord file of serialized `PredictionLog` protos, at most
+`WarmupConsts::kMaxNumRecords` = 1000 of them, named `WarmupConsts::kRequestsFileName`
+under `assets.extra/` (tensorflow/cc/saved_model/constants.h
+`kSavedModelAssetsExtraDirectory`). A TPU compiles one program per input shape, so one
+request per signature and per batch size the server will form makes every compilation
+happen at load time instead of on a user's first requests.
+
+The requests are built from samples (the representative dataset, else seeded random
+inputs, the same ones verify runs), so the same inputs give the same bytes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ASSETS_EXTRA = "assets.extra"
+REQUESTS_FILE = "tf_serving_warmup_requests"
+MAX_RECORDS = 1000  # WarmupConsts::kMaxNumRecords
+MODEL_NAME = "model"  # TF Serving matches requests to the loading model whatever its name
+
+
+def warmup_path(saved_model_dir: Path) -> Path:
+    """Where TF Serving looks for the warmup requests of a SavedModel."""
+    return Path(saved_model_dir) / ASSETS_EXTRA / REQUESTS_FILE
+
+
+def batch_rows(samples: list[dict[str, np.ndarray]], size: int) -> dict[str, np.ndarray]:
+    """One batch of `size` rows, taken in order from the samples (cycling), each sample's
+    rows along dimension 0."""
+    rows: dict[str, list[np.ndarray]] = {}
+    count = 0
+    index = 0
+    while count < size:
+        sample = samples[index % len(samples)]
+        take = min(size - count, next(iter(sample.values())).shape[0] if sample else 1)
+        for name, value in sample.items():
+            rows.setdefault(name, []).append(np.asarray(value)[:take])
+        count += take
+        index += 1
+    return {name: np.concatenate(parts, axis=0) for name, parts in rows.items()}
+
+
+def requests(samples_by_key: dict[str, list[dict[str, np.ndarray]]], batch_sizes: dict[str, list[int]],
+             max_records: int) -> list[Any]:
+    """One PredictionLog per signature and batch size, in sorted order."""
+    import tensorflow as tf
+    from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
+
+    count = sum(len(sizes) for sizes in batch_sizes.values())
+    limit = min(max_records, MAX_RECORDS)
+    if count > limit:
+        raise ValueError(f"{count} warmup requests (one per signature and batch size) exceed the limit of {limit}")
+    logs = []
+    for key in sorted(batch_sizes):
+        for size in sorted(batch_sizes[key]):
+            request = predict_pb2.PredictRequest(model_spec=model_pb2.ModelSpec(name=MODEL_NAME, signature_name=key))
+            for name, value in sorted(batch_rows(samples_by_key[key], size).items()):
+                request.inputs[name].CopyFrom(tf.make_tensor_proto(value))
+            logs.append(prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request)))
+    return logs
+
+
+def write(saved_model_dir: Path, logs: list[Any]) -> Path:
+    """Write the requests as TF Serving reads them: a TFRecord file of PredictionLog.
+    The directory is a stage's fresh output, moved into the store whole by the engine."""
+    import tensorflow as tf
+
+    path = warmup_path(saved_model_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for log in logs:
+            writer.write(log.SerializeToString(deterministic=True))
+    return path
+
+
+def read(saved_model_dir: Path) -> list[Any]:
+    """The warmup requests of a SavedModel ([] when it has none)."""
+    import tensorflow as tf
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    path = warmup_path(saved_model_dir)
+    if not path.is_file():
+        return []
+    return [prediction_log_pb2.PredictionLog.FromString(record.numpy())
+            for record in tf.data.TFRecordDataset(str(path))]
+
+
+def describe(log: Any) -> str:
+    """One line per request: kind, signature, and each input's dtype and shape."""
+    import tensorflow as tf
+
+    kind = log.WhichOneof("log_type")
+    if kind != "predict_log":
+        return f"{kind} (not a predict request)"
+    request = log.predict_log.request
+    inputs = ", ".join(
+        f"{name} {tf.dtypes.as_dtype(t.dtype).name}[{','.join(str(d.size) for d in t.tensor_shape.dim)}]"
+        for name, t in sorted(request.inputs.items())
+    )
+    return f"predict {request.model_spec.signature_name}: {inputs}"
+
+
+def replay(saved_model_dir: Path, tags: list[str], logs: list[Any]) -> list[dict[str, tuple[int, ...]]]:
+    """Run each request as TF Serving's warmup does (its signature, its inputs) on a
+    SavedModel that runs here (a CPU SavedModel or a TPU artifact's CPU twin); returns
+    each request's output shapes. A request naming an unknown signature or input raises."""
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(str(saved_model_dir), tags=tags)
+    shapes = []
+    for log in logs:
+        request = log.predict_log.request
+        function = loaded.signatures[request.model_spec.signature_name]
+        feed = {name: tf.constant(tf.make_ndarray(t)) for name, t in request.inputs.items()}
+        outputs = function(**feed)
+        shapes.append({name: tuple(value.shape) for name, value in outputs.items()})
+    return shapes
