@@ -1,4 +1,4 @@
-"""The remote cache against a real S3-protocol server, through real builds (issue 11)."""
+"""The remote cache against a real S3-protocol server, through real builds."""
 
 from __future__ import annotations
 
@@ -220,3 +220,23 @@ def test_gc_remote_keeps_what_lock_files_name_and_only_touches_its_layout(pushed
     assert {"".join(n.split("/")[-2:]) for n in after if n.startswith("gc/v1/objects/")} == named
     assert after["gc/README.txt"] == after["gc/v2/objects/ab/cd"] == b"mine"
     assert_sound(after, "gc")
+
+
+def test_a_record_whose_object_was_evicted_is_a_miss_and_a_rebuild(pushed, s3, fresh):
+    """A bucket lifecycle rule or another team's gc removed an object a record names:
+    the record is a miss (the build rebuilds that stage), never a failed build."""
+    first, cold = pushed
+    url = s3.copy_prefix("shared", "evicted")
+    source_key = stage_keys(cold, "toy")[("toy", "source")]
+    record = json.loads(s3.client.get_object(Bucket=BUCKET, Key=f"evicted/v1/stages/{source_key[:2]}/{source_key}.json")
+                        ["Body"].read())
+    gone = {path: digest for path, digest, _ in record["files"]}["saved_model.pb"]
+    s3.client.delete_object(Bucket=BUCKET, Key=f"evicted/v1/objects/{gone[:2]}/{gone[2:]}")
+    ws = fresh("after-eviction", {"toy": source_recipe("toy")})
+    doc, stderr = build_remote(ws, s3, "--remote-cache", url)
+    rows = {r["stage"]: (r["status"], r["remote"]) for r in doc["rows"]}
+    assert rows["source"] == ("built", False), stderr  # rebuilt, not failed
+    assert {rows[s] for s in ("batch", "verify", "report")} == {("cached", True)}
+    assert {p: d for p, d in published(ws).items() if p.startswith("out/toy/")} == \
+        {p: d for p, d in published(first).items() if p.startswith("out/toy/")}
+    assert_sound(s3.keys("evicted"), "evicted")  # the rebuild's upload put the object back
