@@ -29,6 +29,8 @@ class Workspace:
     stage_timeout: float = 3600.0  # seconds before a stage's worker is killed
     remote_cache: str | None = None  # an fsspec URL (engine/remote.py)
     remote_push: bool = True  # upload stages built here to the remote cache
+    # Public keys whose signed remote records are accepted (absolute paths); empty: any record.
+    remote_trusted_keys: list[Path] = field(default_factory=list)
     executor: str = "local"  # where stages run: local worker processes | ray (engine/ray_executor.py)
     ray_address: str | None = None  # the Ray cluster; None: RAY_ADDRESS, else a cluster on this machine
     ray_resources: dict[str, dict[str, float]] = field(default_factory=dict)  # stage -> Ray resources per task
@@ -79,6 +81,8 @@ def load_workspace(start: Path | None = None, override: Path | None = None) -> W
         raise ConfigError([Diagnostic(marks.value(()), "", "the workspace file must be a mapping")])
     problems = schema_diagnostics("workspace", data, marks) + _recipe_glob_problems(data, marks, root)
     problems += _directory_problems(data, marks, root) + _remote_problems(data, marks)
+    if not problems:
+        problems += _trusted_key_problems(data, marks, root)
     if problems:
         raise ConfigError(problems)
     defaults_marks = _sub_marks(marks, ("defaults",))
@@ -96,6 +100,7 @@ def load_workspace(start: Path | None = None, override: Path | None = None) -> W
         stage_timeout=float(data.get("stage_timeout", 3600.0)),
         remote_cache=_remote_setting(data)[0],
         remote_push=_remote_setting(data)[1],
+        remote_trusted_keys=[root / key for key in _trusted_keys(data)],
         executor=data.get("executor", "local"),
         ray_address=data.get("ray_address"),
         ray_resources=data.get("ray_resources", {}),
@@ -140,6 +145,25 @@ def _remote_setting(data: dict) -> tuple[str | None, bool]:
     if isinstance(value, dict):
         return value.get("url"), bool(value.get("push", True))
     return value, True
+
+
+def _trusted_keys(data: dict) -> list[str]:
+    value = data.get("remote_cache")
+    return list(value.get("trusted_keys", [])) if isinstance(value, dict) else []
+
+
+def _trusted_key_problems(data: dict, marks: Marks, root: Path) -> list[Diagnostic]:
+    """Each trusted key must be a readable ECDSA or Ed25519 public key, said at its line."""
+    from tpubuild.engine.record_signing import SigningKeyError, load_public_key
+
+    problems = []
+    for index, key in enumerate(_trusted_keys(data)):
+        path = ("remote_cache", "trusted_keys", index)
+        try:
+            load_public_key(root / key, format_path(path))
+        except SigningKeyError as exc:
+            problems.append(Diagnostic(marks.value(path), format_path(path), str(exc).split(": ", 1)[1]))
+    return problems
 
 
 def _remote_problems(data: dict, marks: Marks) -> list[Diagnostic]:

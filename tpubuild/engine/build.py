@@ -85,9 +85,13 @@ class Engine:
     # --- the remote cache -----------------------------------------------------------
     def attach_remote(self, url: str, push: bool = True) -> None:
         """Use the remote cache at `url` for this build (imports fsspec and the backend)."""
+        from tpubuild.engine.record_signing import key_id, load_public_key, signing_key_from_environment
         from tpubuild.engine.remote import RemoteCache
 
-        self.remote = RemoteCache(url, push, report=self.errors)
+        keys = [load_public_key(path, "remote_cache.trusted_keys") for path in getattr(self.ws, "remote_trusted_keys", [])]
+        signing = signing_key_from_environment() if push else None
+        self.remote = RemoteCache(url, push, report=self.errors, signing_key=signing,
+                                  trusted={key_id(key): key for key in keys})
         self.remote.connect()
 
     def _from_remote(self, run: RecipeRun, planned: PlannedStage, pending: Pending) -> StageEntry | None:

@@ -82,10 +82,15 @@ class RemoteCache:
     `enabled`, `can_push`, `url`.
     """
 
-    def __init__(self, url: str, push: bool = True, report: Callable[[str], None] | None = None):
+    def __init__(self, url: str, push: bool = True, report: Callable[[str], None] | None = None,
+                 signing_key: Any = None, trusted: dict[str, Any] | None = None):
         self.url = url.rstrip("/")
         self.push = push
         self.report = report or (lambda message: None)
+        # engine/record_signing.py: this builder signs what it uploads; readers with
+        # trusted keys use signed records only (keyid -> public key).
+        self.signing_key = signing_key
+        self.trusted = dict(trusted or {})
         self.stats = RemoteStats()
         self._lock = threading.Lock()
         self._io: Backend | None = None
@@ -187,7 +192,7 @@ class RemoteCache:
         if not self.enabled or not DIGEST.match(key):
             return None
         try:
-            raw = self._read(lambda io: io.read(_stage_rel(key)))
+            raw = self._signed_record(key) if self.trusted else self._read(lambda io: io.read(_stage_rel(key)))
         except FileNotFoundError:
             self.note_miss()
             return None
@@ -205,6 +210,69 @@ class RemoteCache:
         local = store.add_entry(entry)
         self.count(hits=1)
         return local
+
+    def _signed_record(self, key: str) -> bytes:
+        """The record `key` as a trusted key signed it (FileNotFoundError when none did).
+        An unsigned record, or one signed otherwise, is reported once and not used: the
+        stage is built here (Nx CVE-2025-36852: a writer without the key must not decide
+        what trusted builds use)."""
+        from tpubuild.engine.record_signing import problem
+
+        for keyid in sorted(self.trusted):
+            try:
+                document = json.loads(self._read(lambda io: io.read(_signed_rel(keyid, key))))
+                record, signature = document["record"].encode(), document["signature"].encode()
+            except FileNotFoundError:
+                continue
+            except (ValueError, TypeError, KeyError, AttributeError):
+                self._fail(f"remote cache {self.url}: signed record {key} (key {keyid[:12]}) is malformed; not used")
+                continue
+            why = problem(record, signature, {keyid: self.trusted[keyid]})
+            if why is None:
+                return record
+            self._fail(f"remote cache {self.url}: stage record {key}: {why}; not used")
+        try:
+            self._read(lambda io: io.size(_stage_rel(key)))
+        except FileNotFoundError:
+            raise
+        self._fail(f"remote cache {self.url}: stage record {key} is not signed by a trusted key; not used")
+        raise FileNotFoundError(key)
+
+    def _push_signed(self, key: str, data: bytes) -> None:
+        """Upload the record signed with this builder's key; a record under our key that
+        our key did not sign (planted by another writer) is replaced."""
+        from tpubuild.engine.record_signing import key_id, problem, sign
+
+        keyid = key_id(self.signing_key.public_key())
+        signature = sign(data, self.signing_key)
+        document = json.dumps({"record": data.decode(), "signature": signature.decode()}, sort_keys=True).encode()
+        rel = _signed_rel(keyid, key)
+        try:
+            if self._write(lambda io: io.create(rel, document)):
+                self.count(bytes_up=len(document))
+                return
+            existing = json.loads(self._read(lambda io: io.read(rel)))
+            trusted = {keyid: self.signing_key.public_key()}
+            if problem(existing["record"].encode(), existing["signature"].encode(), trusted) is None:
+                return  # we (or a twin of this builder) signed it already
+        except (ValueError, TypeError, KeyError, AttributeError, FileNotFoundError):
+            pass
+        except _Off:
+            return
+        self._fail(f"remote cache {self.url}: signed record {key} under this builder's key was not signed by it; "
+                   "replaced")
+        self._replace(rel, document)
+
+    def _replace(self, rel: str, data: bytes) -> None:
+        import tempfile
+
+        with tempfile.NamedTemporaryFile(prefix=".tpubuild-signed-") as tmp:
+            tmp.write(data)
+            tmp.flush()
+            try:
+                self._write(lambda io: io.upload(tmp.name, rel))
+            except (_Off, FileExistsError):
+                return
 
     def fetch_objects(self, files: Iterable[FileEntry], store: Store, stat_cache: StatCache | None = None,
                       owner: str = "") -> bool:
@@ -340,6 +408,8 @@ class RemoteCache:
             return False
         if created:
             self.count(uploads=1, bytes_up=len(data))
+        if self.signing_key is not None:
+            self._push_signed(entry.key, data)
         discovered = entry.record.get("discovered")
         if isinstance(discovered, dict):
             declared = stage_key({k: v for k, v in entry.record.items() if k != "discovered"})
@@ -376,6 +446,12 @@ def _parse_candidate(declared_key: str, raw: bytes) -> dict[str, Any] | None:
 
 def _stage_rel(key: str) -> str:
     return f"stages/{key[:2]}/{key}.json"
+
+
+def _signed_rel(keyid: str, key: str) -> str:
+    """A record with its signature, one namespace per signing key: a record planted under
+    `stages/` first (create-only) cannot keep a trusted builder's signed one out."""
+    return f"signed/{keyid}/{key[:2]}/{key}.json"
 
 
 def _object_rel(digest: str) -> str:

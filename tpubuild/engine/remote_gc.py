@@ -10,7 +10,7 @@ the newest records that fit; the objects kept records name. Removed: the other r
 first (a reader then misses, never meets a record without objects), then their
 discovered-input candidates, then objects no kept record names. Objects younger than
 the grace period are kept: an upload in progress writes its objects before its record.
-Only `<url>/v1/{stages,objects,discovered}/` is ever listed, so nothing else is deleted.
+Only `<url>/v1/{stages,signed,objects,discovered}/` is ever listed, so nothing else is deleted.
 """
 
 from __future__ import annotations
@@ -44,15 +44,20 @@ def collect_remote(remote: RemoteCache, referenced: set[str], keep_days: float |
 def _collect(io: Any, referenced: set[str], keep_days: float | None, max_size: int | None,
              notify: Callable[[str], None], now: float) -> GcResult:
     records = []  # (created, key, rel, object hashes)
-    for rel, _size, mtime in io.list("stages"):
+    # A signed record (engine/record_signing.py) is the same record with a signature: its
+    # key is kept or removed with the unsigned one, and its objects count as named.
+    listed = [(rel, mtime, False) for rel, _size, mtime in io.list("stages")]
+    listed += [(rel, mtime, True) for rel, _size, mtime in io.list("signed")]
+    for rel, mtime, signed in listed:
         if not rel.endswith(".json"):
             continue
         key = rel.rsplit("/", 1)[-1][: -len(".json")]
         try:
-            hashes = {f[1] for f in json.loads(io.read(rel)).get("files", [])}
+            document = json.loads(io.read(rel))
+            hashes = {f[1] for f in (json.loads(document["record"]) if signed else document).get("files", [])}
         except FileNotFoundError:
             continue  # removed meanwhile
-        except (ValueError, TypeError, AttributeError, IndexError):
+        except (ValueError, TypeError, AttributeError, IndexError, KeyError):
             notify(f"remote stage record {rel} is malformed; it is removed when unreferenced and old")
             hashes = set()
         records.append((mtime, key, rel, hashes))
