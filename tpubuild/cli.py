@@ -34,6 +34,7 @@ VERBS = {
     "clean": "clean",
     "gc": "gc",
     "verify-cache": "verify_cache",
+    "verify": "verify",
 }
 
 

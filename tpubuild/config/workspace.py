@@ -31,6 +31,8 @@ class Workspace:
     remote_push: bool = True  # upload stages built here to the remote cache
     # Public keys whose signed remote records are accepted (absolute paths); empty: any record.
     remote_trusted_keys: list[Path] = field(default_factory=list)
+    # The private key that signs every published version (provenance/signature.py), if any.
+    signing_key: Path | None = None
     executor: str = "local"  # where stages run: local worker processes | ray (engine/ray_executor.py)
     ray_address: str | None = None  # the Ray cluster; None: RAY_ADDRESS, else a cluster on this machine
     ray_resources: dict[str, dict[str, float]] = field(default_factory=dict)  # stage -> Ray resources per task
@@ -101,6 +103,7 @@ def load_workspace(start: Path | None = None, override: Path | None = None) -> W
         remote_cache=_remote_setting(data)[0],
         remote_push=_remote_setting(data)[1],
         remote_trusted_keys=[root / key for key in _trusted_keys(data)],
+        signing_key=root / data["signing"]["key"] if "signing" in data else None,
         executor=data.get("executor", "local"),
         ray_address=data.get("ray_address"),
         ray_resources=data.get("ray_resources", {}),

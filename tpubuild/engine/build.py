@@ -335,7 +335,28 @@ class Engine:
             paths = [(f, self.store.object_path(f.hash)) for f in out.files]
             run.version = versions.publish(out.directory, paths, manifest, self.ws.keep_versions, self.stat,
                                            link_type=self.link_type,
-                                           warn=lambda m: self.errors(f"warning: {m}"))
+                                           warn=lambda m: self.errors(f"warning: {m}"), finish=self._attest)
+
+    def _attest(self, version_dir: Path, manifest: dict[str, Any]) -> None:
+        """The provenance statement of a version, and its signature when the workspace
+        names a signing key (tpubuild/provenance/)."""
+        from tpubuild.provenance import statement
+
+        statement.write(version_dir, manifest, self.remote.url if self.remote is not None else None)
+        key = getattr(self.ws, "signing_key", None)
+        if key is None:
+            return
+        if not key.is_file():
+            self.errors(f"warning: signing.key {key} not found: {manifest['recipe']} version {manifest['version']} "
+                        "published unsigned")
+            return
+        from tpubuild.provenance.signature import sign
+
+        try:
+            sign(version_dir, key)
+        except Exception as exc:  # noqa: BLE001 - the library's own error: one line, nothing published
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise StageError(f"signing.key {key}: cannot sign {manifest['recipe']}: {first}") from None
 
     def manifest(self, run: RecipeRun, content: str) -> dict[str, Any]:
         """What a published version says of itself; the recipe-specific part of the

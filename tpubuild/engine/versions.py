@@ -39,8 +39,11 @@ from tpubuild.engine.fsutil import place_file, replace_file
 from tpubuild.engine.hashing import FileEntry, hash_file
 from tpubuild.engine.statcache import StatCache
 from tpubuild.engine.target_versions import MANIFEST
+from tpubuild.provenance.statement import PROVENANCE, SIGNATURE
 from tpubuild.errors import StageError
 
+# Files of a main version that its manifest does not list because they describe it.
+OWN_FILES = frozenset({MANIFEST, PROVENANCE, SIGNATURE})
 
 def version_numbers(recipe_dir: Path) -> list[int]:
     try:
@@ -89,7 +92,7 @@ def foreign_entries(recipe_dir: Path, number: int | str, manifest: dict[str, Any
                 rel = name if rel_dir == "." else Path(rel_dir, name).as_posix()
                 if os.path.islink(os.path.join(dirpath, name)):
                     found.append(f"{prefix}{rel} (a symbolic link)")
-                elif name in filenames and rel not in listed and rel != MANIFEST:
+                elif name in filenames and rel not in listed and rel not in OWN_FILES:
                     found.append(f"{prefix}{rel}")
     return sorted(found)
 
@@ -163,11 +166,14 @@ def publish(
     stat_cache: StatCache | None = None,
     link_type: str = "copy",
     warn: Callable[[str], None] | None = None,
+    finish: Callable[[Path, dict[str, Any]], None] | None = None,
 ) -> int:
     """Write a new version from (entry, object path) pairs and the manifest; returns N.
     `link_type`: "copy" (reflink or copy, the default) or "hardlink" (module docstring).
     Files named `<target>/<path>` for a target in `manifest["targets"]` go to the target
-    version `<recipe>/<target>/<N>/`, written before the main version."""
+    version `<recipe>/<target>/<N>/`, written before the main version. `finish(dir,
+    manifest)` runs on the main version's temp directory once its files and manifest are
+    written, before the rename: it adds the provenance statement and the signature."""
     targets = sorted(manifest.get("targets") or {})
     files, target_files = target_versions.split(files, targets)
     try:
@@ -195,6 +201,8 @@ def publish(
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
+        if finish is not None:
+            finish(tmp, manifest)
         os.chmod(tmp, 0o755)
         for directory in sorted(made, key=lambda p: -len(p.parts)):
             fsync_path(directory)
@@ -269,12 +277,13 @@ def not_published_reason(version_dir: Path, recipe: str, target: str | None = No
         return f"its {MANIFEST} is for recipe {manifest.get('recipe')!r}, not {recipe!r}"
     if manifest.get("target") != target:
         return f"its {MANIFEST} is for target {manifest.get('target')!r}, not {target!r}"
-    listed = set(manifest.get("files", {})) | {MANIFEST}
+    listed = set(manifest.get("files", {}))
     present = set()
     for dirpath, dirnames, filenames in os.walk(version_dir):
         rel_dir = os.path.relpath(dirpath, version_dir)
         for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
             present.add(name if rel_dir == "." else Path(rel_dir, name).as_posix())
+    present -= OWN_FILES if target is None else {MANIFEST}  # the files that describe the version
     if present != listed:
         extra = sorted(present - listed)
         what = f"files its {MANIFEST} does not list ({', '.join(extra[:3])})" if extra else \

@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command(
+    "verify",
+    short_help="Check a published version against its manifest and its signature.",
+    epilog="\b\nExamples:\n  tpubuild verify out/toy/3\n  tpubuild verify out/toy/3 --key ci/signing.pub.pem",
+)
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--key", type=click.Path(path_type=Path, dir_okay=False),
+              help="The signer's public key (PEM): the version must be signed with its private key.")
+def command(path: Path, key: Path | None) -> int:
+    """Every file of the version PATH must be the one its tpubuild-manifest.json lists (no
+    file changed, missing or added); with --key, its model.sig (OpenSSF model-signing
+    format) must verify with KEY over exactly these files. Says each difference on a
+    line; exit 1 when there is one. TensorFlow is not imported."""
+    from tpubuild.errors import UsageError
+    from tpubuild.provenance.signature import check_manifest, check_signature
+
+    if not path.is_dir():
+        raise UsageError(f"{path}: not a directory (give a published version, e.g. out/<recipe>/<N>)")
+    if key is not None and not key.is_file():
+        raise UsageError(f"--key {key}: no such file")
+    problems = check_manifest(path)
+    if key is not None:
+        problems += check_signature(path, key)
+    for line in problems:
+        click.echo(f"{path}: {line}", err=True)
+    if problems:
+        return 1
+    click.echo(f"{path}: every file matches its manifest" + (f" and its signature by {key}" if key else ""))
+    return 0

@@ -1,0 +1,91 @@
+"""Signatures over a published version's files in the OpenSSF model-signing format
+(the `model-signing` library: a DSSE envelope over an in-toto statement listing each
+file's SHA-256, signed with an elliptic-curve key), and checking a version against its
+signature and its manifest.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tpubuild.errors import UsageError
+from tpubuild.provenance.statement import SIGNATURE
+
+EXTRA = "pip install 'tpubuild[signing]'"
+
+
+def _library() -> Any:
+    try:
+        from model_signing import hashing, signing, verifying
+    except ImportError as exc:
+        raise UsageError(f"signing needs the model-signing package ({EXTRA}): {exc}") from None
+    return hashing, signing, verifying
+
+
+def sign(version_dir: Path, private_key: Path) -> Path:
+    """Sign every file of `version_dir` but the signature itself; returns the signature."""
+    hashing, signing, _ = _library()
+    path = Path(version_dir) / SIGNATURE
+    config = signing.Config().use_elliptic_key_signer(private_key=str(private_key))
+    config.set_hashing_config(hashing.Config().set_ignored_paths(paths=[SIGNATURE]))
+    config.sign(str(version_dir), str(path))
+    return path
+
+
+def check_signature(version_dir: Path, public_key: Path) -> list[str]:
+    """Problems of the version against its signature (empty: it verifies), one line each."""
+    hashing, _, verifying = _library()
+    path = Path(version_dir) / SIGNATURE
+    if not path.is_file():
+        return [f"{SIGNATURE}: missing (the version is not signed)"]
+    config = verifying.Config().use_elliptic_key_verifier(public_key=str(public_key))
+    config.set_hashing_config(hashing.Config().set_ignored_paths(paths=[SIGNATURE]))
+    try:
+        config.verify(str(version_dir), str(path))
+    except ValueError as exc:
+        text = str(exc)
+        if "Key mismatch" in text:
+            return [f"{SIGNATURE}: signed with another key than {public_key}"]
+        return [f"{SIGNATURE}: {line}" for line in _mismatches(text)]
+    return []
+
+
+def _mismatches(text: str) -> list[str]:
+    """model-signing's mismatch message as one line per file."""
+    import re
+
+    files = re.findall(r"Hash mismatch for \\*'([^'\\]+)\\*'", text)  # quotes may come escaped
+    extra = re.findall(r"[Ee]xtra files?[^:]*: \[?([^\]]+)\]?", text)
+    missing = re.findall(r"[Mm]issing files?[^:]*: \[?([^\]]+)\]?", text)
+    lines = [f"{name} differs from what was signed" for name in files]
+    clean = lambda item: item.strip().strip("'\"\\")  # noqa: E731 - names come quoted in a list's repr
+    lines += [f"not signed: {clean(item)}" for group in extra for item in group.split(",")]
+    lines += [f"signed but missing: {clean(item)}" for group in missing for item in group.split(",")]
+    return lines or [" ".join(text.split())[:300]]
+
+
+def check_manifest(version_dir: Path) -> list[str]:
+    """Problems of the version against its own manifest: a file whose content changed, a
+    file missing, a file the manifest does not list."""
+    from tpubuild.engine.hashing import hash_file
+    from tpubuild.engine.versions import MANIFEST
+    from tpubuild.provenance.statement import PROVENANCE, list_files
+
+    version_dir = Path(version_dir)
+    try:
+        manifest = json.loads((version_dir / MANIFEST).read_text())
+        listed = dict(manifest["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return [f"{MANIFEST}: missing or unreadable (not a version tpubuild published)"]
+    present = set(list_files(version_dir, {MANIFEST, PROVENANCE, SIGNATURE}))
+    problems = []
+    for rel, digest in sorted(listed.items()):
+        path = version_dir / rel
+        if not path.is_file():
+            problems.append(f"{rel}: missing")
+        elif hash_file(path, path.stat().st_size) != digest:
+            problems.append(f"{rel}: content differs from the manifest")
+    problems += [f"{rel}: not in the manifest" for rel in sorted(present - set(listed))]
+    return problems

@@ -1,0 +1,90 @@
+"""The provenance statement of a published version: `tpubuild-provenance.json`.
+
+An in-toto Statement v1 (https://in-toto.io/Statement/v1) whose subjects are the
+version's files with their SHA-256, and whose predicate is SLSA Provenance v1
+(https://slsa.dev/provenance/v1): the build type is tpubuild's, the external
+parameters are the recipe (path and canonical digest), the resolved dependencies are
+the source and every workspace input the stages hashed, the internal parameters are
+each stage's key, the toolchain and the remote cache, and the builder is this tpubuild
+version. Everything in it comes from the version's manifest: the same build gives the
+same bytes (no timestamps).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+PROVENANCE = "tpubuild-provenance.json"
+SIGNATURE = "model.sig"  # model-signing's conventional name
+BUILD_TYPE = "https://github.com/tpubuild/tpubuild/recipe-build/v1"
+BUILDER = "https://github.com/tpubuild/tpubuild"
+
+
+def list_files(directory: Path, skip: set[str]) -> list[str]:
+    """Relative POSIX paths of every file below `directory`, but `skip`, sorted."""
+    found = []
+    for dirpath, _dirnames, filenames in os.walk(directory):
+        for name in filenames:
+            rel = Path(os.path.relpath(os.path.join(dirpath, name), directory)).as_posix()
+            if rel not in skip:
+                found.append(rel)
+    return sorted(found)
+
+
+def sha256_files(directory: Path, skip: set[str]) -> dict[str, str]:
+    """Relative POSIX path -> SHA-256 of every file below `directory`, but `skip`."""
+    found = {}
+    for rel in list_files(directory, skip):
+        digest = hashlib.sha256()
+        with open(Path(directory) / rel, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        found[rel] = digest.hexdigest()
+    return found
+
+
+def statement(subjects: dict[str, str], manifest: dict[str, Any], remote_url: str | None) -> dict[str, Any]:
+    """The in-toto statement for files `subjects` (path -> sha256) built as `manifest` says."""
+    inputs = manifest.get("inputs", {})
+    return {
+        "_type": "https://in-toto.io/Statement/v1",
+        "subject": [{"name": name, "digest": {"sha256": digest}} for name, digest in sorted(subjects.items())],
+        "predicateType": "https://slsa.dev/provenance/v1",
+        "predicate": {
+            "buildDefinition": {
+                "buildType": BUILD_TYPE,
+                "externalParameters": {
+                    "recipe": {"path": manifest["recipe_file"], "name": manifest["recipe"],
+                               "canonicalDigest": manifest["recipe_digest"]},
+                },
+                "internalParameters": {
+                    "stages": [{"stage": s["stage"], "key": s["key"], "output": s["output"]}
+                               for s in manifest.get("stages", [])],
+                    "toolchain": manifest.get("toolchain", {}),
+                    "remoteCache": remote_url,
+                    "content": manifest["content"],
+                },
+                "resolvedDependencies": [
+                    {"name": name, "digest": {"blake3": digest}} for name, digest in sorted(inputs.items())
+                ],
+            },
+            "runDetails": {
+                "builder": {"id": BUILDER, "version": {"tpubuild": manifest.get("tpubuild", "")}},
+                "metadata": {"invocationId": f"{manifest['recipe']}/{manifest.get('version', '')}"},
+            },
+        },
+    }
+
+
+def write(directory: Path, manifest: dict[str, Any], remote_url: str | None) -> None:
+    """Write the statement over every file of `directory` (the manifest included)."""
+    subjects = sha256_files(directory, {PROVENANCE, SIGNATURE})
+    data = json.dumps(statement(subjects, manifest, remote_url), indent=2, sort_keys=True) + "\n"
+    with open(directory / PROVENANCE, "w") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
