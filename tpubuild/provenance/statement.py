@@ -18,6 +18,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from tpubuild.engine.target_versions import MANIFEST
+
 PROVENANCE = "tpubuild-provenance.json"
 SIGNATURE = "model.sig"  # model-signing's conventional name
 BUILD_TYPE = "https://github.com/tpubuild/tpubuild/recipe-build/v1"
@@ -81,8 +83,9 @@ def statement(subjects: dict[str, str], manifest: dict[str, Any], remote_url: st
 
 
 def write(directory: Path, manifest: dict[str, Any], remote_url: str | None) -> None:
-    """Write the statement over every file of `directory` (the manifest included)."""
-    subjects = sha256_files(directory, {PROVENANCE, SIGNATURE})
+    """Write the statement over the files of `directory` the manifest lists (the manifest
+    itself holds the build time, so it is not a subject: its content is the predicate)."""
+    subjects = sha256_files(directory, {PROVENANCE, SIGNATURE, MANIFEST})
     data = json.dumps(statement(subjects, manifest, remote_url), indent=2, sort_keys=True) + "\n"
     with open(directory / PROVENANCE, "w") as f:
         f.write(data)
