@@ -21,7 +21,8 @@ def test_first_build_publishes_then_everything_is_cached(built_once, built_works
     # `other` (built first) snapshots the shared model into the store; `toy` finds it there.
     assert statuses(first, "other")["source"] == "built"
     assert statuses(first, "toy") == {
-        "source": "cached", "batch": "built", "verify": "built", "report": "built", "publish": "built",
+        "source": "cached", "batch": "built", "verify": "built", "warmup": "built", "report": "built",
+        "publish": "built",
     }
     assert statuses(first, "cut") == {"export": "built", "verify": "built", "report": "built", "publish": "built"}
     assert first["versions"] == {"cut": 1, "other": 1, "toy": 1}
@@ -40,14 +41,17 @@ def test_option_edit_reruns_that_stage_and_later_ones(built_workspace):
     ws = built_workspace
     (ws / "recipes" / "toy.yaml").write_text(source_recipe("toy", samples=5))
     doc = build_json(ws, "toy", "other")
+    # The warmup requests are filled from verify's samples: they rerun too.
     assert statuses(doc, "toy") == {
-        "source": "cached", "batch": "cached", "verify": "built", "report": "built", "publish": "built",
+        "source": "cached", "batch": "cached", "verify": "built", "warmup": "built", "report": "built",
+        "publish": "built",
     }
     assert set(statuses(doc, "other").values()) == {"cached"}
     (ws / "recipes" / "toy.yaml").write_text(source_recipe("toy", timeout=200, samples=5))
     doc = build_json(ws, "toy")
     assert statuses(doc, "toy") == {
-        "source": "cached", "batch": "built", "verify": "built", "report": "built", "publish": "built",
+        "source": "cached", "batch": "built", "verify": "built", "warmup": "built", "report": "built",
+        "publish": "built",
     }
     assert doc["versions"] == {"toy": 3}
     assert sorted(os.listdir(ws / "out" / "toy")) == ["2", "3"]  # keep_versions: 2

@@ -36,11 +36,11 @@ def test_memo_proves_a_noop_and_any_change_takes_the_full_path(built_workspace):
     time.sleep(2.1)  # the memo remembers only files older than the build that checks them
     build_json(ws)  # the full check, which writes the memo
     assert (ws / ".tpubuild" / "noop-memo.json").is_file()
-    assert probe(ws) == (0, False, 14)  # 3 recipes, every stage cached, no recipe loaded
+    assert probe(ws) == (0, False, 16)  # 3 recipes, every stage cached, no recipe loaded
     # A comment-only edit: the full path runs (the recipe is loaded) and finds nothing to do.
     recipe = ws / "recipes" / "toy.yaml"
     recipe.write_text(recipe.read_text() + "# a comment\n")
-    assert probe(ws) == (0, True, 14)
+    assert probe(ws) == (0, True, 16)
     # A model file rewritten with its mtime put back: only its ctime tells, and the memo
     # reads it (the full path then finds the content unchanged).
     time.sleep(2.1)
@@ -50,7 +50,7 @@ def test_memo_proves_a_noop_and_any_change_takes_the_full_path(built_workspace):
     st = variables.stat()
     variables.write_bytes(variables.read_bytes())
     os.utime(variables, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert probe(ws) == (0, True, 14)
+    assert probe(ws) == (0, True, 16)
     # An allow-listed environment variable is in the guard: the full path decides (and
     # with a new key for every TensorFlow stage, it would rebuild them).
     time.sleep(2.1)

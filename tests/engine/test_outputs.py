@@ -83,6 +83,8 @@ def test_explain_and_dry_run_name_what_changed(built_workspace):
         "  batch: cached (key K)",
         "  verify: would run (key K)",
         "    - option samples: 4 -> 5",
+        "  warmup: would run",
+        "    - its input verify will be rebuilt first",
         "  report: would run",
         "    - its input verify will be rebuilt first",
         "  publish: would run",
@@ -90,7 +92,8 @@ def test_explain_and_dry_run_name_what_changed(built_workspace):
     ]
     dry = json.loads(tpubuild(ws, "build", "--dry-run", "--json", "toy").stdout)
     assert [(r["stage"], r["status"]) for r in dry["rows"]] == [
-        ("source", "cached"), ("batch", "cached"), ("verify", "pending"), ("report", "pending"), ("publish", "pending"),
+        ("source", "cached"), ("batch", "cached"), ("verify", "pending"), ("warmup", "pending"), ("report", "pending"),
+        ("publish", "pending"),
     ]
     assert sorted(os.listdir(ws / "out" / "toy")) == ["1"]
 
@@ -102,7 +105,8 @@ def test_clean_then_build_republishes_from_the_cache(built_workspace):
     assert not (ws / "out" / "toy").exists()
     doc = build_json(ws, "toy")
     assert statuses(doc, "toy") == {
-        "source": "cached", "batch": "cached", "verify": "cached", "report": "cached", "publish": "built",
+        "source": "cached", "batch": "cached", "verify": "cached", "warmup": "cached", "report": "cached",
+        "publish": "built",
     }
     assert doc["versions"] == {"toy": 1}
 
@@ -113,7 +117,7 @@ def test_gc_keeps_what_lock_files_reference(built_workspace):
     build_json(ws, "toy")
     result = tpubuild(ws, "gc", "--keep-days", "0")
     assert result.returncode == 0, result.stderr
-    assert re.fullmatch(r"removed 2 stage entries and \d+ objects \(\d+ bytes\); \d+ bytes kept\n", result.stdout)
+    assert re.fullmatch(r"removed 3 stage entries and \d+ objects \(\d+ bytes\); \d+ bytes kept\n", result.stdout)
     doc = build_json(ws)
     assert {row["status"] for row in doc["rows"]} == {"cached"}
 

@@ -132,14 +132,14 @@ def test_stage_code_and_environment_are_in_the_key(built_workspace, tmp_path):
     explain = tpubuild(ws, "explain", "toy", env=env).stdout
     assert "report: would run" in explain and "the stage's code changed" in explain
     doc = json.loads(tpubuild(ws, "build", "--json", "toy", env=env).stdout)
-    assert statuses(doc, "toy") == {"source": "cached", "batch": "cached", "verify": "cached",
+    assert statuses(doc, "toy") == {"source": "cached", "batch": "cached", "verify": "cached", "warmup": "cached",
                                     "report": "built", "publish": "cached"}
     # An allow-listed variable that changes TensorFlow's kernels reruns every TF stage...
     env["TF_ENABLE_ONEDNN_OPTS"] = "0"
     explain = tpubuild(ws, "explain", "toy", env=env).stdout
     assert 'environment variable TF_ENABLE_ONEDNN_OPTS: added ("0")' in explain
     doc = json.loads(tpubuild(ws, "build", "--json", "toy", env=env).stdout)
-    assert statuses(doc, "toy") == {"source": "cached", "batch": "built", "verify": "built",
+    assert statuses(doc, "toy") == {"source": "cached", "batch": "built", "verify": "built", "warmup": "built",
                                     "report": "built", "publish": "cached"}
     # ...and any other variable changes nothing (workers do not see it).
     env["SOME_UNRELATED_VARIABLE"] = "1"

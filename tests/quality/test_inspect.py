@@ -103,7 +103,7 @@ def test_inspect_shows_tpu_and_batch_ops_of_a_converted_model(two_tpu_placed: Pa
         "TPUOrdinalSelector": 2, "TPUPartitionedCall": 2, "TPUReplicateMetadata": 2, "TPUReplicatedOutput": 2
     }
     text = CliRunner().invoke(cli, ["inspect", str(two_tpu_placed)]).output
-    assert text.splitlines()[-1] == (
+    assert text.splitlines()[-2] == (
         "TPU / batch ops: TPUOrdinalSelector x2, TPUPartitionedCall x2, TPUReplicateMetadata x2, TPUReplicatedOutput x2"
     )
 

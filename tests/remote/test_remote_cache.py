@@ -84,7 +84,7 @@ def test_a_read_only_builder_downloads_and_uploads_nothing(pushed, s3, fresh):
     assert result.returncode == 0, result.stderr
     assert "toy: source: built" in result.stdout  # which a builder that pushes would upload
     line = result.stdout.strip().splitlines()[-1]
-    assert re.fullmatch(rf"remote cache {url}: 6 hits, 1 misses, 0 uploads, \d+\.\d MiB down, 0\.0 MiB up", line)
+    assert re.fullmatch(rf"remote cache {url}: 7 hits, 1 misses, 0 uploads, \d+\.\d MiB down, 0\.0 MiB up", line)
     assert s3.keys("readonly") == before
 
 

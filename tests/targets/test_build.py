@@ -20,20 +20,22 @@ CHAIN = ["cpu_savedmodel", "cpu_savedmodel_verify"]
 def test_publishes_the_cpu_savedmodel_beside_the_tpu_version(targets_built):
     ws, document = targets_built
     assert statuses(document, "toy") == {
-        "source": "built", "batch": "built", "verify": "built", "report": "built",
+        "source": "built", "batch": "built", "verify": "built", "warmup": "built", "report": "built",
         "cpu_savedmodel": "built", "cpu_savedmodel_verify": "built", "publish": "built"}
     out = ws / "out" / "toy"
     assert sorted(os.listdir(out)) == ["1", "cpu_savedmodel"]
     assert sorted(os.listdir(out / "cpu_savedmodel")) == ["1"]
     cpu = out / "cpu_savedmodel" / "1"
-    assert sorted(os.listdir(cpu)) == ["fingerprint.pb", "saved_model.pb", "tpubuild-manifest.json", "variables"]
+    # The warmup requests of the batching recipe go into every SavedModel it serves.
+    assert sorted(os.listdir(cpu)) == ["assets.extra", "fingerprint.pb", "saved_model.pb", "tpubuild-manifest.json",
+                                       "variables"]
     # The main manifest lists every target file with its digest, and they are the files there.
     manifest = json.loads((out / "1" / "tpubuild-manifest.json").read_text())
     from tpubuild.engine.hashing import hash_file
 
     listed = manifest["targets"]["cpu_savedmodel"]["files"]
     assert set(listed) == {"fingerprint.pb", "saved_model.pb", "variables/variables.data-00000-of-00001",
-                           "variables/variables.index"}
+                           "variables/variables.index", "assets.extra/tf_serving_warmup_requests"}
     assert all(hash_file(cpu / rel) == digest for rel, digest in listed.items())
     assert not any(rel.startswith("cpu_savedmodel") for rel in manifest["files"])
     own = json.loads((cpu / "tpubuild-manifest.json").read_text())
@@ -45,8 +47,9 @@ def test_publishes_the_cpu_savedmodel_beside_the_tpu_version(targets_built):
     lock = yaml.safe_load((ws / "recipes" / "toy.lock.yaml").read_text())
     assert [s["stage"] for s in lock["stages"]][-3:] == [*CHAIN, "publish"]
     assert lock["artifact"]["cpu_savedmodel"]["passed"] is True
+    # The size of what the target stage built; publishing adds the warmup requests to it.
     assert lock["artifact"]["cpu_savedmodel"]["size_bytes"] == sum(
-        (cpu / rel).stat().st_size for rel in listed)
+        (cpu / rel).stat().st_size for rel in listed if not rel.startswith("assets.extra/"))
 
 
 def test_the_cpu_savedmodel_loads_keeps_batching_and_matches_the_source(targets_built):
@@ -120,7 +123,7 @@ def test_a_deleted_target_file_is_restored_even_through_the_noop_memo(targets_wo
     ws = targets_workspace
     time.sleep(2.1)  # the memo remembers only files older than the build that checks them
     build_json(ws)
-    assert probe(ws) == (0, False, 7)  # the memo proves the build a no-op without loading the recipe
+    assert probe(ws) == (0, False, 8)  # the memo proves the build a no-op without loading the recipe
     index = ws / "out" / "toy" / "cpu_savedmodel" / "1" / "variables" / "variables.index"
     content = index.read_bytes()
     index.unlink()
