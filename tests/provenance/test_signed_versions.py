@@ -4,14 +4,18 @@ says which file differs (key pairs made in the test, never the network)."""
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
-from cryptography.hazmat.primitives import serialization
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from tests.engine.conftest import source_recipe, tpubuild, write_workspace
 from tests.engine.conftest import tiny_saved_model  # noqa: F401 (a session fixture)
@@ -25,6 +29,40 @@ def key_pair(directory: Path, name: str) -> tuple[Path, Path]:
     public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
                                                      serialization.PublicFormat.SubjectPublicKeyInfo))
     return private, public
+
+
+def pem_key(key):
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+
+
+def ca_and_leaf(directory: Path, name: str) -> dict[str, Path]:
+    """A CA and a code-signing certificate it issued, with the certificate's key (PEM files)."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name} CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+          .not_valid_after(now + datetime.timedelta(days=30))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
+                                       data_encipherment=False, key_agreement=False, key_cert_sign=True,
+                                       crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    leaf = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name} signer")]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=30))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
+                                         data_encipherment=False, key_agreement=False, key_cert_sign=False,
+                                         crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CODE_SIGNING]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    paths = {k: directory / f"{name}-{k}.pem" for k in ("ca", "cert", "key")}
+    paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths["cert"].write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+    paths["key"].write_bytes(pem_key(key))
+    return paths
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +102,6 @@ def test_verify_passes_on_a_fresh_version_and_names_a_changed_byte(signed, tmp_p
     assert done.returncode == 0, done.stderr
     assert "every file matches its manifest and its signature" in done.stdout
     copy = tmp_path / "copy"
-    import shutil
-
     shutil.copytree(version, copy)
     target = copy / "saved_model.pb"
     os.chmod(target, 0o644)
@@ -84,3 +120,19 @@ def test_a_version_signed_with_another_key_fails(signed) -> None:
     done = tpubuild(version.parents[2], "verify", str(version), "--key", str(other))
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [f"{version}: model.sig: signed with another key than {other}"]
+
+
+def test_a_version_signed_with_a_certificate_verifies_against_its_chain_only(tmp_path, tiny_saved_model) -> None:  # noqa: F811
+    ours, theirs = ca_and_leaf(tmp_path, "ours"), ca_and_leaf(tmp_path, "theirs")
+    ws = write_workspace(tmp_path / "ws", tiny_saved_model, {"toy": source_recipe("toy")})
+    with open(ws / "tpubuild.yaml", "a") as f:
+        f.write(f"signing: {{key: {ours['key']}, certificate: {ours['cert']}, certificate_chain: [{ours['ca']}]}}\n")
+    done = tpubuild(ws, "build")
+    assert done.returncode == 0, done.stderr
+    version = ws / "out" / "toy" / "1"
+    done = tpubuild(ws, "verify", str(version), "--certificate-chain", str(ours["ca"]))
+    assert done.returncode == 0, done.stderr
+    done = tpubuild(ws, "verify", str(version), "--certificate-chain", str(theirs["ca"]))
+    assert done.returncode == 1
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"{version}: model.sig: its certificate is not issued by the given chain"), line

@@ -13,7 +13,9 @@ import click
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--key", type=click.Path(path_type=Path, dir_okay=False),
               help="The signer's public key (PEM): the version must be signed with its private key.")
-def command(path: Path, key: Path | None) -> int:
+@click.option("--certificate-chain", "chain", multiple=True, type=click.Path(path_type=Path, dir_okay=False),
+              help="A CA certificate (PEM; repeat for a chain): the version must be signed with a certificate it issued.")
+def command(path: Path, key: Path | None, chain: tuple[Path, ...]) -> int:
     """Every file of the version PATH must be the one its tpubuild-manifest.json lists (no
     file changed, missing or added); with --key, its model.sig (OpenSSF model-signing
     format) must verify with KEY over exactly these files. Says each difference on a
@@ -23,14 +25,18 @@ def command(path: Path, key: Path | None) -> int:
 
     if not path.is_dir():
         raise UsageError(f"{path}: not a directory (give a published version, e.g. out/<recipe>/<N>)")
-    if key is not None and not key.is_file():
-        raise UsageError(f"--key {key}: no such file")
+    if key is not None and chain:
+        raise UsageError("give --key or --certificate-chain, not both")
+    for given in [*([key] if key else []), *chain]:
+        if not given.is_file():
+            raise UsageError(f"{given}: no such file")
     problems = check_manifest(path)
-    if key is not None:
-        problems += check_signature(path, key)
+    if key is not None or chain:
+        problems += check_signature(path, key, list(chain))
     for line in problems:
         click.echo(f"{path}: {line}", err=True)
     if problems:
         return 1
-    click.echo(f"{path}: every file matches its manifest" + (f" and its signature by {key}" if key else ""))
+    signer = f" and its signature by {key}" if key else (" and its certificate signature" if chain else "")
+    click.echo(f"{path}: every file matches its manifest{signer}")
     return 0

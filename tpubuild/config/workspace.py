@@ -33,6 +33,8 @@ class Workspace:
     remote_trusted_keys: list[Path] = field(default_factory=list)
     # The private key that signs every published version (provenance/signature.py), if any.
     signing_key: Path | None = None
+    signing_certificate: Path | None = None  # sign with this certificate (and its chain) instead of a bare key
+    signing_chain: list[Path] = field(default_factory=list)
     executor: str = "local"  # where stages run: local worker processes | ray (engine/ray_executor.py)
     ray_address: str | None = None  # the Ray cluster; None: RAY_ADDRESS, else a cluster on this machine
     ray_resources: dict[str, dict[str, float]] = field(default_factory=dict)  # stage -> Ray resources per task
@@ -104,6 +106,8 @@ def load_workspace(start: Path | None = None, override: Path | None = None) -> W
         remote_push=_remote_setting(data)[1],
         remote_trusted_keys=[root / key for key in _trusted_keys(data)],
         signing_key=root / data["signing"]["key"] if "signing" in data else None,
+        signing_certificate=root / data["signing"]["certificate"] if "certificate" in data.get("signing", {}) else None,
+        signing_chain=[root / c for c in data.get("signing", {}).get("certificate_chain", [])],
         executor=data.get("executor", "local"),
         ray_address=data.get("ray_address"),
         ray_resources=data.get("ray_resources", {}),

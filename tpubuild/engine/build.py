@@ -353,7 +353,7 @@ class Engine:
         from tpubuild.provenance.signature import sign
 
         try:
-            sign(version_dir, key)
+            sign(version_dir, key, getattr(self.ws, "signing_certificate", None), getattr(self.ws, "signing_chain", []))
         except Exception as exc:  # noqa: BLE001 - the library's own error: one line, nothing published
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise StageError(f"signing.key {key}: cannot sign {manifest['recipe']}: {first}") from None
