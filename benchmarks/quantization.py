@@ -10,7 +10,7 @@ parameters left in the artifact, and the verification error. The goals: static-r
 dynamic-range and weight-only <= 0.30x; bfloat16 <= 0.52x; MobileNetV2 int8 <= 0.35x.
 Asserts nothing.
 
-Run: python3 benchmarks/quantization.py [--skip-keras] [--examples-only]
+Run: python3 benchmarks/quantization.py [--skip-keras | --keras-only] [--examples-only]
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ class Wide(tf.Module):
 
 def keras_cnn(output_dir):
     import keras
-    model = keras.applications.MobileNetV2(weights=None, input_shape=(96, 96, 3), classes=10)
+    inputs = keras.Input((96, 96, 3), name="inputs")  # the signature's input name
+    model = keras.applications.MobileNetV2(weights=None, input_tensor=inputs, classes=10)
     model.export(output_dir)
 
 
@@ -126,6 +127,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-keras", action="store_true")
     parser.add_argument("--examples-only", action="store_true")
+    parser.add_argument("--keras-only", action="store_true")
     args = parser.parse_args()
     header = (f"{'build':42} {'src MiB':>9} {'art MiB':>9} {'ratio':>6} {'f32 MiB':>8} {'max rel':>9} "
               f"{'ok':>5} {'secs':>7}")
@@ -144,7 +146,7 @@ def main() -> None:
                           "concrete": f"concrete_function_name: {concrete_name(ws / 'models' / 'wide')}",
                           "signature": "signature_name: serving_default"}
             builds = []
-            for where, placement in placements.items():
+            for where, placement in ({} if args.keras_only else placements).items():
                 for method in METHODS:
                     name = f"wide-{where}-{method.lower().replace('_', '-')}"
                     (ws / "recipes" / f"{name}.yaml").write_text(recipe(name, "../models/wide", placement, method, "wide"))
