@@ -83,12 +83,12 @@ def test_explain_and_dry_run_name_what_changed(built_workspace):
         "  batch: cached (key K)",
         "  verify: would run (key K)",
         "    - option samples: 4 -> 5",
-        "  warmup: would run",
-        "    - its input verify will be rebuilt first",
+        "  warmup: would run (key K)",
+        "    - option samples: 4 -> 5",
         "  report: would run",
         "    - its input verify will be rebuilt first",
         "  publish: would run",
-        "    - its input verify will be rebuilt first",
+        "    - its input warmup will be rebuilt first",
     ]
     dry = json.loads(tpubuild(ws, "build", "--dry-run", "--json", "toy").stdout)
     assert [(r["stage"], r["status"]) for r in dry["rows"]] == [

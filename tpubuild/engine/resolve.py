@@ -282,13 +282,17 @@ class Resolver:
 
     # --- planning -----------------------------------------------------------------
     def resolve(self, run: RecipeRun) -> list[Resolved]:
-        """Each stage's state without running anything: walks the chain while the store
-        has the earlier outputs (a stage after one that would run is `pending`)."""
+        """Each stage's state without running anything: a stage whose consumed outputs or
+        summaries are all in the store is looked up by its key; one that reads a stage
+        that would run is `pending` until that stage has run."""
         out: list[Resolved] = []
-        blocked: str | None = None
+        waiting: list[str] = []  # stages that would run, in plan order
         for planned in run.plan:
+            reads = set(planned.consumes.values()) | set(planned.summaries)
+            blocked = next((name for name in waiting if name in reads), None)
             if blocked:
                 out.append(Resolved(planned.name, "pending", None, None, [f"its input {blocked} will be rebuilt first"]))
+                waiting.append(planned.name)
                 continue
             if planned.name == "publish":
                 _, content, number = self.published(run)
@@ -311,11 +315,11 @@ class Resolver:
             except (StageError, OSError) as exc:
                 message = str(exc) if isinstance(exc, StageError) else f"{exc.strerror}: {exc.filename}"
                 out.append(Resolved(planned.name, "failed", None, None, [message]))
-                blocked = planned.name
+                waiting.append(planned.name)
                 continue
             if entry is None:
                 out.append(Resolved(planned.name, "pending", pending.key, pending.record))
-                blocked = planned.name
+                waiting.append(planned.name)
                 continue
             run.outputs[planned.name] = self.output_of(planned, entry, self.store.trees / entry.tree)
             out.append(Resolved(planned.name, "cached", entry.key, entry.record, [], entry.tree))
