@@ -64,7 +64,8 @@ def workspace(root: Path, model: Path) -> Path:
 
 def published(ws: Path, recipe: str) -> dict[str, bytes]:
     """Every published file of the recipe's newest version; the manifest without its
-    creation time (the one field that differs between any two builds)."""
+    creation time (the one field that differs between any two builds) and the provenance
+    without the remote cache URL (the Ray build uses one, the local build none)."""
     versions = sorted((ws / "out" / recipe).iterdir(), key=lambda p: int(p.name))
     root = versions[-1]
     files = {}
@@ -75,6 +76,10 @@ def published(ws: Path, recipe: str) -> dict[str, bytes]:
                 manifest = json.loads(data)
                 manifest.pop("created")
                 data = json.dumps(manifest, sort_keys=True).encode()
+            if path.name == "tpubuild-provenance.json":
+                statement = json.loads(data)
+                statement["predicate"]["buildDefinition"]["internalParameters"].pop("remoteCache")
+                data = json.dumps(statement, sort_keys=True).encode()
             files[path.relative_to(root).as_posix()] = data
     return files
 
