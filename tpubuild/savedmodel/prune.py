@@ -37,7 +37,7 @@ from tensorflow.core.framework.node_def_pb2 import NodeDef
 from tensorflow.core.protobuf import saved_object_graph_pb2, trackable_object_graph_pb2
 
 from tpubuild.savedmodel.fnedit import ANY_CALL_OPS, TPU_CALL
-from tpubuild.savedmodel.model import GRAPH, SavedModel, attr_functions
+from tpubuild.savedmodel.model import GRAPH, SavedModel, attr_functions, node_functions
 
 OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 CHECKPOINT = Path("variables") / "variables"
@@ -434,19 +434,87 @@ def remove_variables(model: SavedModel, checkpoint: trackable_object_graph_pb2.T
     return keys
 
 
+def served_functions(model: SavedModel) -> set[str]:
+    """What a server can run: the functions the graph calls (signatures, saver, init op),
+    the aliased ones (placed or called by name), and everything they call."""
+    roots = {name for node in model.meta_graph.graph_def.node for name in node_functions(node)}
+    roots |= {fn for fn in model.aliases if fn in model.functions}
+    served = set(roots)
+    for fn in roots:
+        served |= model.reachable(fn)
+    return served
+
+
+def unserved_objects(model: SavedModel) -> tuple[set[str], set[int]]:
+    """Concrete functions of the object graph no served function is, and the object-graph
+    nodes that hold nothing else (bare concrete functions, functions whose every concrete
+    function is unserved). A quantized artifact's float copies of a model's methods (e.g.
+    the layer calls Keras saves) would otherwise keep every float weight alive."""
+    served = served_functions(model)
+    objects = model.meta_graph.object_graph_def
+    # Functions a resource's saveable calls (a lookup table's save/restore) stay: the
+    # checkpoint restore runs them (tensorflow/python/saved_model/load.py _restore_checkpoint).
+    for node in objects.nodes:
+        for saveable in node.saveable_objects.values():
+            for node_id in (saveable.save_function, saveable.restore_function):
+                held = objects.nodes[node_id]
+                if held.WhichOneof("kind") == "function":
+                    served.update(held.function.concrete_functions)
+                elif held.WhichOneof("kind") == "bare_concrete_function":
+                    served.add(held.bare_concrete_function.concrete_function_name)
+    unserved = {name for name in objects.concrete_functions if name not in served}
+    nodes = set()
+    for node_id, node in enumerate(objects.nodes):
+        kind = node.WhichOneof("kind")
+        if kind == "bare_concrete_function" and node.bare_concrete_function.concrete_function_name in unserved:
+            nodes.add(node_id)
+        elif kind == "function" and node.function.concrete_functions and \
+                set(node.function.concrete_functions) <= unserved:
+            nodes.add(node_id)
+    return unserved, nodes
+
+
+def drop_unserved_objects(model: SavedModel, checkpoint: trackable_object_graph_pb2.TrackableObjectGraph) -> int:
+    """Remove the unserved concrete functions from the object graph (both object graphs,
+    renumbered); their FunctionDefs stay in the library only while something calls them."""
+    unserved, nodes = unserved_objects(model)
+    if not unserved:
+        return 0
+    objects = model.meta_graph.object_graph_def
+    for node in objects.nodes:
+        if node.WhichOneof("kind") == "function":
+            kept = [n for n in node.function.concrete_functions if n not in unserved]
+            del node.function.concrete_functions[:]
+            node.function.concrete_functions.extend(kept)
+    for name in unserved:
+        del objects.concrete_functions[name]
+    _renumber_objects(model, checkpoint, nodes)
+    kept = served_functions(model) | {n for n in objects.concrete_functions if n in model.functions}
+    called = set(kept)
+    for name in kept:
+        called |= model.reachable(name)
+    for name in [n for n in model.functions if n not in called]:
+        model.remove_function(name)
+    model.invalidate()
+    return len(unserved)
+
+
 def prune(model: SavedModel) -> tuple[list[str], bytes | None, set[str]]:
-    """Drop dead resource arguments and unread variables from `model` (in memory).
+    """Drop unserved functions, dead resource arguments and unread variables from
+    `model` (in memory).
 
     Returns (removed variable names, the checkpoint's new object graph or None when no
     variable was removed, the checkpoint keys to leave out)."""
-    drop_dead_arguments(model)
     objects = model.meta_graph.object_graph_def
     if not any(n.WhichOneof("kind") == "variable" for n in objects.nodes):
+        drop_dead_arguments(model)
         return [], None, set()
     checkpoint = _checkpoint_graph(model.path)
+    dropped = drop_unserved_objects(model, checkpoint)
+    drop_dead_arguments(model)
     unread = unread_variables(model, checkpoint)
     if not unread:
-        return [], None, set()
+        return [], checkpoint.SerializeToString(deterministic=True) if dropped else None, set()
     names = sorted(objects.nodes[i].variable.name or unread[i] for i in unread)
     keys = remove_variables(model, checkpoint, unread)
     return names, checkpoint.SerializeToString(deterministic=True), keys
