@@ -27,6 +27,7 @@ VERBS = {
     "list": "list_",
     "render": "render",
     "explain": "explain",
+    "explain-error": "explain_error",
     "diff": "diff",
     "convert": "convert",
     "inspect": "inspect_",

@@ -109,7 +109,28 @@ def inputs_lines(verify: dict[str, Any]) -> list[str]:
                      f"{within} the same tolerances.")
     elif on == "random":
         lines.append("No representative dataset: the error on realistic inputs is unknown.")
-    return lines
+    return lines + headroom_lines(verify)
+
+
+# From this share of its bound on, a passing lossy conversion is reported as close to failing.
+CLOSE_TO_TOLERANCE = 0.5
+
+
+def headroom_lines(verify: dict[str, Any]) -> list[str]:
+    """A line when a bfloat16 or int8 verification passed with little room: the worst
+    output's error as a share of its bound (atol + rtol * max|output|), and where to look."""
+    tol = verify["tolerance"]
+    if tol["kind"] == "exact" or not verify["passed"]:
+        return []
+    shares = [o["max_abs_error"] / (tol["atol"] + tol["rtol"] * o["max_reference"])
+              for o in verify["outputs"] if o.get("max_reference") is not None and
+              tol["atol"] + tol["rtol"] * o["max_reference"] > 0]
+    share = max(shares, default=0.0)
+    if share < CLOSE_TO_TOLERANCE:
+        return []
+    where = ("`tpubuild explain-error` names the ops where the error starts"
+             if tol["kind"] == "bfloat16" else "a smaller error needs layers kept in float")
+    return [f"Close to the tolerance: the worst output's error is {share:.0%} of its bound; {where}."]
 
 
 def _quantization_lines(quant: dict[str, Any] | None) -> list[str]:

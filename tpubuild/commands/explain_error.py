@@ -1,0 +1,124 @@
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import click
+
+from tpubuild.commands._common import recipes_from
+from tpubuild.errors import UsageError
+
+LOSSY_STAGES = ("bfloat16", "quantize")
+
+
+@click.command(
+    "explain-error",
+    short_help="Name the ops where a bfloat16 artifact's error starts, and the filterlist that fixes it.",
+    epilog="\b\nExample:\n  tpubuild explain-error sensor\n"
+    "    where the error starts: sub (Sub, bfloat16): max rel error 1\n"
+    "    proposal: bfloat16_optimization_options.filterlist: [Sub]",
+)
+@click.argument("recipe_pattern", metavar="RECIPE")
+@click.option("--stage", type=click.Choice(LOSSY_STAGES),
+              help="The stage to explain. Default: bfloat16 when the recipe applies it, else quantize.")
+@click.pass_context
+def command(ctx: click.Context, recipe_pattern: str, stage: str | None) -> int:
+    """Compare the lossy stage's input and output of RECIPE node by node on the
+    verification samples, list the first ops whose error exceeds verify's tolerance and
+    what each adds, and propose the recipe change: for bfloat16 the filterlist entry,
+    measured by converting again with it (int8 quantization is not explained yet).
+
+    Reads the stages a build left in the cache (a build whose verification fails keeps
+    them); writes nothing there or in the output directory.
+    """
+    ws, recipes = recipes_from(ctx, [recipe_pattern])
+    for recipe in recipes:
+        for line in explain_recipe(ws, recipe, stage):
+            click.echo(line)
+    return 0
+
+
+def explain_recipe(ws: Any, recipe: Any, stage: str | None) -> list[str]:
+    """The lines `explain-error` prints for one recipe."""
+    from tpubuild.engine.build import Engine
+    from tpubuild.engine.resolve import new_runs
+    from tpubuild.stages.base import MODEL, SOURCE, StageContext
+    from tpubuild.stages.selection import applied_transforms, main_chain
+
+    chain = main_chain(recipe.canonical)
+    where = f"{recipe.rel_file}: recipe {recipe.name}"
+    if stage is None:
+        stage = next((s for s in LOSSY_STAGES if s in chain), None)
+        if stage is None:
+            raise UsageError(f"{where} applies neither bfloat16 nor quantization: its artifact computes what its "
+                             "source computes, up to float32 rounding; there is no conversion error to explain")
+    elif stage not in chain:
+        raise UsageError(f"{where} does not run the {stage} stage")
+    if stage == "quantize":
+        # TF's quantizer replaces each float layer by its own functions under names of its own
+        # (XlaDotV2 and friends, named from MLIR locations), so no tensor of the int8 model
+        # can be matched to its float source by node name.
+        raise UsageError(f"{where}: explain-error does not explain int8 quantization yet: the quantizer renames "
+                         "the layers it replaces, so their tensors cannot be matched to the float model's")
+    engine = Engine(ws)
+    run = new_runs([recipe])[0]
+    engine.resolver.resolve(run)
+    engine.stat.save()
+    planned = {p.name: p for p in run.plan}
+    verify = planned["verify"]
+    needed = [planned[stage].consumes[MODEL], stage, verify.consumes[SOURCE]]
+    missing = [name for name in needed if name not in run.outputs]
+    if missing:
+        raise UsageError(f"{where}: stage {missing[0]} is not built with the recipe as it is now; run "
+                         f"`tpubuild build {recipe.name}` first (a build whose verification fails keeps the "
+                         "stages before verify)")
+    from tpubuild.verify.verdict import tolerances, verification_samples
+
+    kind, rtol, atol = tolerances(applied_transforms(recipe.canonical), verify.options, "verify")
+    context = StageContext(Path(recipe.root), {role: run.outputs[name].directory
+                                               for role, name in verify.consumes.items() if name in run.outputs})
+    stage_input = run.outputs[needed[0]].directory
+    stage_output = run.outputs[stage].directory
+    source = run.outputs[needed[2]].directory
+    from tpubuild.savedmodel.model import INIT_OP_KEY, SavedModel
+    from tpubuild.verify import explain_error
+
+    tags = verify.options["tags"]
+    source_model = SavedModel.load(source, tags)
+    served = SavedModel.load(stage_output, tags).meta_graph.signature_def
+    keys = sorted(k for k in source_model.meta_graph.signature_def if k != INIT_OP_KEY and k in served)
+    samples, origin = verification_samples(source_model, keys, verify.options, context)
+    lines = [f"{where}: stage {stage}, verify's {kind} tolerance (rtol {rtol:g}, atol {atol:g}), "
+             + ", ".join(f"{key}: {len(s)} samples ({origin[key]})" for key, s in sorted(samples.items()))]
+    with tempfile.TemporaryDirectory(prefix="explain-error-", dir=ws.state_dir) as scratch:
+        result = explain_error.explain_bfloat16(stage_input, stage_output, source, planned[stage].options, samples,
+                                                rtol, atol, "tpu" in chain, Path(scratch))
+    return lines + describe(result)
+
+
+def describe(result: Any) -> list[str]:
+    """The explanation as indented lines."""
+    measured = result.output_error
+    state = "within tolerance" if measured.passed else "out of tolerance"
+    lines = [f"  the {result.stage} stage's output against the source: max rel error {measured.max_rel_error:.3g} "
+             f"on {measured.worst_output} ({state})"]
+    first = {key: errors for key, errors in result.first.items() if errors}
+    if first:
+        lines.append(f"  where the error starts (first ops out of tolerance, of {result.compared} tensors compared):")
+        for key, errors in sorted(first.items()):
+            for error in errors:
+                lines.append(f"    {key}: {error.short_name} ({error.op}, {error.dtype}): max rel error "
+                             f"{error.max_rel_error:.3g}, adds {result.contributions.get(error.tensor, 0.0):.3g}")
+    elif not measured.passed:
+        lines.append(f"  no single op is out of tolerance ({result.compared} tensors compared): the error accumulates")
+    for attempt in result.attempts:
+        state = "within tolerance" if attempt.passed else "still out of tolerance"
+        lines.append(f"  tried {result.option}: [{', '.join(attempt.filterlist)}]: max rel error "
+                     f"{attempt.max_rel_error:.3g} on {attempt.worst_output} ({state})")
+    proposal = result.proposal
+    if proposal is not None:
+        lines.append(f"  proposal: {result.option}: [{', '.join(proposal.filterlist)}]")
+    if result.note:
+        lines.append(f"  {result.note}")
+    return lines
