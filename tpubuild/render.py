@@ -21,6 +21,7 @@ PRESET_METHODS = {
     "STATIC_RANGE": "METHOD_STATIC_RANGE_INT8",
     "DYNAMIC_RANGE": "METHOD_DYNAMIC_RANGE_INT8",
     "WEIGHT_ONLY": "METHOD_STATIC_RANGE_WEIGHT_ONLY_INT8",
+    "NO_QUANTIZE": "METHOD_NO_QUANTIZE",  # unit-wise specs only: the layers they name stay float
 }
 TPU_FUNCTION_FIELDS = ("function_alias", "concrete_function_name", "jit_compile_functions", "signature_name")
 EXPERIMENTAL_FIELDS = ("function_alias", "concrete_function_name", "signature_name")
@@ -127,6 +128,11 @@ def _quantization(options: dict[str, Any], where: str, path_prefix: str) -> list
     ]
     fields += [("tags", tag) for tag in options["tags"]]
     fields += [("signature_keys", key) for key in options["signature_keys"]]
+    for spec in options.get("unit_wise_quantization_specs", []):
+        units = [("unit", [(k, unit[k]) for k in ("op_type", "node_name", "func_name") if k in unit])
+                 for unit in spec["unit"]]
+        method = ("quantization_method", [("preset_method", Enum(PRESET_METHODS[spec["method"]]))])
+        fields.append(("unit_wise_quantization_specs", [*units, method]))
     for key, source in sorted(options["representative_datasets"].items()):
         if "tfrecord_file_path" not in source:
             kind = "npz" if "npz" in source else "generator"

@@ -85,6 +85,13 @@ MUTATIONS = [
      {"method": "STATIC_RANGE", "signature_keys": ["serving_default", "other"],
       "representative_datasets": {"serving_default": {"tfrecord_file_path": "data/d.tfrecord"},
                                   "other": {"tfrecord_file_path": "data/e.tfrecord"}}}),
+    *((f"converter.quantization_options.unit_wise_quantization_specs.[0].{leaf}",
+       ("converter", "quantization_options", "unit_wise_quantization_specs"), value)
+      for leaf, value in (
+          ("unit.[0].op_type", [{"unit": [{"op_type": "MatMul"}]}]),
+          ("unit.[0].node_name", [{"unit": [{"node_name": "dense/MatMul"}]}]),
+          ("unit.[0].func_name", [{"unit": [{"node_name": "MatMul", "func_name": "__inference_f_1"}]}]),
+          ("method", [{"unit": [{"op_type": "Conv2D"}], "method": "NO_QUANTIZE"}]))),
     ("converter.quantization_options.allow_unquantized", ("converter", "quantization_options", "allow_unquantized"), True),
     ("converter.quantization_options.op_set", ("converter", "quantization_options", "op_set"), "xla"),  # a spelling
     ("converter.quantization_options.representative_datasets",

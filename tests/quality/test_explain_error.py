@@ -1,10 +1,18 @@
-"""`tpubuild explain-error` on a model with one bfloat16-fragile op.
+"""`tpubuild explain-error` on a model with one bfloat16-fragile op, and on one with an
+int8-fragile layer, through the real CLI and stages.
 
-Sensor readings near 1000 are centred by subtracting 1000 before a dense layer. In
+bfloat16: sensor readings near 1000 are centred by subtracting 1000 before a dense layer. In
 bfloat16 (8-bit mantissa) values near 1000 step by 4, so the centred values lose all
 their variation and verification fails; in float32 the subtraction is exact. The command
 must name that Sub as where the error starts, propose `filterlist: [Sub]`, and the recipe
-rebuilt with it must pass verification, all through the real CLI and stages.
+rebuilt with it must pass verification.
+
+int8: a dense layer holds one weight of 100 among weights of about 0.25, on an input
+feature the data never sets. Static-range int8 with one scale per tensor (TF's default)
+steps by 100/127 there, so every other weight of that layer rounds to 0 or +-0.79 and the
+output is far off; the second layer is fine. The command must rank the first layer's
+MatMul worst by TF's own quantization debugger, propose keeping it in float with
+`unit_wise_quantization_specs`, and the recipe rebuilt with it must pass.
 """
 
 from __future__ import annotations
@@ -80,8 +88,6 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
                    [{"reading": (1000 + rng.uniform(-2, 2, size=(1, 16))).astype("float32")} for _ in range(8)])
     (root / "recipes" / "sensor.yaml").write_text(textwrap.dedent(RECIPE.format(options="")))
     (root / "recipes" / "plain.yaml").write_text("model: {export: {script: ../models/sensor.py, function: export}}\n")
-    (root / "recipes" / "int8.yaml").write_text("model: {export: {script: ../models/sensor.py, function: export}}\n"
-                                                "converter: {quantization_options: {method: WEIGHT_ONLY}}\n")
     return root
 
 
@@ -140,11 +146,6 @@ def test_bad_requests_are_one_line_errors(workspace: Path) -> None:
     wrong_stage = tpubuild(workspace, "explain-error", "sensor", "--stage", "quantize")  # not in its chain
     assert wrong_stage.returncode == 2
     assert wrong_stage.stderr.strip() == "error: recipes/sensor.yaml: recipe sensor does not run the quantize stage"
-    int8 = tpubuild(workspace, "explain-error", "int8")
-    assert int8.returncode == 2
-    assert int8.stderr.strip() == (
-        "error: recipes/int8.yaml: recipe int8: explain-error does not explain int8 quantization yet: the quantizer "
-        "renames the layers it replaces, so their tensors cannot be matched to the float model's")
     recipe = workspace / "recipes" / "sensor.yaml"
     before = recipe.read_text()
     recipe.write_text(before.replace("samples: 8", "samples: 8\n  seed: 1").replace(
@@ -172,5 +173,83 @@ def test_report_says_when_a_lossy_verification_passed_close_to_its_tolerance() -
     assert headroom_lines(verify("bfloat16", 0.0189)) == [
         "Close to the tolerance: the worst output's error is 90% of its bound; `tpubuild explain-error` names the "
         "ops where the error starts."]
-    assert headroom_lines(verify("int8", 0.0189))[0].endswith("a smaller error needs layers kept in float.")
+    assert headroom_lines(verify("int8", 0.0189)) == headroom_lines(verify("bfloat16", 0.0189))
     assert headroom_lines(verify("exact", 0.0189)) == []
+
+
+OUTLIER = """
+name: outlier
+model: {{saved_model: ../models/outlier}}
+converter:
+  quantization_options:
+    method: STATIC_RANGE
+    representative_datasets:
+      serving_default: {{tfrecord_file_path: ../data/calibration.tfrecord}}{specs}
+verify: {{samples: 16}}
+"""
+
+
+@pytest.fixture(scope="module")
+def int8_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import tensorflow as tf
+
+    class Outlier(tf.Module):
+        def __init__(self):
+            super().__init__()
+            rng = np.random.default_rng(1)
+            first = (rng.normal(size=(16, 32)) / 4).astype("float32")
+            first[0, 0] = 100.0  # sets the layer's int8 scale; feature 0 is always 0 in the data
+            self.first = tf.Variable(first, name="first")
+            self.second = tf.Variable((rng.normal(size=(32, 8)) / 4).astype("float32"), name="second")
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 16], tf.float32, name="features")])
+        def serve(self, features):
+            return {"logits": tf.matmul(tf.nn.relu(tf.matmul(features, self.first)), self.second)}
+
+    root = tmp_path_factory.mktemp("explain_int8")
+    (root / "tpubuild.yaml").write_text("recipes: [recipes/*.yaml]\noutput_dir: out\ncache_dir: .tpubuild/cache\n")
+    (root / "recipes").mkdir()
+    (root / "data").mkdir()
+    module = Outlier()
+    tf.saved_model.save(module, str(root / "models" / "outlier"), signatures={"serving_default": module.serve})
+    rng = np.random.default_rng(0)
+    samples = []
+    for _ in range(64):
+        features = rng.normal(size=(1, 16)).astype("float32")
+        features[:, 0] = 0.0
+        samples.append({"features": features})
+    write_tfrecord(root / "data" / "calibration.tfrecord", "serving_default", samples)
+    (root / "recipes" / "outlier.yaml").write_text(textwrap.dedent(OUTLIER.format(specs="")))
+    return root
+
+
+def test_int8_explain_error_names_the_layer_and_keeps_it_in_float(int8_workspace: Path) -> None:
+    failed = tpubuild(int8_workspace, "build")
+    assert failed.returncode == 1
+    assert "`tpubuild explain-error` on this recipe names the ops where it starts" in failed.stderr
+    result = tpubuild(int8_workspace, "explain-error", "outlier")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("recipes/outlier.yaml: recipe outlier: stage quantize, verify's int8 tolerance")
+    assert "out of tolerance" in lines[1]
+    assert lines[2] == "  the int8 layers by their own error (each fed its float input, of 2 compared):"
+    worst, second = lines[3].strip(), lines[4].strip()
+    assert worst.startswith("MatMul (") and second.startswith("MatMul_1 ("), lines
+    # Each layer against its float original on the same input: the outlier layer is far off,
+    # the other within int8's usual error (256 levels: under 5% of the range).
+    assert float(worst.rsplit(" ", 1)[1]) > 0.3 and float(second.rsplit(" ", 1)[1]) < 0.05
+    proposal = "quantization_options.unit_wise_quantization_specs: [{unit: [{node_name: 'MatMul'}], method: NO_QUANTIZE}]"
+    assert lines[5].startswith(f"  tried {proposal}: max rel error ") and lines[5].endswith("(within tolerance)")
+    assert lines[-1] == f"  proposal: {proposal}"
+
+    specs = "\n    unit_wise_quantization_specs: [{unit: [{node_name: 'MatMul'}], method: NO_QUANTIZE}]"
+    (int8_workspace / "recipes" / "outlier.yaml").write_text(textwrap.dedent(OUTLIER.format(specs=specs)))
+    rebuilt = tpubuild(int8_workspace, "build")
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    report = json.loads((int8_workspace / "out" / "outlier" / "1" / "tpubuild-report.json").read_text())
+    assert report["verify"]["passed"] is True
+    # The kept layer is float, the other int8 (TF's quantizer summary, per op type).
+    assert report["quantization"]["layers"]["MatMul"] == {"quantized": 1, "total": 2}
+    rendered = tpubuild(int8_workspace, "render", "outlier")
+    assert 'node_name: "MatMul"' in rendered.stdout and "preset_method: METHOD_NO_QUANTIZE" in rendered.stdout

@@ -34,7 +34,7 @@ def pb2(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
 
 
 STATES = ("DEFAULT", "ENABLED", "DISABLED")
-METHODS = {2: "STATIC_RANGE", 3: "DYNAMIC_RANGE", 4: "WEIGHT_ONLY"}
+METHODS = {1: "NO_QUANTIZE", 2: "STATIC_RANGE", 3: "DYNAMIC_RANGE", 4: "WEIGHT_ONLY"}
 
 
 def converter_from_message(msg, pb2) -> dict:
@@ -77,6 +77,12 @@ def converter_from_message(msg, pb2) -> dict:
                 for key, value in quant.representative_datasets.items()
             },
         }
+        if quant.unit_wise_quantization_specs:
+            out["quantization_options"]["unit_wise_quantization_specs"] = [
+                {"unit": [{field.name: value for field, value in unit.ListFields()} for unit in spec.unit],
+                 "method": METHODS[spec.quantization_method.preset_method]}
+                for spec in quant.unit_wise_quantization_specs
+            ]
     return out
 
 

@@ -73,3 +73,24 @@ def test_quantization_options_parse_as_tensorflows_own_message(pb2) -> None:
         assert {k: v.tfrecord_file_path for k, v in theirs.representative_datasets.items()} == {
             k: v["tfrecord_file_path"] for k, v in canonical["representative_datasets"].items()
         }
+
+
+def test_layers_kept_in_float_render_as_tensorflows_unit_wise_specs(pb2, from_message) -> None:
+    """`unit_wise_quantization_specs` (what `explain-error --stage quantize` proposes) parse
+    against the converter proto and as TensorFlow's own QuantizationOptions, unchanged."""
+    import copy
+
+    from tensorflow.compiler.mlir.quantization.tensorflow import quantization_options_pb2
+
+    canonical = copy.deepcopy(RECIPES["quantized"].canonical)
+    specs = [{"unit": [{"node_name": "dense/MatMul"}, {"op_type": "Conv2D", "func_name": "__inference_f_1"}],
+              "method": "NO_QUANTIZE"}]
+    canonical["converter"]["quantization_options"]["unit_wise_quantization_specs"] = specs
+    msg = text_format.Parse(render(canonical), pb2.ConverterOptions())
+    assert from_message(msg) == canonical["converter"]
+    ours = msg.external_feature_configs.quantization_options
+    theirs = text_format.Parse(text_format.MessageToString(ours), quantization_options_pb2.QuantizationOptions())
+    assert theirs.SerializeToString(deterministic=True) == ours.SerializeToString(deterministic=True)
+    (spec,) = theirs.unit_wise_quantization_specs
+    assert [u.node_name for u in spec.unit] == ["dense/MatMul", ""] and spec.unit[1].op_type == "Conv2D"
+    assert spec.quantization_method.preset_method == quantization_options_pb2.QuantizationMethod.METHOD_NO_QUANTIZE

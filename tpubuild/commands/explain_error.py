@@ -14,7 +14,7 @@ LOSSY_STAGES = ("bfloat16", "quantize")
 
 @click.command(
     "explain-error",
-    short_help="Name the ops where a bfloat16 artifact's error starts, and the filterlist that fixes it.",
+    short_help="Name the ops where a bfloat16 or int8 artifact's error starts, and the recipe change that fixes it.",
     epilog="\b\nExample:\n  tpubuild explain-error sensor\n"
     "    where the error starts: sub (Sub, bfloat16): max rel error 1\n"
     "    proposal: bfloat16_optimization_options.filterlist: [Sub]",
@@ -27,7 +27,9 @@ def command(ctx: click.Context, recipe_pattern: str, stage: str | None) -> int:
     """Compare the lossy stage's input and output of RECIPE node by node on the
     verification samples, list the first ops whose error exceeds verify's tolerance and
     what each adds, and propose the recipe change: for bfloat16 the filterlist entry,
-    measured by converting again with it (int8 quantization is not explained yet).
+    measured by converting again with it; for quantize each int8 layer's own error (TF's
+    quantization debugger) and the layers to keep in float (unit_wise_quantization_specs),
+    measured by quantizing again with them.
 
     Reads the stages a build left in the cache (a build whose verification fails keeps
     them); writes nothing there or in the output directory.
@@ -55,12 +57,6 @@ def explain_recipe(ws: Any, recipe: Any, stage: str | None) -> list[str]:
                              "source computes, up to float32 rounding; there is no conversion error to explain")
     elif stage not in chain:
         raise UsageError(f"{where} does not run the {stage} stage")
-    if stage == "quantize":
-        # TF's quantizer replaces each float layer by its own functions under names of its own
-        # (XlaDotV2 and friends, named from MLIR locations), so no tensor of the int8 model
-        # can be matched to its float source by node name.
-        raise UsageError(f"{where}: explain-error does not explain int8 quantization yet: the quantizer renames "
-                         "the layers it replaces, so their tensors cannot be matched to the float model's")
     engine = Engine(ws)
     run = new_runs([recipe])[0]
     engine.resolver.resolve(run)
@@ -92,8 +88,14 @@ def explain_recipe(ws: Any, recipe: Any, stage: str | None) -> list[str]:
     lines = [f"{where}: stage {stage}, verify's {kind} tolerance (rtol {rtol:g}, atol {atol:g}), "
              + ", ".join(f"{key}: {len(s)} samples ({origin[key]})" for key, s in sorted(samples.items()))]
     with tempfile.TemporaryDirectory(prefix="explain-error-", dir=ws.state_dir) as scratch:
-        result = explain_error.explain_bfloat16(stage_input, stage_output, source, planned[stage].options, samples,
-                                                rtol, atol, "tpu" in chain, Path(scratch))
+        if stage == "bfloat16":
+            result = explain_error.explain_bfloat16(stage_input, stage_output, source, planned[stage].options,
+                                                    samples, rtol, atol, "tpu" in chain, Path(scratch))
+        else:
+            quantize_context = StageContext(Path(recipe.root), {role: run.outputs[name].directory
+                                                                for role, name in planned[stage].consumes.items()})
+            result = explain_error.explain_quantize(stage_input, source, planned[stage].options, quantize_context,
+                                                    samples, rtol, atol, stage_output, Path(scratch))
     return lines + describe(result)
 
 
@@ -105,20 +107,21 @@ def describe(result: Any) -> list[str]:
              f"on {measured.worst_output} ({state})"]
     first = {key: errors for key, errors in result.first.items() if errors}
     if first:
-        lines.append(f"  where the error starts (first ops out of tolerance, of {result.compared} tensors compared):")
+        lines.append(f"  {result.ranking}, of {result.compared} compared):")
         for key, errors in sorted(first.items()):
             for error in errors:
-                lines.append(f"    {key}: {error.short_name} ({error.op}, {error.dtype}): max rel error "
-                             f"{error.max_rel_error:.3g}, adds {result.contributions.get(error.tensor, 0.0):.3g}")
+                added = result.contributions.get(error.tensor, 0.0)
+                lines.append(f"    {key + ': ' if key else ''}{error.short_name} ({error.op}, {error.dtype}): max rel error "
+                             f"{error.max_rel_error:.3g}" + (f", adds {added:.3g}" if result.stage == "bfloat16" else ""))
     elif not measured.passed:
-        lines.append(f"  no single op is out of tolerance ({result.compared} tensors compared): the error accumulates")
+        lines.append(f"  no single op is out of tolerance ({result.compared} compared): the error accumulates")
     for attempt in result.attempts:
         state = "within tolerance" if attempt.passed else "still out of tolerance"
-        lines.append(f"  tried {result.option}: [{', '.join(attempt.filterlist)}]: max rel error "
-                     f"{attempt.max_rel_error:.3g} on {attempt.worst_output} ({state})")
+        lines.append(f"  tried {result.change(attempt)}: max rel error {attempt.max_rel_error:.3g} on "
+                     f"{attempt.worst_output} ({state})")
     proposal = result.proposal
     if proposal is not None:
-        lines.append(f"  proposal: {result.option}: [{', '.join(proposal.filterlist)}]")
+        lines.append(f"  proposal: {result.change(proposal)}")
     if result.note:
         lines.append(f"  {result.note}")
     return lines

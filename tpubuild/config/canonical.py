@@ -107,10 +107,19 @@ def _converter(converter: dict[str, Any], tags: list[str], root: Path) -> dict[s
             "representative_datasets": {
                 key: _dataset(source, root) for key, source in quant.get("representative_datasets", {}).items()
             },
+            # Present only when set, so recipes without it keep their keys.
+            **({"unit_wise_quantization_specs": [_unit_spec(spec) for spec in quant["unit_wise_quantization_specs"]]}
+               if quant.get("unit_wise_quantization_specs") else {}),
             # A tpubuild extension (render leaves it out): present only when set.
             **({"allow_unquantized": True} if quant.get("allow_unquantized") else {}),
         }
     return out
+
+
+def _unit_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """A unit-wise quantization spec with its method spelled once (NO_QUANTIZE, the default)."""
+    units = [{k: unit[k] for k in ("op_type", "node_name", "func_name") if k in unit} for unit in spec["unit"]]
+    return {"unit": units, "method": spec.get("method", "NO_QUANTIZE").upper()}
 
 
 def _batch(entry: dict[str, Any]) -> dict[str, Any]:

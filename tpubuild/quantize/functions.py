@@ -496,11 +496,12 @@ def absorbed(model: SavedModel, functions: dict[str, str]) -> list[tuple[str, st
 
 def quantize_functions(
     src: Path, dst: Path, tags: list[str], functions: dict[str, str], method: str, op_set: str,
-    samples: dict[str, list[dict[str, Any]]],
+    samples: dict[str, list[dict[str, Any]]], unit_specs: list[dict[str, Any]] | None = None,
 ) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """Quantize each function of `functions` (name -> label) on its own; write the model to `dst`.
 
-    `samples` are the representative samples by signature key (STATIC_RANGE only).
+    `samples` are the representative samples by signature key (STATIC_RANGE only);
+    `unit_specs` the layers kept in float (the standalone model keeps the body's node names).
     Returns the quantizer's summary per function label, and the names of the float
     variables removed because only the replaced bodies read them.
     """
@@ -512,7 +513,7 @@ def quantize_functions(
     with tempfile.TemporaryDirectory(prefix="tpubuild-quantize-functions-") as scratch:
         for index, (fn, label) in enumerate(sorted(functions.items(), key=lambda item: item[1])):
             quantized, names, summary = _quantize_one(
-                source, fn, label, Path(scratch) / str(index), method, op_set, samples
+                source, fn, label, Path(scratch) / str(index), method, op_set, samples, unit_specs
             )
             body = flatten_signature(quantized, tags, names)
             graft(model, fn, body, referenced_library(body, quantized, tags))
@@ -528,7 +529,7 @@ def quantize_functions(
 
 def _quantize_one(
     source: SavedModel, fn: str, label: str, where: Path, method: str, op_set: str,
-    samples: dict[str, list[dict[str, Any]]],
+    samples: dict[str, list[dict[str, Any]]], unit_specs: list[dict[str, Any]] | None = None,
 ) -> tuple[saved_model_pb2.SavedModel, list[str], dict[str, Any]]:
     """Steps 1-3 for one function: its quantized standalone model, input names, summary."""
     from tpubuild.quantize.datasets import write_tfrecord
@@ -551,7 +552,7 @@ def _quantize_one(
             )
         datasets[STANDALONE_KEY] = where / "calibration.tfrecord"
         write_tfrecord(datasets[STANDALONE_KEY], STANDALONE_KEY, captured)
-    options = quantization.build_options(method, tags, [STANDALONE_KEY], op_set, datasets)
+    options = quantization.build_options(method, tags, [STANDALONE_KEY], op_set, datasets, unit_specs)
     try:
         log = quantization.run_quantizer(where / "standalone", where / "quantized", options)
     except quantization.QuantizerFailed as exc:

@@ -22,6 +22,7 @@ METHODS = {
     "STATIC_RANGE": "METHOD_STATIC_RANGE_INT8",
     "DYNAMIC_RANGE": "METHOD_DYNAMIC_RANGE_INT8",
     "WEIGHT_ONLY": "METHOD_STATIC_RANGE_WEIGHT_ONLY_INT8",
+    "NO_QUANTIZE": "METHOD_NO_QUANTIZE",  # unit-wise specs only: the layers they name stay float
 }
 OP_SETS = {"XLA": qpb.XLA, "TF": qpb.TF, "UNIFORM_QUANTIZED": qpb.UNIFORM_QUANTIZED, "STABLEHLO": qpb.STABLEHLO}
 SUMMARY_START = "-------- Quantization Summary --------"
@@ -36,11 +37,25 @@ class QuantizerFailed(Exception):
 
 
 def build_options(
-    method: str, tags: list[str], signature_keys: list[str], op_set: str, datasets: dict[str, Path]
+    method: str, tags: list[str], signature_keys: list[str], op_set: str, datasets: dict[str, Path],
+    unit_specs: list[dict[str, Any]] | None = None,
 ) -> Any:
-    """QuantizationOptions for one of tpubuild's method names; datasets are TFRecord paths."""
+    """QuantizationOptions for one of tpubuild's method names; datasets are TFRecord paths;
+    `unit_specs` are the recipe's unit_wise_quantization_specs (layers kept in float)."""
     Q = tf.quantization.experimental
+    # TF's quantizer matches a unit's node_name and func_name against each quantizable op's
+    # name and function as whole-string patterns (selective quantization in
+    # tensorflow/compiler/mlir/quantization/tensorflow/passes/lift_quantizable_spots_as_functions.cc).
+    specs = [
+        qpb.UnitWiseQuantizationSpec(
+            unit=[qpb.UnitWiseQuantizationSpec.QuantizationUnit(**unit) for unit in spec["unit"]],
+            quantization_method=Q.QuantizationMethod(
+                preset_method=getattr(Q.QuantizationMethod.PresetMethod, METHODS[spec["method"]])),
+        )
+        for spec in unit_specs or []
+    ]
     return Q.QuantizationOptions(
+        unit_wise_quantization_specs=specs,
         quantization_method=Q.QuantizationMethod(
             preset_method=getattr(Q.QuantizationMethod.PresetMethod, METHODS[method])
         ),

@@ -128,9 +128,8 @@ def headroom_lines(verify: dict[str, Any]) -> list[str]:
     share = max(shares, default=0.0)
     if share < CLOSE_TO_TOLERANCE:
         return []
-    where = ("`tpubuild explain-error` names the ops where the error starts"
-             if tol["kind"] == "bfloat16" else "a smaller error needs layers kept in float")
-    return [f"Close to the tolerance: the worst output's error is {share:.0%} of its bound; {where}."]
+    return [f"Close to the tolerance: the worst output's error is {share:.0%} of its bound; "
+            "`tpubuild explain-error` names the ops where the error starts."]
 
 
 def _quantization_lines(quant: dict[str, Any] | None) -> list[str]:

@@ -97,6 +97,7 @@ def _quantize_kept(
         per_function, removed = quantize_functions(
             input_dir, output_dir, options["tags"], kept, options["method"], options["op_set"],
             {key: samples[key] for key in options["signature_keys"] if key in samples},
+            options.get("unit_wise_quantization_specs"),
         )
     # The float variables only the replaced bodies read, removed from the artifact.
     total: dict[str, Any] = {"layers": {}, "counts": {}, "text": [], "functions": {}, "removed_variables": removed}
@@ -138,6 +139,7 @@ def _quantize(model: Any, input_dir: Path, output_dir: Path, options: dict[str, 
             quant_options = quantization.build_options(
                 options["method"], options["tags"], options["signature_keys"], options["op_set"],
                 paths if options["method"] == "STATIC_RANGE" else {},
+                options.get("unit_wise_quantization_specs"),
             )
             summary = quantization.quantize(input_dir, output_dir, quant_options)
     except quantization.QuantizerFailed as exc:

@@ -83,10 +83,10 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     try:
         raise_on_failure(errors, rtol, atol)
     except StageError as exc:
-        if "bfloat16" not in applied:
+        if "bfloat16" not in applied and "quantize" not in applied:
             raise
         raise StageError(f"{exc}; `tpubuild explain-error` on this recipe names the ops where it starts and the "
-                         "filterlist that fixes it") from None
+                         "recipe change that fixes it") from None
     # What is published must load where it is served, not only in TF2's loader.
     check_serving_load(input_dir, tags, "the TPU SavedModel")
     warnings = [f"signature {k!r} is not in the artifact; not verified" for k in dropped]

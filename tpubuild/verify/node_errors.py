@@ -108,7 +108,7 @@ def compare_nodes(reference_dir: Path, candidate_dir: Path, tags: list[str], key
             ref_values = ref_session.run(fetches, {reference.inputs[k]: v for k, v in sample.items()})
             cand_values = cand_session.run(fetches, {candidate.inputs[k]: v for k, v in sample.items()})
             for error, ref, got in zip(errors, ref_values, cand_values):
-                _accumulate(error, np.asarray(ref), np.asarray(got))
+                accumulate(error, np.asarray(ref), np.asarray(got))
     return errors
 
 
@@ -171,7 +171,8 @@ def _topological(graph: tf.Graph) -> list[tf.Operation]:
     return out
 
 
-def _accumulate(error: NodeError, ref: np.ndarray, got: np.ndarray) -> None:
+def accumulate(error: NodeError, ref: np.ndarray, got: np.ndarray) -> None:
+    """Fold one sample's reference and candidate values into the tensor's errors."""
     ref64, got64 = ref.astype(np.float64), got.astype(np.float64)
     if ref64.shape != got64.shape:
         error.max_abs_error = float("inf")  # a rewrite changed the shape: cannot be compared
