@@ -2,7 +2,8 @@
 
 Builds, with `tpubuild build` in a fresh workspace, a 256-wide dense model (three layers,
 weights in its TPU function) placed by function alias, by concrete function name and by
-signature, each with static-range, dynamic-range and weight-only int8, and a Keras
+signature, each with static-range, dynamic-range and weight-only int8, by alias in
+bfloat16, and a Keras
 MobileNetV2 (weights=None, 96x96) with static-range int8 placed by signature. Then reads
 the example recipes' published reports (run `tpubuild build` at the repository root
 first). Prints, per build: source and artifact size on disk, their ratio, float32
@@ -89,6 +90,9 @@ def images():
 
 
 def recipe(name: str, source: str, placement: str, method: str, generator: str) -> str:
+    if method == "BFLOAT16":  # the TPU function in bfloat16 instead of int8
+        return (f"name: {name}\nmodel: {{saved_model: {source}}}\nconverter:\n  tpu_functions:\n    - {placement}\n"
+                "  bfloat16_optimization: ENABLED\n")
     dataset = (f"    representative_datasets:\n      serving_default: {{generator: \"data_gen:{generator}\", "
                "num_samples: 16}\n") if method == "STATIC_RANGE" else ""
     return (f"name: {name}\nmodel: {{saved_model: {source}}}\nconverter:\n  tpu_functions:\n    - {placement}\n"
@@ -151,6 +155,10 @@ def main() -> None:
                     name = f"wide-{where}-{method.lower().replace('_', '-')}"
                     (ws / "recipes" / f"{name}.yaml").write_text(recipe(name, "../models/wide", placement, method, "wide"))
                     builds.append(name)
+            if not args.keras_only:
+                (ws / "recipes" / "wide-alias-bfloat16.yaml").write_text(
+                    recipe("wide-alias-bfloat16", "../models/wide", placements["alias"], "BFLOAT16", "wide"))
+                builds.append("wide-alias-bfloat16")
             if not args.skip_keras:
                 subprocess.run([sys.executable, "export.py", "cnn", str(ws / "models" / "cnn")], cwd=ws, check=True,
                                capture_output=True)

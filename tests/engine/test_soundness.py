@@ -330,3 +330,35 @@ verify: {samples: 4}
     assert rows["dataset"] == "built" and rows["quantize"] == "built"
     assert [rows[s] for s in ("tpu", "bfloat16", "io_shape")] == ["cached"] * 3
     assert rows["verify"] == "built"
+
+
+def test_user_code_runs_from_its_source_never_from_a_bytecode_cache(make_workspace):
+    """A `.pyc` in the workspace that Python would accept for helper.py (same source size and
+    mtime, as after a same-size edit within one second or a checkout that restores mtimes)
+    holds other code: the export must run the source it read and hashed, and the build must
+    write no `__pycache__` into the workspace. Installed packages keep their caches."""
+    import importlib.util
+    import py_compile
+
+    ws = make_workspace({"tiny": export_recipe("tiny")})
+    helper = ws / "recipes" / "models" / "helper.py"
+    stat = helper.stat()
+    forged = Path(importlib.util.cache_from_source(str(helper)))
+    helper.write_text("SCALE = 9.0\n")  # same size as "SCALE = 2.0\n"
+    os.utime(helper, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    py_compile.compile(str(helper), cfile=str(forged), invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP)
+    helper.write_text("SCALE = 2.0\n")
+    os.utime(helper, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    # Python itself would take the forged file: the check this test guards against is real.
+    spec = importlib.util.spec_from_file_location("helper_probe", helper)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    assert probe.SCALE == 9.0
+    forged_bytes = forged.read_bytes()
+
+    doc = build_json(ws)
+    assert statuses(doc, "tiny")["export"] == "built"
+    version = ws / "out" / "tiny" / "1"
+    np.testing.assert_allclose(_serve(version, np.array([[1.0, 1.0]], np.float32)), [[3.0]])  # 1 + SCALE (2.0)
+    assert forged.read_bytes() == forged_bytes  # left as the user had it, never rewritten
+    assert [p for p in (ws / "recipes").rglob("__pycache__") if p != forged.parent] == []

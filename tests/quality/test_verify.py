@@ -70,7 +70,8 @@ def test_too_tight_tolerance_fails_with_the_measured_error(runner: Runner, dense
     match = re.fullmatch(
         r"signature 'serving_default' output 'logits' differs from the source: "
         r"max abs error (\S+) > (\S+) \(atol 1e-05 \+ rtol 0\.0001 x max\|output\| (\S+)\); "
-        r"max rel error (\S+), (\d+)/80 elements outside, argmax agreement (\S+)%",
+        r"max rel error (\S+), (\d+)/80 elements outside, argmax agreement (\S+)%; "
+        r"`tpubuild explain-error` on this recipe names the ops where it starts and the recipe change that fixes it",
         message,
     )
     assert match, message

@@ -3,9 +3,13 @@
 In a fresh worker process (one per run of a stage that runs user code), every source
 file Python reads through its import system is hashed *as it is read*, so the record
 holds the content that was actually executed even if the file is edited while the stage
-runs; the next build compares it with the file's current content. Bytecode caches are
-sent to an empty directory (PYTHONPYCACHEPREFIX) so no module is loaded from a `.pyc`
-whose source was never read.
+runs; the next build compares it with the file's current content. The user's own modules
+(those recorded) are always compiled from the source just read and hashed, never loaded
+from or written to a bytecode cache, so no module of theirs runs from a `.pyc` whose
+source was never read and no `__pycache__` appears in the workspace. Installed code
+(TensorFlow, Keras ...) keeps its bytecode caches: it is keyed by version, not by
+content, and compiling it from source in every export worker cost seconds per build
+(`import tensorflow, keras`: 6 s with its caches, 15 s without, on 2 cores).
 """
 
 from __future__ import annotations
@@ -135,7 +139,19 @@ def install(workspace: Path) -> None:
                 _recorded[name] = hash_bytes(data)
         return data
 
+    original_get_code = loader.get_code
+
+    def get_code(self: importlib.machinery.SourceFileLoader, fullname: str):  # type: ignore[no-untyped-def]
+        path = self.get_filename(fullname)
+        if path.endswith(".py") and _input_name(path) is not None:
+            # A recorded input: compiled from the bytes get_data hashes, bypassing
+            # __pycache__ both ways (importlib's SourceLoader.get_code would read a .pyc
+            # whose source it never opens, and write one into the workspace).
+            return self.source_to_code(self.get_data(path), path)
+        return original_get_code(self, fullname)
+
     loader.get_data = get_data  # type: ignore[method-assign]
+    loader.get_code = get_code  # type: ignore[method-assign]
     sys.meta_path.insert(0, _NegativeLookups())  # type: ignore[arg-type]
 
 

@@ -86,11 +86,9 @@ class WorkerPool:
             return worker
 
     def _fresh(self, workspace: Path) -> Worker:
-        pycache = tempfile.mkdtemp(prefix="tpubuild-pycache-")
-        env = dict(self.env, TPUBUILD_RECORD_IMPORTS=str(workspace), PYTHONPYCACHEPREFIX=pycache)
-        worker = self._new(env)
-        worker.cleanup.append(pycache)
-        return worker
+        """A worker that records the imports of user code (engine/imports.py compiles the
+        recorded modules from source; installed packages keep their bytecode caches)."""
+        return self._new(dict(self.env, TPUBUILD_RECORD_IMPORTS=str(workspace)))
 
     def _acquire(self) -> Worker:
         while True:

@@ -64,9 +64,11 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
         raise StageError("nothing to verify: no signature of the source is in the artifact")
     with tempfile.TemporaryDirectory(prefix=".twin-", dir=output_dir) as scratch:
         runnable = _runnable(input_dir, Path(scratch), tags, "tpu" in applied)
+        pair = compare.ModelPair(source_dir, runnable, tags)
+
         def compare_on(samples: dict[str, list[dict[str, Any]]]) -> list[Any]:
             try:
-                return compare.compare_models(source_dir, runnable, tags, samples, rtol, atol)
+                return pair.compare(samples, rtol, atol)
             except ValueError as exc:
                 raise StageError(str(exc)) from None
 

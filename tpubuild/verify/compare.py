@@ -122,17 +122,29 @@ def _compare(key: str, name: str, ref: np.ndarray, got: np.ndarray, rtol: float,
     )
 
 
+class ModelPair:
+    """The source and the artifact, each loaded once for every comparison made on them
+    (verify compares on the verdict's samples, then on random inputs: loading a ResNet50
+    twice more cost seconds)."""
+
+    def __init__(self, source: Path, artifact: Path, tags: list[str]):
+        self.reference = tf.saved_model.load(str(source), tags=tags)
+        self.candidate = tf.saved_model.load(str(artifact), tags=tags)
+
+    def compare(self, samples_by_key: dict[str, list[Sample]], rtol: float, atol: float) -> list[OutputError]:
+        """Every output of the signatures sampled, compared."""
+        errors = []
+        for key, samples in sorted(samples_by_key.items()):
+            if key not in self.candidate.signatures:
+                raise ValueError(f"the artifact has no signature {key!r}")
+            reference = run_signature(self.reference, key, samples)
+            candidate = run_signature(self.candidate, key, samples)
+            errors.extend(compare_outputs(key, reference, candidate, rtol, atol))
+        return errors
+
+
 def compare_models(
     source: Path, artifact: Path, tags: list[str], samples_by_key: dict[str, list[Sample]], rtol: float, atol: float
 ) -> list[OutputError]:
     """Load both SavedModels and compare every output of the signatures sampled."""
-    reference_model = tf.saved_model.load(str(source), tags=tags)
-    candidate_model = tf.saved_model.load(str(artifact), tags=tags)
-    errors = []
-    for key, samples in sorted(samples_by_key.items()):
-        if key not in candidate_model.signatures:
-            raise ValueError(f"the artifact has no signature {key!r}")
-        reference = run_signature(reference_model, key, samples)
-        candidate = run_signature(candidate_model, key, samples)
-        errors.extend(compare_outputs(key, reference, candidate, rtol, atol))
-    return errors
+    return ModelPair(source, artifact, tags).compare(samples_by_key, rtol, atol)
