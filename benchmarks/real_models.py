@@ -206,7 +206,7 @@ def main() -> None:
         stale.unlink()  # this script's own recipes from an earlier --keep run
     for name in wanted:  # all first: a build validates every recipe of the workspace
         (ws / "recipes" / f"{name}.yaml").write_text(RECIPES[name][1] % {"calibration": args.calibration})
-    for name in wanted:
+    for name in wanted:  # every source before any build: a build validates every recipe
         model = RECIPES[name][0]
         source = ws / "sources" / model
         if not source.exists():
@@ -217,7 +217,9 @@ def main() -> None:
         if name == "bert_base_text" and not (ws / "data" / "text.tfrecord").exists():
             subprocess.run([sys.executable, "recipes/exports.py", "write_text_samples", "data/text.tfrecord"],
                            cwd=ws, check=True, env=quiet, capture_output=True)
-
+    for name in wanted:
+        model = RECIPES[name][0]
+        source = ws / "sources" / model
         floor_dir = ws / "floor" / model
         shutil.rmtree(floor_dir, ignore_errors=True)
         floor_s, floor_rss, floor = _measured(
