@@ -136,3 +136,45 @@ def test_a_version_signed_with_a_certificate_verifies_against_its_chain_only(tmp
     assert done.returncode == 1
     [line] = done.stderr.strip().splitlines()
     assert line.startswith(f"{version}: model.sig: its certificate is not issued by the given chain"), line
+
+
+def test_target_versions_carry_their_own_statement_and_signature(tmp_path, tiny_saved_model) -> None:  # noqa: F811
+    """`out/<recipe>/<target>/<N>/` is a published version too (TF Serving serves it from
+    its own base path): it gets its own statement over its files, naming the target, and
+    its own signature; `tpubuild verify` checks it alone. A rebuild with nothing changed
+    publishes nothing new: the two files are tpubuild's own, never taken as foreign."""
+    private, public = key_pair(tmp_path, "ci")
+    recipe = source_recipe("toy") + "targets:\n  cpu_savedmodel: {}\n"
+    ws = write_workspace(tmp_path / "ws", tiny_saved_model, {"toy": recipe})
+    with open(ws / "tpubuild.yaml", "a") as f:
+        f.write(f"signing: {{key: {private}}}\n")
+    done = tpubuild(ws, "build")
+    assert done.returncode == 0, done.stderr
+    target = ws / "out" / "toy" / "cpu_savedmodel" / "1"
+    statement = json.loads((target / "tpubuild-provenance.json").read_text())
+    subjects = {s["name"]: s["digest"]["sha256"] for s in statement["subject"]}
+    on_disk = {p.relative_to(target).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+               for p in target.rglob("*")
+               if p.is_file() and p.name not in ("tpubuild-provenance.json", "model.sig", "tpubuild-manifest.json")}
+    assert subjects == on_disk and "saved_model.pb" in subjects
+    assert statement["predicate"]["buildDefinition"]["externalParameters"]["target"] == "cpu_savedmodel"
+    assert statement["predicate"]["runDetails"]["metadata"]["invocationId"] == "toy/cpu_savedmodel/1"
+    main = json.loads((ws / "out" / "toy" / "1" / "tpubuild-provenance.json").read_text())
+    assert "target" not in main["predicate"]["buildDefinition"]["externalParameters"]
+
+    checked = tpubuild(ws, "verify", str(target), "--key", str(public))
+    assert checked.returncode == 0, checked.stderr
+    again = tpubuild(ws, "build")
+    assert again.returncode == 0, again.stderr
+    assert sorted(p.name for p in (ws / "out" / "toy").iterdir() if p.name.isdigit()) == ["1"]
+
+    copy = tmp_path / "copy"
+    shutil.copytree(target, copy)
+    changed = copy / "saved_model.pb"
+    os.chmod(changed, 0o644)
+    data = bytearray(changed.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    changed.write_bytes(bytes(data))
+    failed = tpubuild(ws, "verify", str(copy), "--key", str(public))
+    assert failed.returncode == 1
+    assert f"{copy}: model.sig: saved_model.pb differs from what was signed" in failed.stderr.splitlines()

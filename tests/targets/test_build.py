@@ -27,8 +27,9 @@ def test_publishes_the_cpu_savedmodel_beside_the_tpu_version(targets_built):
     assert sorted(os.listdir(out / "cpu_savedmodel")) == ["1"]
     cpu = out / "cpu_savedmodel" / "1"
     # The warmup requests of the batching recipe go into every SavedModel it serves.
+    # Its own provenance statement too: a target version is served from its own base path.
     assert sorted(os.listdir(cpu)) == ["assets.extra", "fingerprint.pb", "saved_model.pb", "tpubuild-manifest.json",
-                                       "variables"]
+                                       "tpubuild-provenance.json", "variables"]
     # The main manifest lists every target file with its digest, and they are the files there.
     manifest = json.loads((out / "1" / "tpubuild-manifest.json").read_text())
     from tpubuild.engine.hashing import hash_file

@@ -337,12 +337,13 @@ class Engine:
                                            link_type=self.link_type,
                                            warn=lambda m: self.errors(f"warning: {m}"), finish=self._attest)
 
-    def _attest(self, version_dir: Path, manifest: dict[str, Any]) -> None:
-        """The provenance statement of a version, and its signature when the workspace
-        names a signing key (tpubuild/provenance/)."""
+    def _attest(self, version_dir: Path, manifest: dict[str, Any], target: str | None = None) -> None:
+        """The provenance statement of a version (the main one, or a target version when
+        `target` names it), and its signature when the workspace names a signing key
+        (tpubuild/provenance/)."""
         from tpubuild.provenance import statement
 
-        statement.write(version_dir, manifest, self.remote.url if self.remote is not None else None)
+        statement.write(version_dir, manifest, self.remote.url if self.remote is not None else None, target)
         key = getattr(self.ws, "signing_key", None)
         if key is None:
             return

@@ -21,7 +21,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from tpubuild.atomic import fsync_path
 from tpubuild.engine.fsutil import place_file
@@ -91,9 +91,11 @@ def write_manifest(recipe_dir: Path, number: int | str, manifest: dict[str, Any]
 
 
 def write_version(target_dir: Path, number: int, files: list[tuple[str, tuple[FileEntry, Path]]],
-                  manifest: dict[str, Any], link_type: str) -> Path:
-    """Write `<target_dir>/<number>/` atomically and durably; returns it. The caller
-    removes the temp directory on failure (it is returned through `made`)."""
+                  manifest: dict[str, Any], link_type: str,
+                  finish: Callable[[Path], None] | None = None) -> Path:
+    """Write `<target_dir>/<number>/` atomically and durably; returns it. `finish(dir)`
+    runs on the temp directory once its files and manifest are written, before the rename
+    (the provenance statement and the signature, as for a main version)."""
     target_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target_dir))
     try:
@@ -108,6 +110,8 @@ def write_version(target_dir: Path, number: int, files: list[tuple[str, tuple[Fi
             f.write(manifest_bytes(manifest))
             f.flush()
             os.fsync(f.fileno())
+        if finish is not None:
+            finish(tmp)
         os.chmod(tmp, 0o755)
         for directory in sorted(made, key=lambda p: -len(p.parts)):
             fsync_path(directory)

@@ -166,14 +166,15 @@ def publish(
     stat_cache: StatCache | None = None,
     link_type: str = "copy",
     warn: Callable[[str], None] | None = None,
-    finish: Callable[[Path, dict[str, Any]], None] | None = None,
+    finish: Callable[[Path, dict[str, Any], str | None], None] | None = None,
 ) -> int:
     """Write a new version from (entry, object path) pairs and the manifest; returns N.
     `link_type`: "copy" (reflink or copy, the default) or "hardlink" (module docstring).
     Files named `<target>/<path>` for a target in `manifest["targets"]` go to the target
     version `<recipe>/<target>/<N>/`, written before the main version. `finish(dir,
-    manifest)` runs on the main version's temp directory once its files and manifest are
-    written, before the rename: it adds the provenance statement and the signature."""
+    manifest, target)` runs on each version's temp directory (the main one's with target
+    None) once its files and manifest are written, before the rename: it adds the
+    provenance statement and the signature."""
     targets = sorted(manifest.get("targets") or {})
     files, target_files = target_versions.split(files, targets)
     try:
@@ -187,8 +188,10 @@ def publish(
         number = max([0, *version_numbers(recipe_dir), *(n for t in targets for n in target_versions.numbers(recipe_dir / t))]) + 1
         manifest = dict(manifest, version=number)
         for target in targets:
+            sealed = None if finish is None else (lambda d, t=target: finish(d, manifest, t))
             written.append(target_versions.write_version(recipe_dir / target, number, target_files[target],
-                                                  target_versions.target_manifest(manifest, target), link_type))
+                                                         target_versions.target_manifest(manifest, target),
+                                                         link_type, sealed))
         made = {tmp}
         for entry, obj in files:
             target = tmp / entry.path
@@ -202,7 +205,7 @@ def publish(
             f.flush()
             os.fsync(f.fileno())
         if finish is not None:
-            finish(tmp, manifest)
+            finish(tmp, manifest, None)
         os.chmod(tmp, 0o755)
         for directory in sorted(made, key=lambda p: -len(p.parts)):
             fsync_path(directory)
@@ -283,7 +286,7 @@ def not_published_reason(version_dir: Path, recipe: str, target: str | None = No
         rel_dir = os.path.relpath(dirpath, version_dir)
         for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
             present.add(name if rel_dir == "." else Path(rel_dir, name).as_posix())
-    present -= OWN_FILES if target is None else {MANIFEST}  # the files that describe the version
+    present -= OWN_FILES  # the files that describe the version (a target version has its statement and signature too)
     if present != listed:
         extra = sorted(present - listed)
         what = f"files its {MANIFEST} does not list ({', '.join(extra[:3])})" if extra else \

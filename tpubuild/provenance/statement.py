@@ -49,8 +49,10 @@ def sha256_files(directory: Path, skip: set[str]) -> dict[str, str]:
     return found
 
 
-def statement(subjects: dict[str, str], manifest: dict[str, Any], remote_url: str | None) -> dict[str, Any]:
-    """The in-toto statement for files `subjects` (path -> sha256) built as `manifest` says."""
+def statement(subjects: dict[str, str], manifest: dict[str, Any], remote_url: str | None,
+              target: str | None = None) -> dict[str, Any]:
+    """The in-toto statement for files `subjects` (path -> sha256) built as `manifest` (the
+    main version's) says; `target` names the serving target when they are a target version's."""
     inputs = manifest.get("inputs", {})
     return {
         "_type": "https://in-toto.io/Statement/v1",
@@ -62,6 +64,7 @@ def statement(subjects: dict[str, str], manifest: dict[str, Any], remote_url: st
                 "externalParameters": {
                     "recipe": {"path": manifest["recipe_file"], "name": manifest["recipe"],
                                "canonicalDigest": manifest["recipe_digest"]},
+                    **({"target": target} if target else {}),
                 },
                 "internalParameters": {
                     "stages": [{"stage": s["stage"], "key": s["key"], "output": s["output"]}
@@ -76,17 +79,19 @@ def statement(subjects: dict[str, str], manifest: dict[str, Any], remote_url: st
             },
             "runDetails": {
                 "builder": {"id": BUILDER, "version": {"tpubuild": manifest.get("tpubuild", "")}},
-                "metadata": {"invocationId": f"{manifest['recipe']}/{manifest.get('version', '')}"},
+                "metadata": {"invocationId": "/".join([manifest["recipe"], *([target] if target else []),
+                                                        str(manifest.get("version", ""))])},
             },
         },
     }
 
 
-def write(directory: Path, manifest: dict[str, Any], remote_url: str | None) -> None:
+def write(directory: Path, manifest: dict[str, Any], remote_url: str | None, target: str | None = None) -> None:
     """Write the statement over the files of `directory` the manifest lists (the manifest
-    itself holds the build time, so it is not a subject: its content is the predicate)."""
+    itself holds the build time, so it is not a subject: its content is the predicate).
+    `directory` is target `target`'s version when it is given."""
     subjects = sha256_files(directory, {PROVENANCE, SIGNATURE, MANIFEST})
-    data = json.dumps(statement(subjects, manifest, remote_url), indent=2, sort_keys=True) + "\n"
+    data = json.dumps(statement(subjects, manifest, remote_url, target), indent=2, sort_keys=True) + "\n"
     with open(directory / PROVENANCE, "w") as f:
         f.write(data)
         f.flush()
