@@ -31,6 +31,17 @@ def key_pair(directory: Path, name: str) -> tuple[Path, Path]:
     return private, public
 
 
+def copy_with_one_byte_changed(version: Path, copy: Path) -> Path:
+    """A copy of a published version whose saved_model.pb differs in one bit."""
+    shutil.copytree(version, copy)
+    changed = copy / "saved_model.pb"
+    os.chmod(changed, 0o644)
+    data = bytearray(changed.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    changed.write_bytes(bytes(data))
+    return copy
+
+
 def pem_key(key):
     return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
 
@@ -101,13 +112,7 @@ def test_verify_passes_on_a_fresh_version_and_names_a_changed_byte(signed, tmp_p
     done = tpubuild(version.parents[2], "verify", str(version), "--key", str(public))
     assert done.returncode == 0, done.stderr
     assert "every file matches its manifest and its signature" in done.stdout
-    copy = tmp_path / "copy"
-    shutil.copytree(version, copy)
-    target = copy / "saved_model.pb"
-    os.chmod(target, 0o644)
-    data = bytearray(target.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    target.write_bytes(bytes(data))
+    copy = copy_with_one_byte_changed(version, tmp_path / "copy")
     done = tpubuild(version.parents[2], "verify", str(copy), "--key", str(public))
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
@@ -168,13 +173,7 @@ def test_target_versions_carry_their_own_statement_and_signature(tmp_path, tiny_
     assert again.returncode == 0, again.stderr
     assert sorted(p.name for p in (ws / "out" / "toy").iterdir() if p.name.isdigit()) == ["1"]
 
-    copy = tmp_path / "copy"
-    shutil.copytree(target, copy)
-    changed = copy / "saved_model.pb"
-    os.chmod(changed, 0o644)
-    data = bytearray(changed.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    changed.write_bytes(bytes(data))
+    copy = copy_with_one_byte_changed(target, tmp_path / "copy")
     failed = tpubuild(ws, "verify", str(copy), "--key", str(public))
     assert failed.returncode == 1
     assert f"{copy}: model.sig: saved_model.pb differs from what was signed" in failed.stderr.splitlines()
