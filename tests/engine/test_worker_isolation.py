@@ -83,3 +83,33 @@ def test_the_users_home_does_not_reach_a_stage(make_workspace, tmp_path):
                             timeout=300, env={**os.environ, "PYTHONPATH": str(REPO), "HOME": str(home)})
     assert result.returncode == 0, result.stderr
     assert not [p for p in (ws / ".tpubuild" / "logs").iterdir() if "-home-" in p.name], "a worker's home was left"
+
+
+def test_a_worker_runs_only_stages_that_load_the_libraries_it_loaded(tmp_path):
+    """Ops a worker registered (op_libraries) stay registered: it is reused for stages
+    loading exactly the same installed modules (BERT behind tensorflow_text: one worker for
+    all its stages instead of one per stage), never for a stage loading others or none
+    (that stage could pass there and fail in a fresh worker), and never after a `.so`
+    (its file may change between two stages). Real worker processes."""
+    from tpubuild.engine.keys import worker_env
+    from tpubuild.engine.workers import WorkerPool, loaded_libraries
+
+    text = {"options": {"op_libraries": [{"module": "tensorflow_text", "version": "2.21.1"}]}}
+    none = {"options": {}}
+    shared = {"options": {"op_libraries": [{"module": "tensorflow_text", "version": "2.21.1"},
+                                           {"library": "ops/custom.so"}]}}
+    assert loaded_libraries(none) == () and loaded_libraries(shared) is None
+    pool = WorkerPool(1, tmp_path / "logs", worker_env())
+    try:
+        first = pool._acquire(loaded_libraries(text))
+        first.libraries = loaded_libraries(text)  # what run() records after its stage
+        pool.idle.put(first)
+        assert pool._acquire(loaded_libraries(text)) is first  # the same libraries: reused
+        pool.idle.put(first)
+        other = pool._acquire(loaded_libraries(none))  # none loaded: not that worker
+        assert other is not first and other.libraries == ()
+        assert first.proc.wait(timeout=30) is not None  # closed to make room (pool size 1)
+        pool.idle.put(other)
+        assert pool._acquire(loaded_libraries(text)) is other  # a clean worker takes any
+    finally:
+        pool.close(kill=True)

@@ -51,6 +51,16 @@ class StageTimeout(StageError):
     pass
 
 
+def loaded_libraries(request: dict[str, Any]) -> tuple[str, ...] | None:
+    """What a stage's op_libraries leave registered in its worker: the installed modules
+    (name and version, fixed for a build), or None when a `.so` is among them (its file may
+    change between two stages, so that worker is never reused)."""
+    entries = request["options"].get("op_libraries") or []
+    if any("module" not in entry for entry in entries):
+        return None
+    return tuple(sorted(json.dumps(entry, sort_keys=True) for entry in entries))
+
+
 class WorkerPool:
     """At most `size` workers, started lazily: a build where everything is cached starts none."""
 
@@ -66,16 +76,18 @@ class WorkerPool:
     def run(self, request: dict[str, Any], timeout: float | None, fresh_in: Path | None = None) -> dict[str, Any]:
         """Run one stage; `fresh_in` (the workspace) asks for a fresh worker that records
         the workspace modules the stage imports and exits afterwards."""
+        libraries = loaded_libraries(request)
         with self.slots:
-            worker = self._fresh(fresh_in) if fresh_in is not None else self._acquire()
+            worker = self._fresh(fresh_in) if fresh_in is not None else self._acquire(libraries)
             try:
                 reply = worker.call(request, timeout)
             except BaseException:
                 worker.kill()
                 raise
-            if fresh_in is not None or not reply.get("reusable", True):
+            if fresh_in is not None or libraries is None or not reply.get("reusable", True):
                 worker.close()
             else:
+                worker.libraries = libraries
                 self.idle.put(worker)
             return reply
 
@@ -90,14 +102,27 @@ class WorkerPool:
         recorded modules from source; installed packages keep their bytecode caches)."""
         return self._new(dict(self.env, TPUBUILD_RECORD_IMPORTS=str(workspace)))
 
-    def _acquire(self) -> Worker:
-        while True:
-            try:
-                worker = self.idle.get_nowait()
-            except queue.Empty:
-                return self._new(self.env)
-            if worker.proc.poll() is None:
-                return worker
+    def _acquire(self, libraries: tuple[str, ...] | None) -> Worker:
+        """An idle worker that has loaded exactly `libraries` (or none yet), else a new one.
+        A worker's registered ops stay registered: one that loaded other libraries must not
+        run this stage (it could succeed there and fail in a fresh worker), so it is closed
+        to make room instead."""
+        with self.lock:
+            waiting = []
+            while True:
+                try:
+                    waiting.append(self.idle.get_nowait())
+                except queue.Empty:
+                    break
+            alive = [w for w in waiting if w.proc.poll() is None]
+            match = next((w for w in alive if w.libraries == libraries), None) or \
+                next((w for w in alive if w.libraries == ()), None)
+            others = [w for w in alive if w is not match]
+            if match is None and others:
+                others.pop(0).close()
+            for worker in others:
+                self.idle.put(worker)
+        return match if match is not None else self._new(self.env)
 
     def close(self, kill: bool = False) -> None:
         for worker in self.all:
@@ -126,6 +151,7 @@ class Worker:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = log_path
         self.cleanup: list[str] = []
+        self.libraries: tuple[str, ...] = ()  # the op_libraries this worker has loaded (registered ops stay)
         # A private, empty directory as working directory and HOME, and `-P`: the directory
         # the build was started from is not on the worker's sys.path, so a `json.py` or
         # `helper.py` there is never imported (unkeyed, and someone else's code), and no
@@ -244,11 +270,9 @@ def handle(request: dict[str, Any]) -> dict[str, Any]:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         return {"ok": False, "reusable": False, "error": f"op_libraries: loading failed: {type(exc).__name__}: {first}",
                 "detail": traceback.format_exc()}
+    # Registered ops stay registered: the pool gives this worker only stages that load the
+    # same libraries (WorkerPool._acquire, loaded_libraries).
     reply = _run_stage(function, request, context)
-    if libraries:
-        # Registered ops stay registered: a stage of another recipe must not succeed here
-        # and fail in a fresh worker.
-        reply["reusable"] = False
     if not reply["ok"]:
         message = op_libraries.unregistered_op_message(str(reply.get("error", "")), libraries)
         if message:
