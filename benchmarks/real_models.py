@@ -179,12 +179,66 @@ def _measured(argv: list[str], cwd: Path) -> tuple[float, float, subprocess.Comp
     return data["s"], data["rss"] / 1024, subprocess.CompletedProcess(argv, data["rc"], data["out"], data["err"])
 
 
+# The verify goal's reference: the source run once over the verification samples as one
+# batch in a fresh process (load, then one call), seconds of the call and of the load; the
+# twin costs about the same again. Samples as verify draws them: the recipe's TFRecord,
+# else `verify.samples` random inputs (the benchmark's recipes set 8).
+VERIFY_REFERENCE = """
+import sys, time
+import numpy as np
+import tensorflow as tf
+if sys.argv[3] == "text":
+    import tensorflow_text  # noqa: F401
+    from tpubuild.quantize.datasets import read_tfrecord
+    from pathlib import Path
+    samples = list(read_tfrecord(Path(sys.argv[2]), "reference"))
+    batch = {k: np.concatenate([s[k] for s in samples]) for k in samples[0]}
+else:
+    batch = {"images": np.random.default_rng(0).uniform(size=(int(sys.argv[2]), 224, 224, 3)).astype("float32")}
+t = time.perf_counter()
+model = tf.saved_model.load(sys.argv[1])
+loaded = time.perf_counter() - t
+t = time.perf_counter()
+model.signatures["serving_default"](**{k: tf.constant(v) for k, v in batch.items()})
+print(loaded, time.perf_counter() - t)
+"""
+
+
 def _size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def _mib(n: float) -> str:
     return f"{n / 2**20:,.1f} MiB"
+
+
+def _references(ws: Path, name: str, model: str, source: Path, rows: list[dict], rss: float,
+                env: dict[str, str]) -> None:
+    """The goals of the issue beside their references, measured now: stages after the
+    source within 4x the floor is printed above; here verify against one batched run of
+    source and twin, peak RSS against 3x the model on disk + TensorFlow's own, and the
+    cache and out/ against the distinct stage outputs."""
+    text = model == "bert_base"
+    imports = "import tensorflow" + (", tensorflow_text" if text else "")
+    _, baseline, _ = _measured([sys.executable, "-c", imports], ws)
+    limit = 3 * _size(source) / 2**20 + baseline
+    print(f"  peak RSS goal: <= 3 x {_mib(_size(source))} + TensorFlow's own {baseline:,.0f} MiB "
+          f"= {limit:,.0f} MiB; measured {rss:,.0f} MiB ({'met' if rss <= limit else 'NOT met'})")
+    verify = next((r["seconds"] for r in rows if r["stage"] == "verify"), None)
+    if verify is not None:
+        arg = str(ws / "data" / "text.tfrecord") if text else "8"
+        done = subprocess.run([sys.executable, "-c", VERIFY_REFERENCE, str(source), arg, "text" if text else "images"],
+                              cwd=ws, env=env, capture_output=True, text=True)
+        if done.returncode == 0:
+            load, call = map(float, done.stdout.split()[-2:])
+            print(f"  verify {verify:.2f} s; reference: source + twin each loaded once ({2 * load:.2f} s) and run "
+                  f"once over the samples as one batch ({2 * call:.2f} s): {verify / (2 * load + 2 * call):.2f}x "
+                  f"of both, {verify / (2 * call):.1f}x of the runs alone")
+    objects = ws / ".tpubuild" / "cache" / "v1" / "objects"
+    out = ws / "out" / name
+    if objects.is_dir() and out.is_dir():
+        print(f"  cache objects (every stage output of every recipe here, each once) {_mib(_size(objects))}; "
+              f"out/{name} {_mib(_size(out))} (link_type copy: published files are copies; hardlink: links)")
 
 
 def main() -> None:
@@ -247,6 +301,7 @@ def main() -> None:
         print(f"  floor (load + save, fresh proc) {floor_s:8.2f} s   peak RSS {floor_rss:,.0f} MiB   "
               f"-> build is {seconds / floor_s:.1f}x the floor")
         print(f"  source {_mib(_size(source))}, artifact {_mib(artifact)} ({artifact / max(_size(source), 1):.2f}x)")
+        _references(ws, name, model, source, rows, rss, quiet)
     if not args.keep:
         shutil.rmtree(ws, ignore_errors=True)
 
