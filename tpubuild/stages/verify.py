@@ -9,7 +9,6 @@ a check that looked at nothing must not report "passed".
 
 from __future__ import annotations
 
-import gc
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,8 @@ from tpubuild.stages.selection import applied_transforms
 from tpubuild.verify.verdict import (
     error_summary,
     raise_on_failure,
-    random_input_check,
+    random_check_samples,
+    random_check_summary,
     tolerances,
     vacuous_warnings,
     verdict_inputs,
@@ -63,22 +63,20 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     samples_by_key, origin = verification_samples(source, [k for k in keys if k not in dropped], options, context)
     if not samples_by_key:
         raise StageError("nothing to verify: no signature of the source is in the artifact")
+    random_samples, skipped = random_check_samples(source, origin, options)
+    sample_sets = [samples_by_key, *([random_samples] if random_samples else [])]
     with tempfile.TemporaryDirectory(prefix=".twin-", dir=output_dir) as scratch:
         runnable = _runnable(input_dir, Path(scratch), tags, "tpu" in applied)
-        pair = compare.ModelPair(source_dir, runnable, tags)
-
-        def compare_on(samples: dict[str, list[dict[str, Any]]]) -> list[Any]:
-            try:
-                return pair.compare(samples, rtol, atol)
-            except ValueError as exc:
-                raise StageError(str(exc)) from None
-
-        errors = compare_on(samples_by_key)
-        random_inputs = random_input_check(source, origin, options, compare_on)
-        # Both models go before the serving loader loads the artifact a third time: the
-        # stage's peak memory is two models, not three (BERT-base: 2.1 GB -> 1.7 GB).
-        pair = None
-        gc.collect()
+        try:
+            # One model in memory at a time (compare.signature_outputs): the stage's peak is
+            # one loaded model and the outputs, not the source and the artifact together.
+            candidate = compare.signature_outputs(runnable, tags, sample_sets)
+            reference = compare.signature_outputs(source_dir, tags, sample_sets)
+            errors = compare.compare_all(reference[0], candidate[0], rtol, atol)
+            random_errors = compare.compare_all(reference[1], candidate[1], rtol, atol) if random_samples else []
+        except ValueError as exc:
+            raise StageError(str(exc)) from None
+    random_inputs = random_check_summary(random_samples, skipped, random_errors)
     summary = {
         "applied": applied,
         **error_summary(errors, (kind, rtol, atol), options, samples_by_key, origin),

@@ -122,29 +122,36 @@ def _compare(key: str, name: str, ref: np.ndarray, got: np.ndarray, rtol: float,
     )
 
 
-class ModelPair:
-    """The source and the artifact, each loaded once for every comparison made on them
-    (verify compares on the verdict's samples, then on random inputs: loading a ResNet50
-    twice more cost seconds)."""
+def signature_outputs(model_dir: Path, tags: list[str],
+                      sample_sets: list[dict[str, list[Sample]]]) -> list[dict[str, dict[str, np.ndarray]]]:
+    """Load the SavedModel once, run every set of samples (signature key -> samples) and
+    let the model go: a verifier holds one model at a time, never the source and the
+    artifact together (a loaded model costs several times its weights). ValueError naming
+    a signature the model does not have."""
+    import gc
 
-    def __init__(self, source: Path, artifact: Path, tags: list[str]):
-        self.reference = tf.saved_model.load(str(source), tags=tags)
-        self.candidate = tf.saved_model.load(str(artifact), tags=tags)
+    model = tf.saved_model.load(str(model_dir), tags=tags)
+    outputs = []
+    for samples_by_key in sample_sets:
+        missing = sorted(k for k in samples_by_key if k not in model.signatures)
+        if missing:
+            raise ValueError(f"the artifact has no signature {missing[0]!r}")
+        outputs.append({key: run_signature(model, key, samples) for key, samples in sorted(samples_by_key.items())})
+    del model
+    gc.collect()
+    return outputs
 
-    def compare(self, samples_by_key: dict[str, list[Sample]], rtol: float, atol: float) -> list[OutputError]:
-        """Every output of the signatures sampled, compared."""
-        errors = []
-        for key, samples in sorted(samples_by_key.items()):
-            if key not in self.candidate.signatures:
-                raise ValueError(f"the artifact has no signature {key!r}")
-            reference = run_signature(self.reference, key, samples)
-            candidate = run_signature(self.candidate, key, samples)
-            errors.extend(compare_outputs(key, reference, candidate, rtol, atol))
-        return errors
+
+def compare_all(reference: dict[str, dict[str, np.ndarray]], candidate: dict[str, dict[str, np.ndarray]],
+                rtol: float, atol: float) -> list[OutputError]:
+    """Every output of every signature in `reference`, compared with the candidate's."""
+    return [error for key in sorted(reference) for error in compare_outputs(key, reference[key], candidate[key], rtol, atol)]
 
 
 def compare_models(
     source: Path, artifact: Path, tags: list[str], samples_by_key: dict[str, list[Sample]], rtol: float, atol: float
 ) -> list[OutputError]:
-    """Load both SavedModels and compare every output of the signatures sampled."""
-    return ModelPair(source, artifact, tags).compare(samples_by_key, rtol, atol)
+    """Compare every output of the signatures sampled (one model loaded at a time)."""
+    (candidate,) = signature_outputs(artifact, tags, [samples_by_key])
+    (reference,) = signature_outputs(source, tags, [samples_by_key])
+    return compare_all(reference, candidate, rtol, atol)

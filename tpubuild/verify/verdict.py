@@ -146,28 +146,35 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     write_atomic(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
 
 
-def random_input_check(source: Any, origin: dict[str, str], options: dict[str, Any],
-                       compare_on: Any) -> dict[str, Any] | None:
-    """The same comparison on seeded random inputs, for the signatures the verdict judged
-    on their representative dataset: the report shows both, so a tolerance met only on
-    realistic data (or only on noise) is visible. Not part of the verdict. `compare_on`
-    runs the comparison on samples by key and returns its errors. None when the verdict
-    itself used random inputs."""
+def random_check_samples(source: Any, origin: dict[str, str],
+                         options: dict[str, Any]) -> tuple[dict[str, list[Any]], str | None]:
+    """The seeded random inputs of the check beside the verdict, for the signatures the
+    verdict judged on their representative dataset: the report shows both errors, so a
+    tolerance met only on realistic data (or only on noise) is visible. Not part of the
+    verdict. (samples by key, why the check is skipped); both empty when the verdict itself
+    used random inputs."""
     from tpubuild.quantize import datasets
 
     keys = sorted(k for k, where in origin.items() if where == "representative_dataset")
-    if not keys:
-        return None
     samples = {}
     try:
         for key in keys:
             samples[key] = datasets.random_samples(datasets.signature_inputs(source, key), options["samples"],
                                                    options["seed"])
     except StageError as exc:  # e.g. a string input random values cannot fill
-        return {"skipped": f"signature {key!r}: {exc}"}
-    errors = compare_on(samples)
+        return {}, f"signature {key!r}: {exc}"
+    return samples, None
+
+
+def random_check_summary(samples: dict[str, list[Any]], skipped: str | None,
+                         errors: list[Any]) -> dict[str, Any] | None:
+    """What verify.json says of the random-input check (random_check_samples)."""
+    if skipped:
+        return {"skipped": skipped}
+    if not samples:
+        return None
     return {
-        "signatures": keys,
+        "signatures": sorted(samples),
         "max_abs_error": max((e.max_abs_error for e in errors), default=0.0),
         "max_rel_error": max((e.max_rel_error for e in errors), default=0.0),
         "within_tolerance": all(e.passed for e in errors),
