@@ -16,9 +16,10 @@ float32 results differ in the last bits, as between TF kernels at different batc
 the exact kind's bound is meant for such reorderings.
 
 Latency, per call, same inputs (the first batch): the AOT function's Run() timed in the
-harness (median of `ITERATIONS` calls, argument buffers already filled), beside the source's
-signature called from Python through TensorFlow's runtime (`loaded.signatures[key](**inputs)`
-on tf.constant inputs made once, median of `ITERATIONS` calls, `time.perf_counter_ns`).
+harness (median of up to `ITERATIONS` calls, argument buffers already filled), beside the
+source's signature called from Python through TensorFlow's runtime
+(`loaded.signatures[key](**inputs)` on tf.constant inputs made once, median of up to
+`ITERATIONS` calls, `time.perf_counter`); both stop early within verify/latency.py's budget.
 """
 
 from __future__ import annotations
@@ -130,8 +131,9 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
         "libraries": per_library,
         "runtime_sources": runtime_files,
         "latency_method": {
-            "xla_aot": f"median of {ITERATIONS} Run() calls in the C++ harness after {latency.WARMUP_CALLS} untimed "
-                       "ones, inputs already in the argument buffers",
+            "xla_aot": f"median of up to {ITERATIONS} Run() calls in the C++ harness (fewer once they took "
+                       f"{latency.BUDGET_SECONDS:g} s, at least {latency.MIN_CALLS}) after {latency.WARMUP_CALLS} "
+                       "untimed ones, inputs already in the argument buffers",
             "tensorflow": latency.METHOD.format(calls=ITERATIONS) + " (the source, from Python)",
         },
         "padding": "the last batch repeats its last sample; outputs batched on dimension 0 drop those rows",
