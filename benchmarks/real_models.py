@@ -1,16 +1,18 @@
 """Real models through tpubuild: seconds per stage, peak memory, artifact size, and the floor.
 
 Models (random weights, nothing downloaded): ResNet50 (keras.applications) with bfloat16
-on its TPU function, the same ResNet50 with static-range int8 quantization, and a
+on its TPU function, the same ResNet50 with static-range int8 quantization, the same
+ResNet50 with an XLA AOT target (float32, batch 1), and a
 BERT-base-size encoder (keras_hub BertBackbone: 12 layers, hidden 768, vocabulary 30522)
 behind tensorflow_text BertTokenizer preprocessing. Each is exported the converter
 guide's way (a serving signature on the CPU calling `tpu_func`, saved under that alias)
 once, in a process of its own; the recipes then build from that SavedModel.
 
-For each recipe it prints the build's seconds per stage (from `tpubuild build --json`),
-the peak RSS of the build's largest process, the published artifact's size next to the
-source's, and the floor measured in the same run: a plain `tf.saved_model.load` +
-`tf.saved_model.save` of the source in a fresh process (seconds and peak RSS).
+For each recipe it prints the build's seconds and peak RSS per stage (from `tpubuild build
+--json`: each worker's own peak in that stage), the peak RSS of the build's largest
+process, the published artifact's size next to the source's, and the floor measured in
+the same run: a plain `tf.saved_model.load` + `tf.saved_model.save` of the source in a
+fresh process (seconds and peak RSS).
 Asserts nothing.
 
 Run: pip install -e '.[bench]' && python benchmarks/real_models.py [--only resnet50_bf16,...]
@@ -150,6 +152,17 @@ converter:
     representative_datasets:
       serving_default: {generator: "recipes.exports:images", num_samples: %(calibration)d}
 """),
+    # The XLA AOT target of the same ResNet50 (float32, batch 1): its verify compiles a C++
+    # harness against the library and the XLA AOT runtime and runs it on the samples.
+    "resnet50_xla_aot": ("resnet50", """\
+name: resnet50_xla_aot
+model: {saved_model: ../sources/resnet50}
+converter:
+  tpu_functions: [{function_alias: tpu_func}]
+verify: {samples: 8}
+targets:
+  xla_aot: {signatures: [serving_default], batch_sizes: [1]}
+"""),
     "bert_base_text": ("bert_base", """\
 name: bert_base_text
 model: {saved_model: ../sources/bert_base}
@@ -213,7 +226,7 @@ def _mib(n: float) -> str:
 
 
 def _references(ws: Path, name: str, model: str, source: Path, rows: list[dict], rss: float,
-                env: dict[str, str]) -> None:
+                env: dict[str, str], runtime_compiled: int) -> None:
     """The goals of the issue beside their references, measured now: stages after the
     source within 4x the floor is printed above; here verify against one batched run of
     source and twin, peak RSS against 3x the model on disk + TensorFlow's own, and the
@@ -234,6 +247,11 @@ def _references(ws: Path, name: str, model: str, source: Path, rows: list[dict],
             print(f"  verify {verify:.2f} s; reference: source + twin each loaded once ({2 * load:.2f} s) and run "
                   f"once over the samples as one batch ({2 * call:.2f} s): {verify / (2 * load + 2 * call):.2f}x "
                   f"of both, {verify / (2 * call):.1f}x of the runs alone")
+    seconds = {r["stage"]: r["seconds"] for r in rows if r["status"] == "built"}
+    if "xla_aot_verify" in seconds and "xla_aot" in seconds:
+        print(f"  xla_aot_verify {seconds['xla_aot_verify']:.2f} s; reference: compiling its libraries (the xla_aot "
+              f"stage, tfcompile) {seconds['xla_aot']:.2f} s: {seconds['xla_aot_verify'] / seconds['xla_aot']:.2f}x "
+              f"({runtime_compiled} XLA AOT runtime objects compiled for the workspace's cache in this run)")
     objects = ws / ".tpubuild" / "cache" / "v1" / "objects"
     out = ws / "out" / name
     if objects.is_dir() and out.is_dir():
@@ -283,7 +301,10 @@ def main() -> None:
             ws)
         if floor.returncode:
             print(f"  floor failed: {floor.stderr.strip().splitlines()[-1]}")
+        runtime_cache = ws / ".tpubuild" / "xla_aot_runtime"
+        runtime_before = len(list(runtime_cache.glob("*.o"))) if runtime_cache.is_dir() else 0
         seconds, rss, result = _measured([sys.executable, "-m", "tpubuild", "build", "--json", name], ws)
+        runtime_compiled = (len(list(runtime_cache.glob("*.o"))) if runtime_cache.is_dir() else 0) - runtime_before
         print(f"\n{name}: build {'ok' if result.returncode == 0 else f'FAILED (exit {result.returncode})'}")
         if result.returncode:
             for line in result.stderr.strip().splitlines()[-3:]:
@@ -293,7 +314,9 @@ def main() -> None:
         except ValueError:
             rows = []
         for row in rows:
-            print(f"  {row['stage']:<22} {row['status']:<8} {row['seconds']:8.2f} s")
+            peak = row.get("peak_rss_bytes")
+            print(f"  {row['stage']:<22} {row['status']:<8} {row['seconds']:8.2f} s"
+                  + (f"   peak RSS {peak / 2**20:,.0f} MiB" if peak else ""))
         out = ws / "out" / name
         versions = sorted((p for p in out.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)) if out.is_dir() else []
         artifact = _size(versions[-1]) if versions else 0
@@ -301,7 +324,7 @@ def main() -> None:
         print(f"  floor (load + save, fresh proc) {floor_s:8.2f} s   peak RSS {floor_rss:,.0f} MiB   "
               f"-> build is {seconds / floor_s:.1f}x the floor")
         print(f"  source {_mib(_size(source))}, artifact {_mib(artifact)} ({artifact / max(_size(source), 1):.2f}x)")
-        _references(ws, name, model, source, rows, rss, quiet)
+        _references(ws, name, model, source, rows, rss, quiet, runtime_compiled)
     if not args.keep:
         shutil.rmtree(ws, ignore_errors=True)
 

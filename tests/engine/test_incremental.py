@@ -26,10 +26,16 @@ def test_first_build_publishes_then_everything_is_cached(built_once, built_works
     }
     assert statuses(first, "cut") == {"export": "built", "verify": "built", "report": "built", "publish": "built"}
     assert first["versions"] == {"cut": 1, "other": 1, "toy": 1}
+    # Each stage a worker ran says its own peak RSS (a worker imports TensorFlow: well over
+    # 100 MiB); the source snapshot and publish run in the CLI and say none.
+    peaks = {(r["recipe"], r["stage"]): r["peak_rss_bytes"] for r in first["rows"]}
+    assert all(peaks[("toy", stage)] > 100 * 2**20 for stage in ("batch", "verify", "report")), peaks
+    assert peaks[("toy", "publish")] is None and peaks[("other", "source")] is None
     # A served float32 result (a batched one here): compared within ulps, never bit-exact.
     assert_close(serve(ws0 / "out" / "toy" / "1", [[1.0, 1.0], [2.0, 0.5]]), [[3.0], [3.0]], FLOAT32_REORDERED)
     second = build_json(built_workspace)
     assert {row["status"] for row in second["rows"]} == {"cached"}
+    assert {row["peak_rss_bytes"] for row in second["rows"]} == {None}
     assert second["versions"] == {"cut": 1, "other": 1, "toy": 1}
     assert sorted(os.listdir(built_workspace / "out" / "toy")) == ["1"]
     assert [(r["recipe"], r["stage"], r["key"]) for r in second["rows"]] == [

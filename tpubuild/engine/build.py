@@ -50,10 +50,11 @@ class Row:
     key: str | None
     seconds: float
     remote: bool = False  # a `cached` stage whose record came from the remote cache
+    peak_rss_bytes: int | None = None  # a `built` stage's worker: its peak resident set size in that stage
 
     def to_json(self) -> dict[str, Any]:
         return {"recipe": self.recipe, "stage": self.stage, "status": self.status, "key": self.key,
-                "seconds": round(self.seconds, 3), "remote": self.remote}
+                "seconds": round(self.seconds, 3), "remote": self.remote, "peak_rss_bytes": self.peak_rss_bytes}
 
 
 class Engine:
@@ -201,6 +202,7 @@ class Engine:
             return self._fail(run, planned, pending.error, start, pending.detail)
         self.started(run, planned.name)
         try:
+            peak_rss = None  # the source snapshot runs in this process
             if planned.name == "source":
                 entry = self._snapshot_source(run, planned, pending)
             elif planned.name == "publish":
@@ -209,7 +211,7 @@ class Engine:
                                    time.monotonic() - start))
                 return True
             else:
-                entry = self._execute(run, planned, pending)
+                entry, peak_rss = self._execute(run, planned, pending)
         except StageError as exc:
             return self._fail(run, planned, str(exc), start, getattr(exc, "detail", None))
         except Exception as exc:  # a bug in tpubuild: the recipe fails, the build goes on
@@ -220,7 +222,8 @@ class Engine:
         run.outputs[planned.name] = self.resolver.output_of(planned, entry, directory)
         for warning in entry.warnings:
             self.errors(f"{run.recipe.rel_file}: stage {planned.name}: warning: {warning}")
-        self.row(run, Row(run.name, planned.name, "built", entry.key, time.monotonic() - start))
+        self.row(run, Row(run.name, planned.name, "built", entry.key, time.monotonic() - start,
+                          peak_rss_bytes=peak_rss))
         return True
 
     def _fail(self, run: RecipeRun, planned: PlannedStage, message: str, start: float,
@@ -255,7 +258,8 @@ class Engine:
         with self.state_lock:
             return self.store.put_files(pending.key, "source", files, directory, pending.record, self.stat)
 
-    def _execute(self, run: RecipeRun, planned: PlannedStage, pending: Pending) -> StageEntry:
+    def _execute(self, run: RecipeRun, planned: PlannedStage, pending: Pending) -> tuple[StageEntry, int | None]:
+        """Run the stage in a worker and store its output; (entry, the worker's peak RSS in it)."""
         stage = spec(planned.name)
         work = self.store.new_workdir(planned.name)
         out_dir = work / "out"
@@ -294,7 +298,8 @@ class Engine:
                     key = self.resolver.add_discovered(pending.key, discovered)
                 record = dict(record, discovered=discovered)
             with self.state_lock:
-                return self.store.put(key, planned.name, out_dir, reply["summary"], reply["warnings"], record, self.stat)
+                stored = self.store.put(key, planned.name, out_dir, reply["summary"], reply["warnings"], record, self.stat)
+            return stored, reply.get("peak_rss_bytes")
         finally:
             shutil.rmtree(work, ignore_errors=True)
 

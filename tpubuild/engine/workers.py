@@ -241,6 +241,35 @@ def _die_with_parent() -> None:
         pass  # not Linux: stdin EOF still ends the worker between stages
 
 
+def _reset_peak_rss() -> None:
+    """Start this stage's peak RSS from what the process holds now, so that a reused
+    worker reports each stage's own peak (proc(5), /proc/pid/clear_refs: writing 5 resets
+    the peak resident set size, Linux 4.0+)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass  # not Linux: the figure is the process's peak so far
+
+
+def _peak_rss_bytes() -> int | None:
+    """The peak resident set size since _reset_peak_rss (VmHWM of /proc/self/status), else
+    the process's peak (getrusage), for `tpubuild build --json` and the benchmarks."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    except (ImportError, OSError):
+        return None
+
+
 def handle(request: dict[str, Any]) -> dict[str, Any]:
     """Run one stage; the reply says ok, a user error (StageError) or a bug (traceback)."""
     import importlib
@@ -322,6 +351,7 @@ def main() -> None:
     for line in sys.stdin:
         request = json.loads(line)
         print(f"--- stage {request['stage']} (pid {os.getpid()})", file=sys.stderr, flush=True)
+        _reset_peak_rss()
         try:
             reply = handle(request)
         except Exception as exc:  # a bug in a stage: report it with its traceback
@@ -332,6 +362,7 @@ def main() -> None:
             from tpubuild.engine import imports
 
             reply["discovered"] = imports.discovered()
+        reply["peak_rss_bytes"] = _peak_rss_bytes()
         sys.stderr.flush()
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
