@@ -183,14 +183,18 @@ class Worker:
             pass
         deadline = None if timeout is None else time.monotonic() + timeout
         fd = self.proc.stdout.fileno()
-        while deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0:
+        # Wait in steps of a second, with or without a deadline: a Ctrl-C that the kernel
+        # delivers to another thread of this process (blake3's hashing threads, the upload
+        # pool) does not interrupt a blocking read of the main thread, but Python runs
+        # its handler (KeyboardInterrupt) as soon as the main thread wakes.
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
                 self.kill()
                 raise StageTimeout(
                     f"timed out after {timeout:g} s (stage_timeout); the worker was killed, see {self.log_path}"
                 )
-            ready, _, _ = select.select([fd], [], [], min(left, 1.0))
+            ready, _, _ = select.select([fd], [], [], 1.0 if left is None else min(left, 1.0))
             if ready:
                 break
         line = self.proc.stdout.readline()
