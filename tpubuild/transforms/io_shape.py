@@ -21,6 +21,7 @@ from tensorflow.python.framework import tensor_util
 from tpubuild.savedmodel import fnedit
 from tpubuild.savedmodel.casts import CLUSTER_ATTR
 from tpubuild.savedmodel.model import SavedModel
+from tpubuild.savedmodel.object_signatures import reshape_function_io
 from tpubuild.tpu import placement as tpu
 from tpubuild.transforms.batch_checks import output_dims
 
@@ -147,6 +148,15 @@ def make_wrapper(model: SavedModel, plan: FunctionPlan, in_place: bool) -> str:
         fdef.node_def.extend(nodes)
         tpu.set_computation_output(fdef, arg.name, ref)
     if in_place:
+        # The saved tf.function behind the alias now takes and returns the transfer
+        # layouts: its object-graph records say so, or it would not restore as a callable
+        # (and the report's HLO, traced from them, would fail).
+        missed = reshape_function_io(
+            model.meta_graph.object_graph_def, plan.function,
+            {i: layout.wire for i, layout in plan.inputs.items()},
+            {i: layout.wire for i, layout in plan.outputs.items()},
+        )
+        plan.left += [f"object graph record {name}: holds a composite tensor; kept as saved" for name in missed]
         model.invalidate()
     else:
         model.add_function(fdef)
@@ -156,7 +166,8 @@ def make_wrapper(model: SavedModel, plan: FunctionPlan, in_place: bool) -> str:
 def called_only_at(model: SavedModel, fn: str, sites: list[tuple[str, str]]) -> bool:
     """Whether `sites` ((caller, node) pairs) are every call of `fn` in the library and the
     top-level graph. The object graph also names `fn` (the saved `tf.function` behind the
-    alias), but as a TPU computation it runs only through these calls, never on its own."""
+    alias), but as a TPU computation it runs only through these calls, never on its own;
+    an in-place rewrite updates its records (make_wrapper)."""
     calls = {(caller, node.name) for caller, node in model.call_sites(fn)}
     return calls <= set(sites) and not model.graph_call_sites(fn)
 
