@@ -34,6 +34,11 @@ def check_serving_load(saved_model_dir: Path, tags: list[str], what: str) -> Non
             unrestored = _uninitialized_variables(session, meta_graph)
     except (tf.errors.OpError, OSError, ValueError, RuntimeError) as exc:
         raise ConversionError(f"{what} does not load in TF Serving's session-based loader: {_telling(exc)}") from None
+    finally:
+        from tpubuild.verify.memory import release_memory
+
+        del graph
+        release_memory()
     if unrestored:
         more = f" and {len(unrestored) - 1} more" if len(unrestored) > 1 else ""
         raise ConversionError(
