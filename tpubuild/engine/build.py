@@ -271,6 +271,7 @@ class Engine:
             {role: str(run.outputs[name].directory) for role, name in planned.consumes.items()},
             {name: _result(run.outputs[name]) for name in planned.summaries},
         )
+        request["runs_models"] = stage.runs_models
         if self.executor == "ray":  # no driver paths reach a node: input trees, and what the key holds
             request["trees"] = {role: [[f.path, f.hash, f.size] for f in run.outputs[name].files]
                                 for role, name in planned.consumes.items()}

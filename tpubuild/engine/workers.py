@@ -75,7 +75,12 @@ class WorkerPool:
 
     def run(self, request: dict[str, Any], timeout: float | None, fresh_in: Path | None = None) -> dict[str, Any]:
         """Run one stage; `fresh_in` (the workspace) asks for a fresh worker that records
-        the workspace modules the stage imports and exits afterwards."""
+        the workspace modules the stage imports and exits afterwards. A worker that ran a
+        stage with `runs_models` (StageSpec) is closed after it: TensorFlow keeps part of
+        every model a process loaded and ran (its functions stay registered with the
+        runtime: ~200 MiB of ResNet50 after gc and malloc_trim), and the next stage would
+        start on top of it (ResNet50's report after verify in one worker peaked at 908 MiB,
+        in a fresh one at 782)."""
         libraries = loaded_libraries(request)
         with self.slots:
             worker = self._fresh(fresh_in) if fresh_in is not None else self._acquire(libraries)
@@ -84,7 +89,8 @@ class WorkerPool:
             except BaseException:
                 worker.kill()
                 raise
-            if fresh_in is not None or libraries is None or not reply.get("reusable", True):
+            if fresh_in is not None or libraries is None or not reply.get("reusable", True) \
+                    or request.get("runs_models"):
                 worker.close()
             else:
                 worker.libraries = libraries
@@ -245,23 +251,6 @@ def _die_with_parent() -> None:
         pass  # not Linux: stdin EOF still ends the worker between stages
 
 
-def _holds_models() -> bool:
-    """Whether the stage left a model behind in TensorFlow's runtime: the eager context
-    still lists functions after a loaded SavedModel is let go (e.g. 7 of ResNet50's 13),
-    and with them part of its memory that no collection or malloc_trim returns (ResNet50:
-    ~200 MiB). Such a worker is not reused: the next stage would start on top of it (the
-    report's peak RSS after verify in the same worker: 908 MiB, in a fresh one: 782).
-    Stages that only rewrite protos (tpu, bfloat16, io_shape, batch) leave none and share
-    a worker, which spares a TensorFlow import each."""
-    context = sys.modules.get("tensorflow.python.eager.context")
-    if context is None:
-        return False
-    try:
-        return bool(context.context().list_function_names())
-    except Exception:  # noqa: BLE001 - not knowing is not a reason to reuse
-        return True
-
-
 def _reset_peak_rss() -> None:
     """Start this stage's peak RSS from what the process holds now, so that a reused
     worker reports each stage's own peak (proc(5), /proc/pid/clear_refs: writing 5 resets
@@ -384,8 +373,6 @@ def main() -> None:
 
             reply["discovered"] = imports.discovered()
         reply["peak_rss_bytes"] = _peak_rss_bytes()
-        if reply.get("reusable", True) and _holds_models():
-            reply["reusable"] = False
         sys.stderr.flush()
         replies.write(json.dumps(reply) + "\n")
         replies.flush()

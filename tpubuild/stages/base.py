@@ -36,6 +36,9 @@ class StageSpec:
     # Runs user code: a fresh process per run, and every workspace module it imports
     # becomes a discovered input of the stage (like a compiler's dep file).
     runs_user_code: bool = False
+    # Loads and runs models with TensorFlow's runtime (tf.saved_model.load, a Session):
+    # its worker is not given another stage afterwards (engine/workers.py WorkerPool.run).
+    runs_models: bool = False
     # Its output may legitimately differ between CPUs (measured floats), for these options:
     # lock files mark it, and everything keyed on it, as measured on the building machine.
     machine_dependent: Callable[[dict[str, Any]], bool] = lambda options: False

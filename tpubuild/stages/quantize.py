@@ -16,6 +16,7 @@ from tpubuild.stages.base import DATASET, MODEL, StageContext, StageResult, Stag
 
 SPEC = StageSpec(
     "quantize",
+    runs_models=True,
     # tpu_functions: the functions named by alias or concrete name are quantized one by
     # one and keep their identity (quantize/functions.py).
     options=lambda r: {"tags": slices.tags(r), "tpu_functions": slices.converter(r)["tpu_functions"],

@@ -17,6 +17,7 @@ from tpubuild.stages.base import MODEL, SOURCE, StageContext, StageResult, Stage
 
 SPEC = StageSpec(
     "report",
+    runs_models=True,
     options=lambda r: {"tags": slices.tags(r)},
     consumes=(MODEL, SOURCE),
     summaries=("dataset", "quantize", "tpu", "bfloat16", "io_shape", "batch", "verify"),

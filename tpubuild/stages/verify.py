@@ -31,6 +31,7 @@ from tpubuild.verify.verdict import (
 
 SPEC = StageSpec(
     "verify",
+    runs_models=True,
     # The representative datasets, when there are any, are verify's samples.
     options=lambda r: {
         "tags": slices.tags(r),

@@ -28,6 +28,7 @@ def batch_sizes(recipe: dict[str, Any]) -> list[int]:
 
 SPEC = StageSpec(
     "warmup",
+    runs_models=True,
     options=lambda r: {
         "tags": slices.tags(r),
         "batch_sizes": batch_sizes(r),

@@ -38,6 +38,7 @@ def _options(recipe: dict[str, Any]) -> dict[str, Any]:
 
 SPEC = StageSpec(
     "cpu_savedmodel_verify",
+    runs_models=True,
     options=_options,
     files=lambda r: slices.tfrecord_files(slices.verify_datasets(r)),
     consumes=(SOURCE, DATASET, TARGET),

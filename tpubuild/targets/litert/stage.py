@@ -44,6 +44,7 @@ def _options(recipe: dict[str, Any]) -> dict[str, Any]:
 
 SPEC = StageSpec(
     "litert",
+    runs_models=True,
     options=_options,
     files=lambda r: slices.tfrecord_files(_options(r).get("representative_datasets", {})),
     consumes=(SOURCE, DATASET),

@@ -36,6 +36,7 @@ from tpubuild.targets.xla_aot.stage import target_options
 
 SPEC = StageSpec(
     "xla_aot_verify",
+    runs_models=True,
     options=lambda r: {
         **target_options(r),
         "tags": slices.tags(r),
