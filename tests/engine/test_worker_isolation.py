@@ -117,10 +117,11 @@ def test_a_worker_runs_only_stages_that_load_the_libraries_it_loaded(tmp_path):
 
 
 def test_a_worker_that_ran_models_takes_no_other_stage(built_once):
-    """TensorFlow keeps part of every model a process loaded and ran (~200 MiB of ResNet50),
-    so the next stage would start on top of it: a stage declaring `runs_models` (verify,
-    report, warmup) is the last its worker runs, while stages that only rewrite protos
-    still share one (here batch, then verify). Read from the real build's worker logs."""
+    """TensorFlow keeps part of everything a process loaded (~200 MiB of ResNet50), so a
+    stage that loads models would peak on top of what ran before it, and the next stage on
+    top of it: a stage declaring `runs_models` (verify, report, warmup) runs in a worker of
+    its own, while stages that only rewrite protos share one. Read from the real build's
+    worker logs."""
     import re
 
     from tpubuild.pipeline import spec
@@ -129,7 +130,6 @@ def test_a_worker_that_ran_models_takes_no_other_stage(built_once):
     per_worker = [re.findall(r"^--- stage (\S+) \(pid", log.read_text(), re.M)
                   for log in sorted((ws / ".tpubuild" / "logs").glob("worker-*.log"))]
     for stages in per_worker:
-        for index, stage in enumerate(stages):
-            if spec(stage).runs_models:
-                assert index == len(stages) - 1, stages
-    assert ["batch", "verify"] in per_worker, per_worker
+        if any(spec(stage).runs_models for stage in stages):
+            assert len(stages) == 1, stages
+    assert ["verify"] in per_worker and ["report"] in per_worker, per_worker

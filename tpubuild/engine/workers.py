@@ -75,15 +75,22 @@ class WorkerPool:
 
     def run(self, request: dict[str, Any], timeout: float | None, fresh_in: Path | None = None) -> dict[str, Any]:
         """Run one stage; `fresh_in` (the workspace) asks for a fresh worker that records
-        the workspace modules the stage imports and exits afterwards. A worker that ran a
-        stage with `runs_models` (StageSpec) is closed after it: TensorFlow keeps part of
-        every model a process loaded and ran (its functions stay registered with the
-        runtime: ~200 MiB of ResNet50 after gc and malloc_trim), and the next stage would
-        start on top of it (ResNet50's report after verify in one worker peaked at 908 MiB,
-        in a fresh one at 782)."""
+        the workspace modules the stage imports and exits afterwards. A stage with
+        `runs_models` (StageSpec) runs in a worker of its own, closed after it: TensorFlow
+        keeps part of everything a process loaded (the functions registered with its
+        runtime, by the model loads of verify and report and by the XLA checks of tpu,
+        bfloat16 and io_shape: ~200 MiB of ResNet50 that neither gc nor malloc_trim
+        returns), and a stage that loads models peaks on top of it (ResNet50: report after
+        verify in one worker 908 MiB, fresh 782; verify after io_shape 874, fresh 833). The
+        cost is one TensorFlow import per such stage."""
         libraries = loaded_libraries(request)
         with self.slots:
-            worker = self._fresh(fresh_in) if fresh_in is not None else self._acquire(libraries)
+            if fresh_in is not None:
+                worker = self._fresh(fresh_in)
+            elif request.get("runs_models"):
+                worker = self._new(self.env)  # nothing of an earlier stage under its peak
+            else:
+                worker = self._acquire(libraries)
             try:
                 reply = worker.call(request, timeout)
             except BaseException:
@@ -373,6 +380,9 @@ def main() -> None:
 
             reply["discovered"] = imports.discovered()
         reply["peak_rss_bytes"] = _peak_rss_bytes()
+        from tpubuild.verify.memory import release_memory
+
+        release_memory()  # what the stage let go, back to the system before the next one
         sys.stderr.flush()
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
