@@ -57,6 +57,15 @@ class Row:
                 "seconds": round(self.seconds, 3), "remote": self.remote, "peak_rss_bytes": self.peak_rss_bytes}
 
 
+def _own_worker_min_bytes() -> int:
+    """engine/workers.py OWN_WORKER_MIN_BYTES, or TPUBUILD_OWN_WORKER_MIN_BYTES when it is a
+    whole number (a scheduling knob: which worker runs a stage changes no output)."""
+    from tpubuild.engine.workers import OWN_WORKER_MIN_BYTES
+
+    value = os.environ.get("TPUBUILD_OWN_WORKER_MIN_BYTES", "")
+    return int(value) if value.isdigit() else OWN_WORKER_MIN_BYTES
+
+
 class Engine:
     """Shared state of one command: workspace, store, stat cache, resolver, workers, printer."""
 
@@ -271,7 +280,10 @@ class Engine:
             {role: str(run.outputs[name].directory) for role, name in planned.consumes.items()},
             {name: _result(run.outputs[name]) for name in planned.summaries},
         )
-        request["runs_models"] = stage.runs_models
+        if stage.runs_models:
+            # A worker of its own only where it pays: see WorkerPool.run.
+            read = sum(f.size for name in set(planned.consumes.values()) for f in run.outputs[name].files)
+            request["own_worker"] = read >= _own_worker_min_bytes()
         if self.executor == "ray":  # no driver paths reach a node: input trees, and what the key holds
             request["trees"] = {role: [[f.path, f.hash, f.size] for f in run.outputs[name].files]
                                 for role, name in planned.consumes.items()}

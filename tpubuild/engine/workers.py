@@ -47,6 +47,18 @@ def stage_request(entry: str, stage: str, workspace: str, output_dir: str, optio
     }
 
 
+# A stage that loads and runs models (StageSpec.runs_models) reading this much or more runs
+# in a worker of its own, closed after it. TensorFlow keeps part of everything a process
+# loaded (the functions registered with its runtime, by verify's and report's model loads
+# and by the XLA checks of tpu, bfloat16 and io_shape), which neither gc nor malloc_trim
+# returns: ~200 MiB after ResNet50's stages, and a stage loading models peaked on top of
+# it (ResNet50 bf16: report after verify in one worker 908 MiB, in its own 782; verify
+# after io_shape 874, in its own 833; the goal, 3x the model + TF's own, is 844). The price
+# is one TensorFlow import (~3 s) per such stage: worth it for models of this size, not
+# for small ones, whose leftovers are a few MiB (200 small recipes would pay ~600 imports).
+OWN_WORKER_MIN_BYTES = 64 * 2**20
+
+
 class StageTimeout(StageError):
     pass
 
@@ -75,19 +87,14 @@ class WorkerPool:
 
     def run(self, request: dict[str, Any], timeout: float | None, fresh_in: Path | None = None) -> dict[str, Any]:
         """Run one stage; `fresh_in` (the workspace) asks for a fresh worker that records
-        the workspace modules the stage imports and exits afterwards. A stage with
-        `runs_models` (StageSpec) runs in a worker of its own, closed after it: TensorFlow
-        keeps part of everything a process loaded (the functions registered with its
-        runtime, by the model loads of verify and report and by the XLA checks of tpu,
-        bfloat16 and io_shape: ~200 MiB of ResNet50 that neither gc nor malloc_trim
-        returns), and a stage that loads models peaks on top of it (ResNet50: report after
-        verify in one worker 908 MiB, fresh 782; verify after io_shape 874, fresh 833). The
-        cost is one TensorFlow import per such stage."""
+        the workspace modules the stage imports and exits afterwards. `own_worker` (a
+        `runs_models` stage reading OWN_WORKER_MIN_BYTES or more) asks for a worker of its
+        own, closed after it."""
         libraries = loaded_libraries(request)
         with self.slots:
             if fresh_in is not None:
                 worker = self._fresh(fresh_in)
-            elif request.get("runs_models"):
+            elif request.get("own_worker"):
                 worker = self._new(self.env)  # nothing of an earlier stage under its peak
             else:
                 worker = self._acquire(libraries)
@@ -97,7 +104,7 @@ class WorkerPool:
                 worker.kill()
                 raise
             if fresh_in is not None or libraries is None or not reply.get("reusable", True) \
-                    or request.get("runs_models"):
+                    or request.get("own_worker"):
                 worker.close()
             else:
                 worker.libraries = libraries

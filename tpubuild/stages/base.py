@@ -37,7 +37,7 @@ class StageSpec:
     # becomes a discovered input of the stage (like a compiler's dep file).
     runs_user_code: bool = False
     # Loads and runs models with TensorFlow's runtime (tf.saved_model.load, a Session):
-    # it runs in a worker of its own (engine/workers.py WorkerPool.run says why).
+    # on a large model it runs in a worker of its own (engine/workers.py OWN_WORKER_MIN_BYTES).
     runs_models: bool = False
     # Its output may legitimately differ between CPUs (measured floats), for these options:
     # lock files mark it, and everything keyed on it, as measured on the building machine.
