@@ -387,9 +387,6 @@ def main() -> None:
 
             reply["discovered"] = imports.discovered()
         reply["peak_rss_bytes"] = _peak_rss_bytes()
-        from tpubuild.verify.memory import release_memory
-
-        release_memory()  # what the stage let go, back to the system before the next one
         sys.stderr.flush()
         replies.write(json.dumps(reply) + "\n")
         replies.flush()

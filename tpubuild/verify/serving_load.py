@@ -37,8 +37,8 @@ def check_serving_load(saved_model_dir: Path, tags: list[str], what: str) -> Non
     finally:
         from tpubuild.verify.memory import release_memory
 
-        del graph
-        release_memory()
+        del graph  # the session is closed: its buffers go with the graph (no cycles to collect)
+        release_memory(collect=False)
     if unrestored:
         more = f" and {len(unrestored) - 1} more" if len(unrestored) > 1 else ""
         raise ConversionError(
