@@ -1,12 +1,13 @@
 """The export stage's time beside running the same export script directly.
 
-A Keras ResNet50 (weights=None) export script, run two ways in the same session:
+A Keras ResNet50 (weights=None) export script (or MobileNetV2, or real_models.py's
+BERT-base encoder behind tensorflow_text), run two ways in the same session:
 directly (`python -c "import export; export.export(DIR)"` in a fresh process, the floor)
 and as the `export` stage of `tpubuild build` (a fresh worker that records the user
 code's imports), whose seconds come from `build --json`. The goal: the stage within
 1.3x the direct run. Asserts nothing.
 
-Run: python benchmarks/export_overhead.py [--model resnet50|mobilenetv2] [--runs 2]
+Run: python benchmarks/export_overhead.py [--model resnet50|mobilenetv2|bert_base] [--runs 2]
 """
 
 from __future__ import annotations
@@ -55,7 +56,18 @@ def export(output_dir):
 MODELS = {
     "resnet50": ("keras.applications.ResNet50(weights=None, input_shape=(224, 224, 3))", 224),
     "mobilenetv2": ("keras.applications.MobileNetV2(weights=None, input_shape=(96, 96, 3))", 96),
+    # benchmarks/real_models.py's BERT-base encoder (keras_hub) behind tensorflow_text.
+    "bert_base": (None, None),
 }
+
+
+def export_script(model: str) -> str:
+    if model == "bert_base":
+        from real_models import EXPORTS
+
+        return EXPORTS + "\n\ndef export(output_dir):\n    bert_base(output_dir)\n"
+    builder, size = MODELS[model]
+    return EXPORT.format(builder=builder, size=size)
 
 RECIPE = """name: exported
 model:
@@ -70,7 +82,6 @@ def main() -> None:
     parser.add_argument("--model", choices=sorted(MODELS), default="resnet50")
     parser.add_argument("--runs", type=int, default=2)
     args = parser.parse_args()
-    builder, size = MODELS[args.model]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     print(f"{args.model}; python {sys.version.split()[0]}; {os.cpu_count()} CPUs")
     print(f"{'run':>4} {'direct s':>9} {'export stage s':>15} {'ratio':>6}")
@@ -78,8 +89,10 @@ def main() -> None:
         ws = Path(tmp)
         (ws / "models").mkdir()
         (ws / "recipes").mkdir()
-        (ws / "models" / "export.py").write_text(EXPORT.format(builder=builder, size=size))
-        (ws / "recipes" / "exported.yaml").write_text(RECIPE)
+        (ws / "models" / "export.py").write_text(export_script(args.model))
+        # The BERT model's tokenizer ops are tensorflow_text's: the stages after export load it.
+        libraries = "op_libraries: [tensorflow_text]\n" if args.model == "bert_base" else ""
+        (ws / "recipes" / "exported.yaml").write_text(RECIPE + libraries)
         (ws / "tpubuild.yaml").write_text('recipes: ["recipes/*.yaml"]\n')
         for run in range(1, args.runs + 1):
             out = ws / "direct"
