@@ -41,8 +41,13 @@ def test_stage_timeout_kills_the_worker_and_fails_the_stage(make_workspace):
 
 def test_sigint_to_the_build_pid_stops_it_at_once(make_workspace):
     ws = _hanging_workspace(make_workspace)
+    # Started as a terminal starts it, SIGINT at its default: a suite run in the background
+    # of a non-interactive shell (`nohup ... &`) ignores SIGINT, children inherit that, and
+    # Python then installs no KeyboardInterrupt handler (the build rightly keeps ignoring
+    # it, as every program started in the background does).
     proc = subprocess.Popen([*CLI, "build"], cwd=ws, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+                            env={**os.environ, "PYTHONPATH": str(REPO)},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     # Generous: the export worker imports TensorFlow first, which on a loaded 2-core CI
     # machine has taken more than two minutes.
     deadline = time.monotonic() + 600
