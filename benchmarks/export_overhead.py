@@ -69,6 +69,7 @@ def export_script(model: str) -> str:
     builder, size = MODELS[model]
     return EXPORT.format(builder=builder, size=size)
 
+
 RECIPE = """name: exported
 model:
   export: {script: ../models/export.py, function: export}

@@ -115,8 +115,6 @@ def test_a_worker_runs_only_stages_that_load_the_libraries_it_loaded(tmp_path):
         pool.close(kill=True)
 
 
-
-
 def test_a_stage_running_a_large_model_gets_a_worker_of_its_own(make_workspace):
     """TensorFlow keeps part of everything a process loaded (~200 MiB after ResNet50's
     stages), so on a large model a stage that loads and runs models (verify, report,

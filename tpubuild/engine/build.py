@@ -57,15 +57,6 @@ class Row:
                 "seconds": round(self.seconds, 3), "remote": self.remote, "peak_rss_bytes": self.peak_rss_bytes}
 
 
-def _own_worker_min_bytes() -> int:
-    """engine/workers.py OWN_WORKER_MIN_BYTES, or TPUBUILD_OWN_WORKER_MIN_BYTES when it is a
-    whole number (a scheduling knob: which worker runs a stage changes no output)."""
-    from tpubuild.engine.workers import OWN_WORKER_MIN_BYTES
-
-    value = os.environ.get("TPUBUILD_OWN_WORKER_MIN_BYTES", "")
-    return int(value) if value.isdigit() else OWN_WORKER_MIN_BYTES
-
-
 class Engine:
     """Shared state of one command: workspace, store, stat cache, resolver, workers, printer."""
 
@@ -273,7 +264,7 @@ class Engine:
         work = self.store.new_workdir(planned.name)
         out_dir = work / "out"
         out_dir.mkdir()
-        from tpubuild.engine.workers import stage_request
+        from tpubuild.engine.workers import own_worker_min_bytes, stage_request
 
         request = stage_request(
             entry(planned.name), planned.name, str(run.recipe.root), str(out_dir), planned.options,
@@ -283,7 +274,7 @@ class Engine:
         if stage.runs_models:
             # A worker of its own only where it pays: see WorkerPool.run.
             read = sum(f.size for name in set(planned.consumes.values()) for f in run.outputs[name].files)
-            request["own_worker"] = read >= _own_worker_min_bytes()
+            request["own_worker"] = read >= own_worker_min_bytes()
         if self.executor == "ray":  # no driver paths reach a node: input trees, and what the key holds
             request["trees"] = {role: [[f.path, f.hash, f.size] for f in run.outputs[name].files]
                                 for role, name in planned.consumes.items()}

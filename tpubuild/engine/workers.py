@@ -59,6 +59,13 @@ def stage_request(entry: str, stage: str, workspace: str, output_dir: str, optio
 OWN_WORKER_MIN_BYTES = 64 * 2**20
 
 
+def own_worker_min_bytes() -> int:
+    """OWN_WORKER_MIN_BYTES, or TPUBUILD_OWN_WORKER_MIN_BYTES when it is a whole number (a
+    scheduling knob: which worker runs a stage changes no output)."""
+    value = os.environ.get("TPUBUILD_OWN_WORKER_MIN_BYTES", "")
+    return int(value) if value.isdigit() else OWN_WORKER_MIN_BYTES
+
+
 class StageTimeout(StageError):
     pass
 
@@ -88,7 +95,7 @@ class WorkerPool:
     def run(self, request: dict[str, Any], timeout: float | None, fresh_in: Path | None = None) -> dict[str, Any]:
         """Run one stage; `fresh_in` (the workspace) asks for a fresh worker that records
         the workspace modules the stage imports and exits afterwards. `own_worker` (a
-        `runs_models` stage reading OWN_WORKER_MIN_BYTES or more) asks for a worker of its
+        `runs_models` stage reading own_worker_min_bytes() or more) asks for a worker of its
         own, closed after it."""
         libraries = loaded_libraries(request)
         with self.slots:
@@ -289,7 +296,8 @@ def _peak_rss_bytes() -> int | None:
     try:
         import resource
 
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
     except (ImportError, OSError):
         return None
 
