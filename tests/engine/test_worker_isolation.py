@@ -136,6 +136,8 @@ def test_a_stage_running_a_large_model_gets_a_worker_of_its_own(make_workspace):
     build_json(ws)
     shared = per_worker(ws)
     assert any(len(stages) > 1 and any(spec(s).runs_models for s in stages) for stages in shared), shared
+    # A small model starts no spare either: it would import TensorFlow for nothing.
+    assert not [log.name for log in (ws / ".tpubuild" / "logs").glob("worker-*.log") if "--- spare" in log.read_text()]
 
     shutil.rmtree(ws / ".tpubuild")  # cache and logs: build every stage again
     build_json(ws, env={"TPUBUILD_OWN_WORKER_MIN_BYTES": "1"})
@@ -144,3 +146,41 @@ def test_a_stage_running_a_large_model_gets_a_worker_of_its_own(make_workspace):
         if any(spec(stage).runs_models for stage in stages):
             assert len(stages) == 1, own
     assert ["verify"] in own and ["report"] in own, own
+    # Each of them was a spare, started beside an earlier stage: TensorFlow was imported
+    # before its stage came (the log's first line), and the build left no worker running.
+    logs = {tuple(stages): log.read_text() for stages, log in
+            zip(own, sorted((ws / ".tpubuild" / "logs").glob("worker-*.log")))}
+    for stage in ("verify", "report"):
+        assert re.match(r"--- spare \(pid \d+\): tensorflow imported in", logs[(stage,)]), logs[(stage,)][:300]
+    for pid in {int(p) for text in logs.values() for p in re.findall(r"\(pid (\d+)\)", text)}:
+        assert "tpubuild.engine.workers" not in _cmdline(pid), f"worker {pid} outlived the build"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def test_an_unused_spare_is_stopped_at_once_when_the_build_ends(tmp_path):
+    """A spare (a worker that imported TensorFlow for a later stage of its own) that no stage
+    took ran nothing: closing the pool kills it rather than waiting for its import and its
+    exit (a build would end seconds later for nothing). Real worker processes."""
+    import time
+
+    from tpubuild.engine.keys import worker_env
+    from tpubuild.engine.workers import WorkerPool
+
+    pool = WorkerPool(1, tmp_path / "logs", worker_env())
+    pool._start_spare()
+    spare = pool.spare
+    pool._start_spare()  # one spare at most
+    assert pool.spare is spare and len(pool.all) == 1
+    assert spare.proc.poll() is None
+    started = time.monotonic()
+    pool.close()
+    assert spare.proc.poll() is not None
+    assert time.monotonic() - started < 5, "close() waited for the spare's import"
+    assert not list((tmp_path / "logs").glob("*-home-*")), "the spare's home was left"

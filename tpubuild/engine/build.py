@@ -271,17 +271,23 @@ class Engine:
             {role: str(run.outputs[name].directory) for role, name in planned.consumes.items()},
             {name: _result(run.outputs[name]) for name in planned.summaries},
         )
+        # A worker of its own only where it pays (see WorkerPool.run); when a later stage
+        # of this recipe will want one, a spare starts beside this stage.
+        big = sum(f.size for name in set(planned.consumes.values()) for f in run.outputs[name].files) \
+            >= own_worker_min_bytes()
         if stage.runs_models:
-            # A worker of its own only where it pays: see WorkerPool.run.
-            read = sum(f.size for name in set(planned.consumes.values()) for f in run.outputs[name].files)
-            request["own_worker"] = read >= own_worker_min_bytes()
+            request["own_worker"] = big
+        later = run.plan[next(i for i, p in enumerate(run.plan) if p.name == planned.name) + 1:]
+        spare = big and any(p.name not in ENGINE_STEPS and spec(p.name).runs_models and p.name not in run.outputs
+                            for p in later)
         if self.executor == "ray":  # no driver paths reach a node: input trees, and what the key holds
             request["trees"] = {role: [[f.path, f.hash, f.size] for f in run.outputs[name].files]
                                 for role, name in planned.consumes.items()}
             request["keyed"] = {field: pending.record[field] for field in ("code", "toolchain", "env")}
             request["declared"] = {k[5:]: v for k, v in pending.record["inputs"].items() if k.startswith("file:")}
         try:
-            reply = self.workers().run(request, self.timeout, Path(run.recipe.root) if stage.runs_user_code else None)
+            reply = self.workers().run(request, self.timeout, Path(run.recipe.root) if stage.runs_user_code else None,
+                                       spare=spare)
             if not reply["ok"]:
                 message = reply["error"]
                 if reply.get("bug"):

@@ -123,7 +123,10 @@ class RayExecutor:
             raise RayUnavailable(f"cannot connect to the Ray cluster at {self.address}: {first}") from None
         self.task = ray.remote(run_on_node)
 
-    def run(self, request: dict[str, Any], timeout: float | None, fresh_in: Path | None = None) -> dict[str, Any]:
+    def run(self, request: dict[str, Any], timeout: float | None, fresh_in: Path | None = None,
+            spare: bool = False) -> dict[str, Any]:
+        """Run one stage on a node Ray chooses (`spare` is WorkerPool's: a node's task starts
+        its own worker)."""
         stage = request["stage"]
         trees = request["trees"]
         self._push_inputs([f for rows in trees.values() for f in _files(rows)])

@@ -58,6 +58,9 @@ def stage_request(entry: str, stage: str, workspace: str, output_dir: str, optio
 # for small ones, whose leftovers are a few MiB (200 small recipes would pay ~600 imports).
 OWN_WORKER_MIN_BYTES = 64 * 2**20
 
+# The module a spare worker imports before it reads its first request (WorkerPool._start_spare).
+PREIMPORT = "TPUBUILD_PREIMPORT"
+
 
 def own_worker_min_bytes() -> int:
     """OWN_WORKER_MIN_BYTES, or TPUBUILD_OWN_WORKER_MIN_BYTES when it is a whole number (a
@@ -91,20 +94,27 @@ class WorkerPool:
         self.slots = threading.Semaphore(self.size)
         self.lock = threading.Lock()
         self.all: list[Worker] = []
+        self.spare: Worker | None = None  # a worker that imported TensorFlow and ran nothing
 
-    def run(self, request: dict[str, Any], timeout: float | None, fresh_in: Path | None = None) -> dict[str, Any]:
+    def run(self, request: dict[str, Any], timeout: float | None, fresh_in: Path | None = None,
+            spare: bool = False) -> dict[str, Any]:
         """Run one stage; `fresh_in` (the workspace) asks for a fresh worker that records
         the workspace modules the stage imports and exits afterwards. `own_worker` (a
         `runs_models` stage reading own_worker_min_bytes() or more) asks for a worker of its
-        own, closed after it."""
+        own, closed after it. `spare`: a later stage of this recipe will want a worker of
+        its own; one is started now, beside this stage (see _take_spare)."""
         libraries = loaded_libraries(request)
         with self.slots:
             if fresh_in is not None:
                 worker = self._fresh(fresh_in)
             elif request.get("own_worker"):
-                worker = self._new(self.env)  # nothing of an earlier stage under its peak
+                # Nothing of an earlier stage under its peak: a spare has imported
+                # TensorFlow and run nothing.
+                worker = self._take_spare() or self._new(self.env)
             else:
                 worker = self._acquire(libraries)
+            if spare:
+                self._start_spare()
             try:
                 reply = worker.call(request, timeout)
             except BaseException:
@@ -123,6 +133,27 @@ class WorkerPool:
             worker = Worker(self.log_dir / f"worker-{len(self.all)}.log", env)
             self.all.append(worker)
             return worker
+
+    def _start_spare(self) -> None:
+        """Start a worker that imports TensorFlow and waits, unless one is waiting already.
+        A stage of its own worker would otherwise begin with TensorFlow's import (~2.5 s on
+        2 cores, as long as the load of a 100 MB model); started while the stages before it
+        run, the import is done when that stage comes. At most one spare: with more stages
+        of their own at once, the others start theirs."""
+        with self.lock:
+            if self.spare is not None and self.spare.proc.poll() is None:
+                return
+        worker = self._new(dict(self.env, **{PREIMPORT: "tensorflow"}))
+        with self.lock:
+            self.spare = worker
+
+    def _take_spare(self) -> Worker | None:
+        with self.lock:
+            worker, self.spare = self.spare, None
+        if worker is not None and worker.proc.poll() is not None:  # it died waiting: its log says why
+            worker.close()
+            return None
+        return worker
 
     def _fresh(self, workspace: Path) -> Worker:
         """A worker that records the imports of user code (engine/imports.py compiles the
@@ -153,7 +184,8 @@ class WorkerPool:
 
     def close(self, kill: bool = False) -> None:
         for worker in self.all:
-            worker.kill() if kill else worker.close()
+            # A spare ran nothing: stopped now, not waited for while it imports TensorFlow.
+            worker.kill() if kill or worker is self.spare else worker.close()
 
 
 def last_words(log_path: Path, stage: str, tail: int = 64 * 1024) -> str | None:
@@ -380,6 +412,14 @@ def main() -> None:
     replies = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # stage and TensorFlow prints go to the log, not into the protocol
     sys.stdout = sys.stderr
+    # A spare (WorkerPool._start_spare) imports TensorFlow now, as its first stage would;
+    # the variable leaves the environment the stages see.
+    if os.environ.pop(PREIMPORT, "") == "tensorflow":
+        started = time.monotonic()
+        import tensorflow  # noqa: F401
+
+        print(f"--- spare (pid {os.getpid()}): tensorflow imported in {time.monotonic() - started:.1f} s",
+              file=sys.stderr, flush=True)
     for line in sys.stdin:
         request = json.loads(line)
         print(f"--- stage {request['stage']} (pid {os.getpid()})", file=sys.stderr, flush=True)
