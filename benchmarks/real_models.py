@@ -264,11 +264,65 @@ def _references(ws: Path, name: str, model: str, source: Path, rows: list[dict],
             if warm and warm["status"] == "built":
                 print(f"  xla_aot_verify again, runtime objects cached: {warm['seconds']:.2f} s: "
                       f"{warm['seconds'] / seconds['xla_aot']:.2f}x the libraries' compile time")
-    objects = ws / ".tpubuild" / "cache" / "v1" / "objects"
-    out = ws / "out" / name
-    if objects.is_dir() and out.is_dir():
-        print(f"  cache objects (every stage output of every recipe here, each once) {_mib(_size(objects))}; "
-              f"out/{name} {_mib(_size(out))} (link_type copy: published files are copies; hardlink: links)")
+    _disk_row(ws, name, env)
+
+
+def _recipe_objects(ws: Path, name: str) -> dict[str, Path]:
+    """The cache objects of the recipe's stage outputs (its lock file's keys), by hash."""
+    import yaml
+
+    from tpubuild.engine.store import Store
+
+    store = Store(ws / ".tpubuild" / "cache")
+    lock = yaml.safe_load((ws / "recipes" / f"{name}.lock.yaml").read_text())
+    objects = {}
+    for stage in lock["stages"]:
+        entry = store.get(stage["key"]) if stage["stage"] != "publish" else None  # publish: not a stage record
+        for f in entry.files if entry else ():
+            objects[f.hash] = store.object_path(f.hash)
+    return objects
+
+
+def _used(paths: list[Path]) -> int:
+    """Bytes on disk of these files and of every file under these directories, an inode
+    (a hard link) counted once. A reflink's shared extents are counted per file: no portable
+    call tells them apart, so on btrfs/XFS this overstates what copy mode uses."""
+    seen, total = set(), 0
+    for path in paths:
+        for f in [path] if path.is_file() else (p for p in path.rglob("*") if p.is_file()):
+            st = f.stat()
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_size
+    return total
+
+
+def _disk_row(ws: Path, name: str, env: dict[str, str]) -> None:
+    """cache + out/ for one recipe against its distinct stage outputs, in the workspace's
+    link_type (copy: reflink or copy) and, published again into another directory, with
+    `link_type: hardlink`."""
+    from tpubuild.engine.versions import OWN_FILES
+
+    objects = _recipe_objects(ws, name)
+    # The publish step's own output: each version's manifest, provenance and signature.
+    own = sum(f.stat().st_size for f in (ws / "out" / name).rglob("*") if f.name in OWN_FILES)
+    distinct = sum(p.stat().st_size for p in objects.values()) + own
+    copy = _used([*objects.values(), ws / "out" / name])
+    workspace = ws / "tpubuild.yaml"
+    original = workspace.read_text()
+    workspace.write_text(original + "link_type: hardlink\noutput_dir: out-hardlink\n")
+    try:
+        done = subprocess.run([sys.executable, "-m", "tpubuild", "build", name], cwd=ws, env=env,
+                              capture_output=True, text=True)
+    finally:
+        workspace.write_text(original)
+    linked = _used([*objects.values(), ws / "out-hardlink" / name]) if done.returncode == 0 else None
+    print(f"  cache + out/ for {name}: its distinct stage outputs {_mib(distinct)} ({len(objects)} objects "
+          f"and {own:,} bytes of manifests and provenance); "
+          f"with out/ (link_type copy) {_mib(copy)} = {copy / distinct:.2f}x "
+          f"({'met' if copy <= distinct else 'over: published files are copies on a file system without reflinks'}); "
+          + (f"link_type hardlink {_mib(linked)} = {linked / distinct:.2f}x ({'met' if linked <= distinct else 'NOT met'})"
+             if linked is not None else f"link_type hardlink: build failed: {done.stderr.strip()[-300:]}"))
 
 
 def main() -> None:
