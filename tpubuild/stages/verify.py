@@ -69,7 +69,7 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     del source, artifact  # the protos: only the loaded models below are needed now
     # What is published must load where it is served, not only in TF2's loader. Checked
     # first, while this process holds no other model: each model a process has loaded
-    # leaves some of its footprint behind (verify/memory.py), and this load set the
+    # leaves some of its footprint behind (memory.py), and this load set the
     # stage's peak when it came after the two others (ResNet50 bf16, in-process: stage
     # peak 901 MiB with it last, 831 MiB with it first; the load + save floor is 814).
     check_serving_load(input_dir, tags, "the TPU SavedModel")

@@ -128,7 +128,7 @@ def signature_outputs(model_dir: Path, tags: list[str],
     let the model go: a verifier holds one model at a time, never the source and the
     artifact together (a loaded model costs several times its weights). ValueError naming
     a signature the model does not have."""
-    from tpubuild.verify.memory import release_memory
+    from tpubuild.memory import release_memory
 
     model = tf.saved_model.load(str(model_dir), tags=tags)
     outputs = []

@@ -35,7 +35,7 @@ def check_serving_load(saved_model_dir: Path, tags: list[str], what: str) -> Non
     except (tf.errors.OpError, OSError, ValueError, RuntimeError) as exc:
         raise ConversionError(f"{what} does not load in TF Serving's session-based loader: {_telling(exc)}") from None
     finally:
-        from tpubuild.verify.memory import release_memory
+        from tpubuild.memory import release_memory
 
         del graph  # the session is closed: its buffers go with the graph (no cycles to collect)
         release_memory(collect=False)

@@ -1,5 +1,6 @@
 """Give memory a released model held back to the operating system, between the models a
-verifier loads one after another.
+stage loads one after another (verify's source and twin; quantize's calibration session
+before TF's quantizer).
 
 A loaded SavedModel's buffers are freed when it is let go, but glibc's malloc keeps freed
 pages in its arenas (TensorFlow's CPU allocator is malloc underneath), so the next model
