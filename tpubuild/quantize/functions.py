@@ -545,6 +545,11 @@ def _quantize_one(
     datasets, captured = {}, []
     if method == "STATIC_RANGE":
         captured = call_site_samples(source.path, tags, source, fn, chains, samples, names)
+        # The calibration session is closed; what it held goes back before the quantizer,
+        # which peaks at several times the model (ResNet50: ~3.7 GB) on top of it.
+        from tpubuild.memory import release_memory
+
+        release_memory()
         if not captured:
             raise ConversionError(
                 f"function {source.describe(fn)}: no representative sample reaches it "
