@@ -217,6 +217,37 @@ print(loaded, time.perf_counter() - t)
 """
 
 
+# The quantize stage's reference: TF's quantizer alone (what a user without tpubuild runs)
+# on the source in a fresh process, static range, op set XLA, on the calibration samples the
+# recipe draws (the same generator); prints the quantizer's own seconds.
+QUANTIZE_REFERENCE = """
+import itertools, sys, tempfile, time
+import tensorflow as tf
+from tensorflow.compiler.mlir.quantization.tensorflow import quantization_options_pb2 as qpb
+sys.path.insert(0, ".")
+from recipes.exports import images
+Q = tf.quantization.experimental
+with tempfile.TemporaryDirectory() as scratch:
+    # TF's quantizer aborts on Keras 3's duplicate variable handles (missing attribute
+    # 'value'); the source gets the one-handle fix tpubuild hands it too.
+    from pathlib import Path
+    import shutil
+    from tpubuild.savedmodel.variable_handles import normalize_in_place
+    shutil.copytree(sys.argv[1], scratch + "/model")
+    normalize_in_place(Path(scratch + "/model"))
+    data = scratch + "/calibration.tfrecord"
+    Q.TfRecordRepresentativeDatasetSaver(path_map={"serving_default": data}).save(
+        {"serving_default": list(itertools.islice(images(), int(sys.argv[2])))})
+    options = Q.QuantizationOptions(
+        quantization_method=Q.QuantizationMethod(preset_method=Q.QuantizationMethod.PresetMethod.METHOD_STATIC_RANGE_INT8),
+        op_set=qpb.XLA, tags=["serve"], signature_keys=["serving_default"],
+        representative_datasets={"serving_default": qpb.RepresentativeDatasetFile(tfrecord_file_path=data)})
+    t = time.perf_counter()
+    Q.quantize_saved_model(scratch + "/model", scratch + "/out", quantization_options=options)
+    print(time.perf_counter() - t)
+"""
+
+
 def _size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
@@ -226,7 +257,7 @@ def _mib(n: float) -> str:
 
 
 def _references(ws: Path, name: str, model: str, source: Path, rows: list[dict], rss: float,
-                env: dict[str, str], runtime_compiled: int) -> None:
+                env: dict[str, str], runtime_compiled: int, calibration: int) -> None:
     """The goals of the issue beside their references, measured now: stages after the
     source within 4x the floor is printed above; here verify against one batched run of
     source and twin, peak RSS against 3x the model on disk + TensorFlow's own, and the
@@ -247,6 +278,19 @@ def _references(ws: Path, name: str, model: str, source: Path, rows: list[dict],
             print(f"  verify {verify:.2f} s; reference: source + twin each loaded once ({2 * load:.2f} s) and run "
                   f"once over the samples as one batch ({2 * call:.2f} s): {verify / (2 * load + 2 * call):.2f}x "
                   f"of both, {verify / (2 * call):.1f}x of the runs alone")
+    quantize = next((r for r in rows if r["stage"] == "quantize" and r["status"] == "built"), None)
+    if quantize is not None:
+        samples = calibration  # the recipe's num_samples
+        q_s, q_rss, done = _measured([sys.executable, "-c", QUANTIZE_REFERENCE, str(source), str(samples)], ws)
+        if done.returncode == 0:
+            own = float(done.stdout.split()[-1])
+            peak = (quantize.get("peak_rss_bytes") or 0) / 2**20
+            print(f"  quantize {quantize['seconds']:.2f} s, peak RSS {peak:,.0f} MiB; reference: TF's quantizer alone "
+                  f"on the source ({samples} samples, fresh process): {own:.2f} s in the quantizer, {q_s:.2f} s with "
+                  f"TensorFlow's import, peak RSS {q_rss:,.0f} MiB: {quantize['seconds'] / q_s:.2f}x the time, "
+                  f"{peak / q_rss:.2f}x the memory")
+        else:
+            print(f"  quantize reference failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
     seconds = {r["stage"]: r["seconds"] for r in rows if r["status"] == "built"}
     if "xla_aot_verify" in seconds and "xla_aot" in seconds:
         print(f"  xla_aot_verify {seconds['xla_aot_verify']:.2f} s; reference: compiling its libraries (the xla_aot "
@@ -379,6 +423,10 @@ def main() -> None:
             rows = json.loads(result.stdout)["rows"]
         except ValueError:
             rows = []
+        # A worker resets its high-water mark before each stage (/proc/self/clear_refs), and
+        # getrusage's maxrss is that mark at exit: the largest process's peak is the larger of
+        # the build's own and every stage's.
+        rss = max([rss, *((row.get("peak_rss_bytes") or 0) / 2**20 for row in rows)])
         for row in rows:
             peak = row.get("peak_rss_bytes")
             print(f"  {row['stage']:<22} {row['status']:<8} {row['seconds']:8.2f} s"
@@ -390,7 +438,7 @@ def main() -> None:
         print(f"  floor (load + save, fresh proc) {floor_s:8.2f} s   peak RSS {floor_rss:,.0f} MiB   "
               f"-> build is {seconds / floor_s:.1f}x the floor")
         print(f"  source {_mib(_size(source))}, artifact {_mib(artifact)} ({artifact / max(_size(source), 1):.2f}x)")
-        _references(ws, name, model, source, rows, rss, quiet, runtime_compiled)
+        _references(ws, name, model, source, rows, rss, quiet, runtime_compiled, args.calibration)
     if not args.keep:
         shutil.rmtree(ws, ignore_errors=True)
 
