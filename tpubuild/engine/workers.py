@@ -325,13 +325,32 @@ def _peak_rss_bytes() -> int | None:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
+    return _rusage_peak("RUSAGE_SELF")
+
+
+def _rusage_peak(who: str) -> int | None:
+    """getrusage's ru_maxrss in bytes: of this process (RUSAGE_SELF), or of the largest
+    child process waited for so far (RUSAGE_CHILDREN)."""
     try:
         import resource
 
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        peak = resource.getrusage(getattr(resource, who)).ru_maxrss
         return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
     except (ImportError, OSError):
         return None
+
+
+def _stage_peak(children_before: int | None) -> int | None:
+    """The stage's peak RSS: the worker's own (_peak_rss_bytes), or a process the stage
+    started and waited for when that peaked higher (xla_aot's tfcompile process, the C++
+    compiler of xla_aot_verify). A child's peak is known only when it is above every
+    earlier child's of this worker (getrusage keeps one maximum); a lower one is below
+    what an earlier stage reported, so it cannot be this stage's peak over the worker's."""
+    own = _peak_rss_bytes()
+    children = _rusage_peak("RUSAGE_CHILDREN")
+    if children is not None and children > (children_before or 0):
+        return max(own or 0, children)
+    return own
 
 
 def handle(request: dict[str, Any]) -> dict[str, Any]:
@@ -424,6 +443,7 @@ def main() -> None:
         request = json.loads(line)
         print(f"--- stage {request['stage']} (pid {os.getpid()})", file=sys.stderr, flush=True)
         _reset_peak_rss()
+        children_before = _rusage_peak("RUSAGE_CHILDREN")
         try:
             reply = handle(request)
         except Exception as exc:  # a bug in a stage: report it with its traceback
@@ -434,7 +454,7 @@ def main() -> None:
             from tpubuild.engine import imports
 
             reply["discovered"] = imports.discovered()
-        reply["peak_rss_bytes"] = _peak_rss_bytes()
+        reply["peak_rss_bytes"] = _stage_peak(children_before)
         sys.stderr.flush()
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
