@@ -213,3 +213,18 @@ def test_a_stage_peak_counts_a_process_it_started_when_that_one_peaked_higher():
     done = subprocess.run([sys.executable, "-c", STAGE_PEAK_CHECK], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stderr
+
+
+def test_an_own_worker_threshold_that_is_not_a_number_stops_the_build_before_it_starts(make_workspace):
+    """TPUBUILD_OWN_WORKER_MIN_BYTES=64M was ignored without a word (the default applied):
+    now one line naming the variable and what it takes, exit 2, nothing built."""
+    from tests.engine.conftest import source_recipe, tpubuild
+
+    ws = make_workspace({"toy": source_recipe("toy")})
+    for command in (("build",), ("build", "--dry-run")):
+        result = tpubuild(ws, *command, env={"TPUBUILD_OWN_WORKER_MIN_BYTES": "64M"})
+        assert result.returncode == 2, result.stderr
+        assert result.stderr == ("error: TPUBUILD_OWN_WORKER_MIN_BYTES='64M': expected a whole number of bytes "
+                                 "(default 67108864)\n")
+        assert "Traceback" not in result.stdout + result.stderr
+    assert not (ws / "out").exists()

@@ -79,6 +79,9 @@ class Engine:
         self.timeout = float(getattr(ws, "stage_timeout", None) or DEFAULT_STAGE_TIMEOUT)
         self.link_type = getattr(ws, "link_type", None) or "copy"
         self.executor = getattr(ws, "executor", None) or "local"  # or "ray": engine/ray_executor.py
+        from tpubuild.engine.workers import own_worker_min_bytes
+
+        self.own_worker_min = own_worker_min_bytes()  # a bad value stops the build before it starts
         self.remote: Any = None  # engine/remote.py RemoteCache, when the build has one
         self._uploads: Any = None  # the threads that push built stages to it
         self._upload_futures: list[Any] = []
@@ -264,7 +267,7 @@ class Engine:
         work = self.store.new_workdir(planned.name)
         out_dir = work / "out"
         out_dir.mkdir()
-        from tpubuild.engine.workers import own_worker_min_bytes, stage_request
+        from tpubuild.engine.workers import stage_request
 
         request = stage_request(
             entry(planned.name), planned.name, str(run.recipe.root), str(out_dir), planned.options,
@@ -274,7 +277,7 @@ class Engine:
         # A worker of its own only where it pays (see WorkerPool.run); when a later stage
         # of this recipe will want one, a spare starts beside this stage.
         big = sum(f.size for name in set(planned.consumes.values()) for f in run.outputs[name].files) \
-            >= own_worker_min_bytes()
+            >= self.own_worker_min
         if stage.runs_models:
             request["own_worker"] = big
         later = run.plan[next(i for i, p in enumerate(run.plan) if p.name == planned.name) + 1:]

@@ -57,16 +57,25 @@ def stage_request(entry: str, stage: str, workspace: str, output_dir: str, optio
 # is one TensorFlow import (~3 s) per such stage: worth it for models of this size, not
 # for small ones, whose leftovers are a few MiB (200 small recipes would pay ~600 imports).
 OWN_WORKER_MIN_BYTES = 64 * 2**20
+OWN_WORKER_ENV = "TPUBUILD_OWN_WORKER_MIN_BYTES"
 
 # The module a spare worker imports before it reads its first request (WorkerPool._start_spare).
 PREIMPORT = "TPUBUILD_PREIMPORT"
 
 
 def own_worker_min_bytes() -> int:
-    """OWN_WORKER_MIN_BYTES, or TPUBUILD_OWN_WORKER_MIN_BYTES when it is a whole number (a
-    scheduling knob: which worker runs a stage changes no output)."""
-    value = os.environ.get("TPUBUILD_OWN_WORKER_MIN_BYTES", "")
-    return int(value) if value.isdigit() else OWN_WORKER_MIN_BYTES
+    """OWN_WORKER_MIN_BYTES, or TPUBUILD_OWN_WORKER_MIN_BYTES (a scheduling knob: which
+    worker runs a stage changes no output); a value that is not a whole number of bytes is
+    an error, not a silent default."""
+    value = os.environ.get(OWN_WORKER_ENV, "").strip()
+    if not value:
+        return OWN_WORKER_MIN_BYTES
+    if not value.isdigit():
+        from tpubuild.errors import UsageError
+
+        raise UsageError(f"{OWN_WORKER_ENV}={value!r}: expected a whole number of bytes (default "
+                         f"{OWN_WORKER_MIN_BYTES})")
+    return int(value)
 
 
 class StageTimeout(StageError):
