@@ -173,8 +173,14 @@ def test_an_unused_spare_is_stopped_at_once_when_the_build_ends(tmp_path):
     from tpubuild.engine.keys import worker_env
     from tpubuild.engine.workers import WorkerPool
 
+    import threading
+
     pool = WorkerPool(1, tmp_path / "logs", worker_env())
-    pool._start_spare()
+    asking = [threading.Thread(target=pool._start_spare) for _ in range(4)]  # -j: stages ask at once
+    for thread in asking:
+        thread.start()
+    for thread in asking:
+        thread.join()
     spare = pool.spare
     pool._start_spare()  # one spare at most
     assert pool.spare is spare and len(pool.all) == 1

@@ -104,6 +104,7 @@ class WorkerPool:
         self.lock = threading.Lock()
         self.all: list[Worker] = []
         self.spare: Worker | None = None  # a worker that imported TensorFlow and ran nothing
+        self.spare_lock = threading.Lock()
 
     def run(self, request: dict[str, Any], timeout: float | None, fresh_in: Path | None = None,
             spare: bool = False) -> dict[str, Any]:
@@ -149,12 +150,12 @@ class WorkerPool:
         2 cores, as long as the load of a 100 MB model); started while the stages before it
         run, the import is done when that stage comes. At most one spare: with more stages
         of their own at once, the others start theirs."""
-        with self.lock:
+        with self.spare_lock:  # two stages asking at once (-j) start one spare
             if self.spare is not None and self.spare.proc.poll() is None:
                 return
-        worker = self._new(dict(self.env, **{PREIMPORT: "tensorflow"}))
-        with self.lock:
-            self.spare = worker
+            worker = self._new(dict(self.env, **{PREIMPORT: "tensorflow"}))
+            with self.lock:
+                self.spare = worker
 
     def _take_spare(self) -> Worker | None:
         with self.lock:
