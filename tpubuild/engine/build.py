@@ -280,7 +280,7 @@ class Engine:
             >= self.own_worker_min
         if stage.runs_models:
             request["own_worker"] = big
-        later = run.plan[next(i for i, p in enumerate(run.plan) if p.name == planned.name) + 1:]
+        later = run.plan[run.plan.index(planned) + 1:]
         spare = big and any(p.name not in ENGINE_STEPS and spec(p.name).runs_models and p.name not in run.outputs
                             for p in later)
         if self.executor == "ray":  # no driver paths reach a node: input trees, and what the key holds
