@@ -7,10 +7,10 @@ and for the source. The timed calls stop early once they have taken `BUDGET_SECO
 number at least `MIN_CALLS` (pytest-benchmark's max_time/min_rounds, Google Benchmark's
 min_time): 200 calls of a 1 ms model take 0.2 s, of a ResNet50 on one core (~0.3 s a call
 in the XLA AOT harness) a minute, for no better a median. A load is `tf.saved_model.load`
-of the directory, fresh each run. The one figure not taken here is the XLA AOT library's own: it runs in the C++ harness
-(targets/xla_aot/harness.py), which follows the same method (`WARMUP_CALLS` untimed calls,
-then the median of up to `calls` timed ones within the same budget, in
-`std::chrono::steady_clock`).
+of the directory, fresh each run. The one figure not taken here is the XLA AOT library's
+own: it runs in the C++ harness (targets/xla_aot/harness.py), which follows the same
+method (`WARMUP_CALLS` untimed calls, then the median of up to `calls` timed ones within
+the same budget, in `std::chrono::steady_clock`).
 """
 
 from __future__ import annotations
