@@ -280,13 +280,12 @@ def _references(ws: Path, name: str, model: str, source: Path, rows: list[dict],
                   f"of both, {verify / (2 * call):.1f}x of the runs alone")
     quantize = next((r for r in rows if r["stage"] == "quantize" and r["status"] == "built"), None)
     if quantize is not None:
-        samples = calibration  # the recipe's num_samples
-        q_s, q_rss, done = _measured([sys.executable, "-c", QUANTIZE_REFERENCE, str(source), str(samples)], ws)
+        q_s, q_rss, done = _measured([sys.executable, "-c", QUANTIZE_REFERENCE, str(source), str(calibration)], ws)
         if done.returncode == 0:
             own = float(done.stdout.split()[-1])
             peak = (quantize.get("peak_rss_bytes") or 0) / 2**20
             print(f"  quantize {quantize['seconds']:.2f} s, peak RSS {peak:,.0f} MiB; reference: TF's quantizer alone "
-                  f"on the source ({samples} samples, fresh process): {own:.2f} s in the quantizer, {q_s:.2f} s with "
+                  f"on the source ({calibration} samples, fresh process): {own:.2f} s in the quantizer, {q_s:.2f} s with "
                   f"TensorFlow's import, peak RSS {q_rss:,.0f} MiB: {quantize['seconds'] / q_s:.2f}x the time, "
                   f"{peak / q_rss:.2f}x the memory")
         else:
