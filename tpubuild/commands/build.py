@@ -36,10 +36,14 @@ import click
 @click.option("-k", "--keep-going", is_flag=True,
               help="Like make -k: a failed target (cpu_savedmodel, litert, xla_aot) fails the build (exit 1) "
                    "but the recipe still publishes what built and verified, without that target.")
+@click.option("--relock", is_flag=True,
+              help="Rewrite the lock files even where no key changed, with the figures measured on this machine "
+                   "(a build keeps a lock file whose keys match byte for byte).")
 @click.pass_context
 def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry_run: bool, as_json: bool, check: bool,
             changed_since: str | None, remote_cache: str | None, remote_cache_read_only: bool,
-            executor: str | None = None, ray_address: str | None = None, keep_going: bool = False) -> int:
+            executor: str | None = None, ray_address: str | None = None, keep_going: bool = False,
+            relock: bool = False) -> int:
     """Build the workspace's recipes (names or globs; none = all).
 
     A stage reruns only when its options or the content of its inputs changed; its
@@ -56,7 +60,7 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry
             click.echo(json.dumps({"rows": [], "versions": {}, "exit_code": 0}) if as_json
                        else f"no recipe affected since {changed_since}")
             return 0
-    if not (check or dry_run):
+    if not (check or dry_run or relock):
         code = _noop_fast_path(ctx, recipe_patterns, as_json)
         if code is not None:
             return code
@@ -78,7 +82,7 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry
     out = click.get_text_stream("stdout")
     progress = _Progress(out, tty=out.isatty() and not as_json, quiet=as_json)
     runs, engine = build(ws, recipes, jobs, printer=progress.row, errors=progress.error, started=progress.started,
-                         memo=memo, since_ns=since_ns, remote=remote, keep_going=keep_going)
+                         memo=memo, since_ns=since_ns, remote=remote, keep_going=keep_going, relock=relock)
     memo.save(ws)
     rows = [row for run in runs for row in run.rows]
     failed = [run for run in runs if not run.succeeded]

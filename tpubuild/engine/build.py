@@ -76,6 +76,7 @@ class Engine:
         self.state_lock = threading.RLock()  # resolver, stat cache and store index are shared by doit threads
         self.pending: dict[tuple[str, str], Pending] = {}
         self.keep_going = False  # build --keep-going: a failed target does not stop its recipe's publish
+        self.relock = False  # build --relock: lock files rewritten with this machine's measured figures
         self.timeout = float(getattr(ws, "stage_timeout", None) or DEFAULT_STAGE_TIMEOUT)
         self.link_type = getattr(ws, "link_type", None) or "copy"
         self.executor = getattr(ws, "executor", None) or "local"  # or "ray": engine/ray_executor.py
@@ -407,7 +408,7 @@ class Engine:
         }
 
     def write_lock(self, run: RecipeRun) -> None:
-        write_lock(run.recipe.lock_file, lock_for(run))
+        write_lock(run.recipe.lock_file, lock_for(run), force=self.relock)
 
 
 def run_inputs(run: RecipeRun) -> dict[str, str]:
@@ -500,7 +501,7 @@ def git_commit(root: Path) -> str | None:
 def lock_problem(engine: Engine, run: RecipeRun, states: list[Any]) -> str | None:
     """Given a resolution whose every stage is cached: None when the lock file already
     records it, else why not. The no-op path and `build --check` share this."""
-    from tpubuild.engine.lockfile import lock_text
+    from tpubuild.engine.lockfile import lock_text, read_lock, same_keys
 
     publish = states[-1]
     run.outputs["publish"] = Output("publish", publish.key, publish.output, Path(engine.ws.output_dir) / run.name, [])
@@ -508,7 +509,10 @@ def lock_problem(engine: Engine, run: RecipeRun, states: list[Any]) -> str | Non
         current = run.recipe.lock_file.read_text()
     except OSError:
         return "no lock file"
-    if current != lock_text(lock_for(run)):
+    document = lock_for(run)
+    if engine.relock:  # every byte, measured figures included
+        return None if current == lock_text(document) else "the lock file does not record this machine's build"
+    if not same_keys(read_lock(run.recipe.lock_file), document):
         return "the lock file does not record the current build"
     return None
 
@@ -591,6 +595,7 @@ def build(
     since_ns: int | None = None,
     remote: tuple[str, bool] | None = None,
     keep_going: bool = False,
+    relock: bool = False,
 ) -> tuple[list[RecipeRun], Engine]:
     """Build `recipes` under the workspace lock. With a NoopMemo, every recipe the full
     check finds up to date is remembered (if its files are older than `since_ns`). With
@@ -600,6 +605,7 @@ def build(
 
     engine = Engine(ws, jobs, printer, errors, started)
     engine.keep_going = keep_going
+    engine.relock = relock
     runs = new_runs(recipes)
     lock = WorkspaceLock(ws.state_dir)
     lock.acquire(lock_wait, notify=engine.errors)

@@ -8,7 +8,11 @@ changes to two recipes never touch the same file (dvc.lock's merge conflicts).
 Lines whose value may legitimately differ between machines (outputs holding measured
 floats, such as verification errors, and everything keyed on them) end with MEASURED:
 `.ci/run` rebuilds the example workspace on a machine that did not write the lock files
-and compares them with `git diff --exit-code -I '<MEASURED>$'`.
+(`build --relock`) and compares them with `git diff --exit-code -I '<MEASURED>$'`.
+
+A build rewrites a lock file only when a key it records changed (`same_keys`): a clean
+checkout built on another machine stays clean, whatever that machine measured (a
+verification error, a calibrated output's size). Measured figures belong in the report.
 """
 
 from __future__ import annotations
@@ -129,13 +133,36 @@ def read_lock(path: Path) -> dict[str, Any] | None:
     return data
 
 
-def write_lock(path: Path, document: dict[str, Any]) -> bool:
-    """Write `document` atomically; False (and no write) when the file already says it."""
+def same_keys(recorded: dict[str, Any] | None, document: dict[str, Any]) -> bool:
+    """True when the lock file as read (`recorded`, from read_lock) records the keys of
+    `document`: the same recipe and digest, the same inputs, the same stages in the same
+    order, each with the same key. A stage whose key hashes a measured output (its
+    `key_measured`, known from the plan: read_lock cannot see the marker comment) is
+    compared by name only, as are the outputs, the published version, the toolchain
+    (every part of it that decides an output is in the keys) and the artifact's facts."""
+    if recorded is None:
+        return False
+    if (recorded.get("recipe"), recorded.get("recipe_digest")) != (document["recipe"], document["recipe_digest"]):
+        return False
+    if dict(recorded.get("inputs") or {}) != document["inputs"]:
+        return False
+    old = recorded.get("stages") or []
+    new = document["stages"]
+    if [s.get("stage") for s in old] != [s["stage"] for s in new]:
+        return False
+    return all(n["key_measured"] or o.get("key") == n["key"] for o, n in zip(old, new))
+
+
+def write_lock(path: Path, document: dict[str, Any], force: bool = False) -> bool:
+    """Write `document` atomically when a key changed (or with `force`, when any byte
+    would); False, and no write, otherwise."""
     text = lock_text(document)
     try:
         if path.read_text() == text:
             return False
     except OSError:
         pass
+    if not force and same_keys(read_lock(path), document):
+        return False
     write_text_atomic(path, text)
     return True

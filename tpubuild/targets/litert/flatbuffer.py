@@ -22,7 +22,9 @@ def require_litert() -> None:
     if importlib.util.find_spec("ai_edge_litert") is None:
         from tpubuild.errors import StageError
 
-        raise StageError("the LiteRT target needs the ai-edge-litert package: pip install 'tpubuild[litert]'")
+        # A core dependency (pyproject.toml): missing only when removed after installing tpubuild.
+        raise StageError("the LiteRT target needs the ai-edge-litert package, a dependency of tpubuild: "
+                         "pip install 'ai-edge-litert>=2.3,<3'")
 
 
 def _schema() -> Any:
