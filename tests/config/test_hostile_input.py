@@ -170,7 +170,8 @@ def test_workspace_directories_the_os_would_refuse(ws):
 def test_long_or_null_byte_targets_are_usage_errors(ws, run_cli):
     ws.write("recipes/r.yaml", MODEL)
     long = "a" * 300
-    assert ws.cli("render", f"{long}.yaml") == (2, "", f"error: no recipe matches '{long}.yaml' (recipes: r)\n")
+    assert ws.cli("render", f"{long}.yaml") == (2, "", f"error: no recipe matches '{long}.yaml': File name too long "
+                                                      "(recipes: r)\n")
     assert ws.cli("build", "--dry-run", "r\0") == (2, "", "error: no recipe matches 'r\\x00' (did you mean 'r'?)\n")
     code, _, err = run_cli("--workspace", long, "validate")
     assert (code, err) == (2, f"error: no workspace file at '{long}': File name too long\n")

@@ -44,12 +44,13 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry
             changed_since: str | None, remote_cache: str | None, remote_cache_read_only: bool,
             executor: str | None = None, ray_address: str | None = None, keep_going: bool = False,
             relock: bool = False) -> int:
-    """Build the workspace's recipes (names or globs; none = all).
+    """Build the workspace's recipes (names, globs or recipe files; none = all).
 
     A stage reruns only when its options or the content of its inputs changed; its
     output is then taken from the cache. A new numbered version appears under
     `<output_dir>/<recipe>/` only when the result differs. Exit code 1 when a stage
-    failed (the other recipes are still built), 2 for a bad recipe.
+    failed (the other recipes are still built), 2 for a bad recipe: one that was not
+    asked for is a warning; one that was is reported and the others asked for still build.
     """
     since_ns = time.time_ns()  # files changed after this are never remembered as up to date
     if changed_since is not None:
@@ -64,16 +65,19 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry
         code = _noop_fast_path(ctx, recipe_patterns, as_json)
         if code is not None:
             return code
-    from tpubuild.commands._common import recipes_from, remote_setting
+    from tpubuild.commands._common import asked_broken, recipes_from, remote_setting, warn_unmatched_globs
 
-    ws, recipes = recipes_from(ctx, recipe_patterns)
+    ws, recipes = recipes_from(ctx, recipe_patterns, keep_going=True)
+    if not recipes:  # say why nothing is built, as validate does
+        warn_unmatched_globs(ws)
+    invalid = 2 if asked_broken(ctx) else 0  # reported already; the valid recipes asked for still build
     remote = remote_setting(ws, remote_cache, remote_cache_read_only)  # checked even where unused
     ws.executor = executor or ws.executor
     ws.ray_address = ray_address or ws.ray_address
     if check:
-        return _check(ws, recipes)
+        return _check(ws, recipes) or invalid
     if dry_run:
-        return _dry_run(ws, recipes, as_json)
+        return _dry_run(ws, recipes, as_json) or invalid
     from tpubuild.config.recipe import discover
     from tpubuild.engine.build import build
     from tpubuild.engine.noop import NoopMemo
@@ -91,7 +95,7 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry
             "rows": [row.to_json() for row in rows],
             "versions": {run.name: run.version for run in runs},
             "hashed": {"files": engine.stat.files_hashed, "bytes": engine.stat.bytes_hashed},
-            "exit_code": 1 if failed else 0,
+            "exit_code": 1 if failed else invalid,
         }
         if engine.remote is not None:
             document["remote"] = engine.remote.stats.to_json(engine.remote.url)
@@ -100,7 +104,7 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry
         progress.summary(runs)
         if engine.remote is not None:
             click.echo(engine.remote.stats.line(engine.remote.url))
-    return 1 if failed else 0
+    return 1 if failed else invalid
 
 
 def _noop_fast_path(ctx: click.Context, recipe_patterns: tuple[str, ...], as_json: bool) -> int | None:
@@ -116,6 +120,8 @@ def _noop_fast_path(ctx: click.Context, recipe_patterns: tuple[str, ...], as_jso
     if found is None:
         return None
     _, entries = found
+    if not entries:
+        return None  # the full path says why there is no recipe
     if recipe_patterns:
         names = [e["name"] for e in entries]
         wanted = set()

@@ -1,29 +1,63 @@
 from __future__ import annotations
 
+import json
+
 import click
 
-from tpubuild.commands._common import recipes_from
+from tpubuild.commands._common import recipes_from, warn_unmatched_globs
 
 
 @click.command(
     "validate",
     short_help="Check recipes against the schema and the converter's rules.",
     epilog="\b\nExamples:\n  tpubuild validate            every recipe of the workspace\n"
-    "  tpubuild validate 'nlp-*'    the recipes whose name matches",
+    "  tpubuild validate 'nlp-*'    the recipes whose name matches\n"
+    "  tpubuild validate recipes/toy.yaml --json",
 )
 @click.argument("recipe_patterns", nargs=-1, metavar="[RECIPE]...")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON document: the recipes checked, every problem with its file, line and column.")
 @click.pass_context
-def command(ctx: click.Context, recipe_patterns: tuple[str, ...]) -> int:
-    """Check recipes without building anything.
+def command(ctx: click.Context, recipe_patterns: tuple[str, ...], as_json: bool) -> int:
+    """Check recipes (names, globs or recipe files) without building anything.
 
     Every problem is printed as `file:line:col: json.path: message`, all problems of
-    all files at once; the exit code is 2 when there is any. TensorFlow is not imported.
+    all files at once; the exit code is 2 when there is any. TensorFlow is not imported:
+    the export script is parsed (syntax, the `function:` it must define) and a plain
+    SavedModel's function aliases are read from saved_model.pb, but whether the model
+    converts is only known when `tpubuild build` runs it.
     """
-    from tpubuild.config.recipe import unmatched_globs
-
+    if as_json:
+        return _as_json(ctx, recipe_patterns)
     ws, recipes = recipes_from(ctx, recipe_patterns)
-    # A mistyped glob in tpubuild.yaml would otherwise end in "0 recipes OK".
-    for pattern in unmatched_globs(ws):
-        click.echo(f"warning: {ws.display(ws.file)}: recipes glob {pattern!r} matches no recipe file", err=True)
+    warn_unmatched_globs(ws)
     click.echo(f"{len(recipes)} recipe{'s' if len(recipes) != 1 else ''} OK in {ws.root}")
     return 0
+
+
+def _as_json(ctx: click.Context, recipe_patterns: tuple[str, ...]) -> int:
+    """{"workspace", "recipes": [{name, file}], "problems": [{file, line, col, path, message}],
+    "warnings": [...], "exit_code"}: problems go to stdout too, so a script reads one document."""
+    from pathlib import Path
+
+    from tpubuild.commands._common import unmatched_glob_warnings, workspace_from
+    from tpubuild.config.recipe import load_selection
+    from tpubuild.config.workspace import check_output_overlap
+
+    ws = workspace_from(ctx)
+    selection = load_selection(ws, list(recipe_patterns), Path.cwd())
+    problems = sorted({d for b in selection.broken for d in b.diagnostics})
+    warnings = unmatched_glob_warnings(ws)
+    warnings += [b.summary() for b in selection.others]
+    document = {
+        "workspace": str(ws.root),
+        "recipes": [{"name": r.name, "file": r.rel_file} for r in selection.recipes],
+        "problems": [{"file": d.loc.path, "line": d.loc.line, "col": d.loc.col, "path": d.json_path,
+                      "message": d.message} for d in problems]
+        + [{"file": r, "line": 0, "col": 0, "path": "", "message": m}
+           for r, m in (p.split(": ", 1) for p in check_output_overlap(ws, selection.recipes))],
+        "warnings": warnings,
+    }
+    document["exit_code"] = 2 if document["problems"] else 0
+    click.echo(json.dumps(document, indent=2))
+    return document["exit_code"]

@@ -32,6 +32,8 @@ class Recipe:
     canonical: dict[str, Any] = field(repr=False)
     # The recipe file and its `extends` bases: what the canonical form was read from.
     files: list[Path] = field(default_factory=list, repr=False)
+    # Where the name was written (its `name:` key), else the file: what a duplicate points at.
+    name_loc: Location | None = field(default=None, repr=False)
 
     @cached_property
     def canonical_json(self) -> str:
@@ -86,49 +88,153 @@ def unmatched_globs(ws: Workspace) -> list[str]:
     return [p for p in ws.recipe_globs if not any(not m.endswith(LOCK_SUFFIX) for m in _glob_files(ws, p))]
 
 
-def load_recipes(ws: Workspace, targets: list[str] | tuple[str, ...] | None = None) -> list[Recipe]:
-    """All recipes of the workspace (or those matching `targets`: names or globs)."""
-    problems: list[Diagnostic] = []
+@dataclass
+class BrokenRecipe:
+    """A recipe file that does not load: reported, never built."""
+
+    name: str  # its `name:` when that much is readable, else the file's stem: what targets match
+    file: Path  # absolute
+    rel_file: str
+    diagnostics: list[Diagnostic]
+
+    def summary(self) -> str:
+        """One line: where its first problem is, what it is, and how many more there are."""
+        first, more = sorted(self.diagnostics)[0], len(self.diagnostics) - 1
+        what = f"{first.json_path}: {first.message}" if first.json_path else first.message
+        rest = f" (+{more} more: tpubuild validate {self.rel_file})" if more else ""
+        return f"{first.loc}: invalid recipe {self.name!r} skipped: {what}{rest}"
+
+
+@dataclass
+class Selection:
+    """What targets select among the workspace's recipes (`tpubuild build TARGET...`)."""
+
+    recipes: list[Recipe]  # asked for, valid
+    broken: list[BrokenRecipe]  # asked for, not loadable
+    others: list[BrokenRecipe]  # not asked for, not loadable: worth a warning, never fatal
+
+
+def load_all(ws: Workspace) -> tuple[list[Recipe], list[BrokenRecipe]]:
+    """(the recipes that load, the files that do not), in file order. Of two recipes with
+    one name, the second is broken (pointing at its `name:` line)."""
     recipes: list[Recipe] = []
+    broken: list[BrokenRecipe] = []
+    by_name: dict[str, Recipe] = {}
     for path in discover(ws):
         try:
-            recipes.append(_load(path, ws))
+            recipe = _load(path, ws)
         except ConfigError as exc:
-            problems.extend(exc.diagnostics)
-    by_name: dict[str, Recipe] = {}
-    for recipe in recipes:
+            broken.append(BrokenRecipe(_readable_name(path, ws), path, display_path(path, ws.root), exc.diagnostics))
+            continue
         other = by_name.get(recipe.name)
         if other is not None:
-            problems.append(
-                Diagnostic(
-                    Location(recipe.rel_file),
-                    "name",
-                    f"recipe name {recipe.name!r} is also used by {other.rel_file}",
-                )
-            )
-        else:
-            by_name[recipe.name] = recipe
-    if problems:
-        raise ConfigError(problems)
+            message = f"recipe name {recipe.name!r} is also used by {other.rel_file}"
+            where = recipe.name_loc or Location(recipe.rel_file)
+            broken.append(BrokenRecipe(recipe.name, recipe.file, recipe.rel_file, [Diagnostic(where, "name", message)]))
+            continue
+        by_name[recipe.name] = recipe
+        recipes.append(recipe)
+    return recipes, broken
+
+
+def _readable_name(path: Path, ws: Workspace) -> str:
+    """A broken recipe's name as far as it can be read: a target naming it must find it."""
+    try:
+        data, _ = read_yaml_file(path, display_path(path, ws.root))
+    except ConfigError:
+        data = None
+    name = data.get("name") if isinstance(data, dict) else None
+    return name if isinstance(name, str) else _stem(path)
+
+
+def load_recipes(ws: Workspace, targets: list[str] | tuple[str, ...] | None = None) -> list[Recipe]:
+    """All recipes of the workspace (or those matching `targets`: names or globs). Any
+    recipe that does not load is an error, asked for or not (what `diff` compares)."""
+    recipes, broken = load_all(ws)
+    if broken:
+        raise ConfigError([d for b in broken for d in b.diagnostics])
     if not targets:
         return recipes
     return select(recipes, targets)
 
 
-def select(recipes: list[Recipe], targets: list[str] | tuple[str, ...]) -> list[Recipe]:
-    """Recipes named by `targets` (names or shell globs), in workspace order."""
-    wanted: set[str] = set()
+def load_selection(ws: Workspace, targets: list[str] | tuple[str, ...] | None, cwd: Path | None = None) -> Selection:
+    """The recipes `targets` ask for (names, globs or recipe files; none: all), split into
+    valid and broken; the broken ones not asked for are set apart, so one bad recipe does
+    not stop the work on another (like make, which reads only what a target needs)."""
+    recipes, broken = load_all(ws)
+    if not targets:
+        return Selection(recipes, broken, [])
+    wanted = {id(r) for r in select([*recipes, *broken], targets, ws, cwd)}
+    return Selection([r for r in recipes if id(r) in wanted], [b for b in broken if id(b) in wanted],
+                     [b for b in broken if id(b) not in wanted])
+
+
+def select(recipes: list, targets: list[str] | tuple[str, ...], ws: Workspace | None = None,
+           cwd: Path | None = None) -> list:
+    """Recipes named by `targets`, in workspace order: names or shell globs of names, or
+    recipe files (a path relative to `cwd`, or absolute; globs too), like make's targets."""
+    wanted: set[int] = set()
     names = [r.name for r in recipes]
     for target in targets:
-        matched = fnmatch.filter(names, target)
+        if ws is not None and is_path_target(target, names):
+            files = _target_files(target, ws, cwd or Path.cwd())
+            matched_ids = {id(r) for r in recipes if r.file in files}
+            if not matched_ids:
+                raise UsageError(_not_a_recipe_message(target, files, ws, names))
+            wanted.update(matched_ids)
+            continue
+        matched = set(fnmatch.filter(names, target))
         if not matched:
             import difflib
 
             close = difflib.get_close_matches(target, names, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else f" (recipes: {', '.join(names) or 'none'})"
             raise UsageError(f"no recipe matches {target!r}{hint}")
-        wanted.update(matched)
-    return [r for r in recipes if r.name in wanted]
+        wanted.update(id(r) for r in recipes if r.name in matched)
+    return [r for r in recipes if id(r) in wanted]
+
+
+def is_path_target(target: str, names: list[str]) -> bool:
+    """A target with a slash is a file; so is `x.yaml` when no recipe is named that (a
+    name may hold dots)."""
+    if "/" in target or os.sep in target:
+        return True
+    return target.endswith((".yaml", ".yml")) and not fnmatch.filter(names, target)
+
+
+def _target_files(target: str, ws: Workspace, cwd: Path) -> set[Path]:
+    """The files a path target names, resolved (so symlinks and `..` compare equal)."""
+    pattern = os.path.join(cwd, target)
+    try:
+        if glob.has_magic(target):
+            return {Path(m).resolve() for m in glob.glob(pattern, recursive=True) if os.path.isfile(m)}
+        return {Path(pattern).resolve()}
+    except ValueError:  # a null byte: names no file
+        return set()
+
+
+def _not_a_recipe_message(target: str, files: set[Path], ws: Workspace, names: list[str]) -> str:
+    missing = _missing_reason(target, files)
+    if missing:
+        return f"no recipe matches {target!r}: {missing} (recipes: {', '.join(names) or 'none'})"
+    if any(str(f).endswith(LOCK_SUFFIX) for f in files):
+        return f"{target!r} is a lock file, not a recipe (its recipe is {target[: -len(LOCK_SUFFIX)]}.yaml)"
+    return (f"{target!r} is not a recipe of the workspace {ws.root} "
+            f"(its recipes: {', '.join(ws.recipe_globs)} in {display_path(ws.file, ws.root)})")
+
+
+def _missing_reason(target: str, files: set[Path]) -> str | None:
+    """Why a path target names no file (the OS's words), else None."""
+    if not files:
+        return "no such file"
+    for path in files:
+        try:
+            os.stat(path)
+            return None
+        except (OSError, ValueError) as exc:
+            reason = getattr(exc, "strerror", None) or str(exc)
+    return reason
 
 
 def load_recipe_file(path: Path, workspace: Workspace | None = None) -> Recipe:
@@ -233,4 +339,5 @@ def _finish(data: dict, marks: Marks, path: Path, display: str, ws: Workspace) -
     data.pop("extends", None)
     data.pop("$schema", None)
     name = data.get("name") or _stem(path)
-    return Recipe(name, path, display, ws.root, canonicalize(data, name, ws.root))
+    name_loc = marks.key(("name",)) if "name" in data else Location(display)
+    return Recipe(name, path, display, ws.root, canonicalize(data, name, ws.root), name_loc=name_loc)
