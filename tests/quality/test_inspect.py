@@ -113,5 +113,5 @@ def test_inspect_of_a_directory_without_a_model_is_one_line(tmp_path: Path, caps
 
     with pytest.raises(SystemExit) as exit_info:
         main(["inspect", str(tmp_path)])
-    assert exit_info.value.code == 1
-    assert capsys.readouterr().err == f"error: {tmp_path}: not a SavedModel (no saved_model.pb)\n"
+    assert exit_info.value.code == 2  # a usage error: the wrong path was given (issue 30 item 7)
+    assert capsys.readouterr().err == f"error: {tmp_path}: not a SavedModel directory (no saved_model.pb)\n"

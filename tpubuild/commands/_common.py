@@ -11,7 +11,8 @@ def workspace_from(ctx: click.Context) -> Workspace:
     return load_workspace(override=ctx.obj.workspace if ctx.obj else None)
 
 
-def recipes_from(ctx: click.Context, patterns: tuple[str, ...] | list[str], keep_going: bool = False):
+def recipes_from(ctx: click.Context, patterns: tuple[str, ...] | list[str], keep_going: bool = False,
+                 deep: bool = False):
     """(workspace, recipes matching the patterns; all when none are given). Patterns are
     recipe names, globs of names, or recipe files (relative to the current directory).
 
@@ -26,7 +27,7 @@ def recipes_from(ctx: click.Context, patterns: tuple[str, ...] | list[str], keep
     from tpubuild.errors import ConfigError
 
     ws = workspace_from(ctx)
-    selection = load_selection(ws, list(patterns), Path.cwd())
+    selection = load_selection(ws, list(patterns), Path.cwd(), deep)
     for broken in selection.others:
         click.echo(f"warning: {broken.summary()}", err=True)
     if selection.broken:

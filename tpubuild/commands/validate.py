@@ -29,7 +29,7 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], as_json: bool)
     """
     if as_json:
         return _as_json(ctx, recipe_patterns)
-    ws, recipes = recipes_from(ctx, recipe_patterns)
+    ws, recipes = recipes_from(ctx, recipe_patterns, deep=True)
     warn_unmatched_globs(ws)
     click.echo(f"{len(recipes)} recipe{'s' if len(recipes) != 1 else ''} OK in {ws.root}")
     return 0
@@ -45,7 +45,7 @@ def _as_json(ctx: click.Context, recipe_patterns: tuple[str, ...]) -> int:
     from tpubuild.config.workspace import check_output_overlap
 
     ws = workspace_from(ctx)
-    selection = load_selection(ws, list(recipe_patterns), Path.cwd())
+    selection = load_selection(ws, list(recipe_patterns), Path.cwd(), deep=True)
     problems = sorted({d for b in selection.broken for d in b.diagnostics})
     warnings = unmatched_glob_warnings(ws)
     warnings += [b.summary() for b in selection.others]

@@ -114,15 +114,16 @@ class Selection:
     others: list[BrokenRecipe]  # not asked for, not loadable: worth a warning, never fatal
 
 
-def load_all(ws: Workspace) -> tuple[list[Recipe], list[BrokenRecipe]]:
+def load_all(ws: Workspace, deep: bool = False) -> tuple[list[Recipe], list[BrokenRecipe]]:
     """(the recipes that load, the files that do not), in file order. Of two recipes with
-    one name, the second is broken (pointing at its `name:` line)."""
+    one name, the second is broken (pointing at its `name:` line). `deep`: also the checks
+    that read the model's files (config.model_checks), as `validate` does."""
     recipes: list[Recipe] = []
     broken: list[BrokenRecipe] = []
     by_name: dict[str, Recipe] = {}
     for path in discover(ws):
         try:
-            recipe = _load(path, ws)
+            recipe = _load(path, ws, deep)
         except ConfigError as exc:
             broken.append(BrokenRecipe(_readable_name(path, ws), path, display_path(path, ws.root), exc.diagnostics))
             continue
@@ -158,11 +159,12 @@ def load_recipes(ws: Workspace, targets: list[str] | tuple[str, ...] | None = No
     return select(recipes, targets)
 
 
-def load_selection(ws: Workspace, targets: list[str] | tuple[str, ...] | None, cwd: Path | None = None) -> Selection:
+def load_selection(ws: Workspace, targets: list[str] | tuple[str, ...] | None, cwd: Path | None = None,
+                   deep: bool = False) -> Selection:
     """The recipes `targets` ask for (names, globs or recipe files; none: all), split into
     valid and broken; the broken ones not asked for are set apart, so one bad recipe does
     not stop the work on another (like make, which reads only what a target needs)."""
-    recipes, broken = load_all(ws)
+    recipes, broken = load_all(ws, deep)
     if not targets:
         return Selection(recipes, broken, [])
     wanted = {id(r) for r in select([*recipes, *broken], targets, ws, cwd)}
@@ -269,13 +271,13 @@ def load_converter_options_file(path: Path, saved_model: Path, workspace: Worksp
     return _finish(data, marks, path, display, ws)
 
 
-def _load(path: Path, ws: Workspace) -> Recipe:
+def _load(path: Path, ws: Workspace, deep: bool = False) -> Recipe:
     display = display_path(path, ws.root)
     read: list[Path] = []
     data, marks = _read_layered(path, ws, display, chain=(), read=read)
     if ws.defaults:  # deep_merge copies: the workspace's defaults stay untouched
         data, marks = deep_merge(ws.defaults, ws.defaults_marks, data, marks)
-    recipe = _finish(data, marks, path, display, ws)
+    recipe = _finish(data, marks, path, display, ws, deep)
     recipe.files = read
     return recipe
 
@@ -331,8 +333,13 @@ def _name_problems(data: dict, marks: Marks, path: Path, display: str, reported:
     return [Diagnostic(marks.value(("name",)), "name", invalid_name_message(name))]
 
 
-def _finish(data: dict, marks: Marks, path: Path, display: str, ws: Workspace) -> Recipe:
-    problems = schema_diagnostics("recipe", data, marks) + Checker(data, marks, ws.root).run()
+def _finish(data: dict, marks: Marks, path: Path, display: str, ws: Workspace, deep: bool = False) -> Recipe:
+    problems = schema_diagnostics("recipe", data, marks)
+    problems += Checker(data, marks, ws.root).run()
+    if deep and not problems:  # on a recipe whose shape is right: the model's files are read
+        from tpubuild.config.model_checks import model_problems
+
+        problems += model_problems(data, marks, ws.root)
     problems += _name_problems(data, marks, path, display, reported=any(d.json_path == "name" for d in problems))
     if problems:
         raise ConfigError(problems)
