@@ -36,6 +36,7 @@ VERBS = {
     "gc": "gc",
     "verify-cache": "verify_cache",
     "verify": "verify",
+    "schema": "schema",
 }
 
 
