@@ -31,6 +31,9 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], as_json: bool)
         return _as_json(ctx, recipe_patterns)
     ws, recipes = recipes_from(ctx, recipe_patterns, deep=True)
     warn_unmatched_globs(ws)
+    for recipe in recipes:
+        for warning in recipe.warnings:
+            click.echo(f"warning: {warning}", err=True)
     click.echo(f"{len(recipes)} recipe{'s' if len(recipes) != 1 else ''} OK in {ws.root}")
     return 0
 
@@ -49,6 +52,7 @@ def _as_json(ctx: click.Context, recipe_patterns: tuple[str, ...]) -> int:
     problems = sorted({d for b in selection.broken for d in b.diagnostics})
     warnings = unmatched_glob_warnings(ws)
     warnings += [b.summary() for b in selection.others]
+    warnings += [str(w) for r in selection.recipes for w in r.warnings]
     document = {
         "workspace": str(ws.root),
         "recipes": [{"name": r.name, "file": r.rel_file} for r in selection.recipes],

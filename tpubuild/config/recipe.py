@@ -14,7 +14,7 @@ from typing import Any
 from tpubuild.config.canonical import canonical_json, canonicalize, digest
 from tpubuild.config.checks import Checker
 from tpubuild.config.finding import LOCK_SUFFIX
-from tpubuild.config.merge import deep_merge
+from tpubuild.config.merge import ReplacedList, deep_merge
 from tpubuild.config.names import invalid_name_message, name_from_file_message, valid_name
 from tpubuild.config.paths import boundary_problem, rebase
 from tpubuild.config.schema import schema_diagnostics
@@ -34,6 +34,8 @@ class Recipe:
     files: list[Path] = field(default_factory=list, repr=False)
     # Where the name was written (its `name:` key), else the file: what a duplicate points at.
     name_loc: Location | None = field(default=None, repr=False)
+    # Problems that do not stop a build, which validate reports (a list an extends replaced).
+    warnings: list[Diagnostic] = field(default_factory=list, repr=False)
 
     @cached_property
     def canonical_json(self) -> str:
@@ -274,18 +276,20 @@ def load_converter_options_file(path: Path, saved_model: Path, workspace: Worksp
 def _load(path: Path, ws: Workspace, deep: bool = False) -> Recipe:
     display = display_path(path, ws.root)
     read: list[Path] = []
-    data, marks = _read_layered(path, ws, display, chain=(), read=read)
+    replaced: list[ReplacedList] = []
+    data, marks = _read_layered(path, ws, display, chain=(), read=read, replaced=replaced)
     if ws.defaults:  # deep_merge copies: the workspace's defaults stay untouched
-        data, marks = deep_merge(ws.defaults, ws.defaults_marks, data, marks)
+        data, marks = deep_merge(ws.defaults, ws.defaults_marks, data, marks, replaced)
     recipe = _finish(data, marks, path, display, ws, deep)
     recipe.files = read
+    recipe.warnings = [r.warning() for r in replaced]
     return recipe
 
 
 def _read_layered(path: Path, ws: Workspace, display: str, chain: tuple[Path, ...],
-                  read: list[Path] | None = None) -> tuple[dict, Marks]:
+                  read: list[Path] | None = None, replaced: list[ReplacedList] | None = None) -> tuple[dict, Marks]:
     """The recipe at `path` with its `extends` chain applied, paths rebased to the root;
-    every file read is appended to `read`."""
+    every file read is appended to `read`, every list that lost fields to `replaced`."""
     if read is not None:
         read.append(path)
     data, marks = read_yaml_file(path, display)
@@ -312,11 +316,11 @@ def _read_layered(path: Path, ws: Workspace, display: str, chain: tuple[Path, ..
         raise ConfigError([Diagnostic(where, "extends", f"{written!r} cannot be used: {exc.strerror}")]) from None
     if not is_file:
         raise ConfigError([Diagnostic(where, "extends", f"{written!r} does not exist")])
-    base, base_marks = _read_layered(base_path, ws, display_path(base_path, ws.root), chain + (path,), read)
+    base, base_marks = _read_layered(base_path, ws, display_path(base_path, ws.root), chain + (path,), read, replaced)
     base.pop("extends", None)
     base.pop("name", None)  # a name belongs to the recipe that states it, not to its children
     base_marks.drop(("name",))
-    merged, merged_marks = deep_merge(base, base_marks, data, marks)
+    merged, merged_marks = deep_merge(base, base_marks, data, marks, replaced)
     merged_marks.values[()] = marks.value(())
     return merged, merged_marks
 
