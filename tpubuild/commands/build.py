@@ -35,7 +35,8 @@ import click
               "else the cluster on this machine).")
 @click.option("-k", "--keep-going", is_flag=True,
               help="Like make -k: a failed target (cpu_savedmodel, litert, xla_aot) fails the build (exit 1) "
-                   "but the recipe still publishes what built and verified, without that target.")
+                   "but the recipe still publishes what built and verified, without that target; an invalid "
+                   "recipe among those asked for is reported and the others still build (exit 2).")
 @click.option("--relock", is_flag=True,
               help="Rewrite the lock files even where no key changed, with the figures measured on this machine "
                    "(a build keeps a lock file whose keys match byte for byte).")
@@ -50,7 +51,8 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry
     output is then taken from the cache. A new numbered version appears under
     `<output_dir>/<recipe>/` only when the result differs. Exit code 1 when a stage
     failed (the other recipes are still built), 2 for a bad recipe: one that was not
-    asked for is a warning; one that was is reported and the others asked for still build.
+    asked for (`tpubuild build toy` with another recipe broken) is a warning line; one that
+    was stops the build before anything runs, or with -k is skipped while the rest build.
     """
     since_ns = time.time_ns()  # files changed after this are never remembered as up to date
     if changed_since is not None:
@@ -67,7 +69,9 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry
             return code
     from tpubuild.commands._common import asked_broken, recipes_from, remote_setting, warn_unmatched_globs
 
-    ws, recipes = recipes_from(ctx, recipe_patterns, keep_going=True)
+    # An invalid recipe that was not asked for is a warning; one that was stops the build
+    # before anything runs (bazel's loading phase), unless -k builds the others (exit 2).
+    ws, recipes = recipes_from(ctx, recipe_patterns, keep_going=keep_going)
     if not recipes:  # say why nothing is built, as validate does
         warn_unmatched_globs(ws)
     invalid = 2 if asked_broken(ctx) else 0  # reported already; the valid recipes asked for still build
