@@ -43,6 +43,8 @@ def _export_problems(export: dict[str, Any], marks: Marks, root: Path) -> list[D
     except (OSError, ValueError) as exc:  # ValueError: a null byte in the source
         path = ("model", "export", "script")
         return [Diagnostic(marks.value(path), format_path(path), f"{script!r} cannot be read: {exc}")]
+    except (RecursionError, MemoryError):  # nested beyond the parser's means: the export stage will say
+        return []
     function = export.get("function", DEFAULT_EXPORT_FUNCTION)
     defined = module_names(tree)
     if defined is None or function in defined:
