@@ -123,6 +123,12 @@ def test_validate_json(toy, monkeypatch):
     monkeypatch.chdir(toy.root)
     code, out, _ = toy.cli("validate", "--json", "recipes/toy.yaml")
     assert (code, json.loads(out)["warnings"]) == (0, [BAD_WARNING[len("warning: "):-1]])
+    # A problem of the workspace file is in the document too.
+    toy.write("tpubuild.yaml", "recipes: 3\n")
+    code, out, err = toy.cli("validate", "--json")
+    assert (code, err) == (2, "")
+    assert json.loads(out) == {"workspace": str(toy.root), "recipes": [], "warnings": [], "exit_code": 2, "problems": [
+        {"file": "tpubuild.yaml", "line": 1, "col": 10, "path": "recipes", "message": "expected a list, got 3"}]}
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -40,28 +40,39 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], as_json: bool)
 
 def _as_json(ctx: click.Context, recipe_patterns: tuple[str, ...]) -> int:
     """{"workspace", "recipes": [{name, file}], "problems": [{file, line, col, path, message}],
-    "warnings": [...], "exit_code"}: problems go to stdout too, so a script reads one document."""
+    "warnings": [...], "exit_code"}: problems go to stdout too, so a script reads one document
+    (a usage error, as an unknown recipe, stays one line on stderr)."""
     from pathlib import Path
 
     from tpubuild.commands._common import unmatched_glob_warnings, workspace_from
+    from tpubuild.config.finding import find_workspace_file
     from tpubuild.config.recipe import load_selection
     from tpubuild.config.workspace import check_output_overlap
+    from tpubuild.errors import ConfigError
 
-    ws = workspace_from(ctx)
-    selection = load_selection(ws, list(recipe_patterns), Path.cwd(), deep=True)
-    problems = sorted({d for b in selection.broken for d in b.diagnostics})
-    warnings = unmatched_glob_warnings(ws)
-    warnings += [b.summary() for b in selection.others]
-    warnings += [str(w) for r in selection.recipes for w in r.warnings]
-    document = {
-        "workspace": str(ws.root),
-        "recipes": [{"name": r.name, "file": r.rel_file} for r in selection.recipes],
-        "problems": [{"file": d.loc.path, "line": d.loc.line, "col": d.loc.col, "path": d.json_path,
-                      "message": d.message} for d in problems]
-        + [{"file": r, "line": 0, "col": 0, "path": "", "message": m}
-           for r, m in (p.split(": ", 1) for p in check_output_overlap(ws, selection.recipes))],
-        "warnings": warnings,
-    }
+    document = {"workspace": None, "recipes": [], "problems": [], "warnings": []}
+    try:
+        ws = workspace_from(ctx)
+        document["workspace"] = str(ws.root)
+        selection = load_selection(ws, list(recipe_patterns), Path.cwd(), deep=True)
+    except ConfigError as exc:  # the workspace file, or a recipe glob leading out of it
+        override = ctx.obj.workspace if ctx.obj else None
+        found = find_workspace_file(Path(override) if override else Path.cwd())
+        document["workspace"] = document["workspace"] or (str(found.parent) if found else None)
+        document["problems"] = [_problem(d) for d in exc.diagnostics]
+    else:
+        document["recipes"] = [{"name": r.name, "file": r.rel_file} for r in selection.recipes]
+        document["problems"] = [_problem(d) for d in sorted({d for b in selection.broken for d in b.diagnostics})]
+        document["problems"] += [{"file": r, "line": 0, "col": 0, "path": "", "message": m}
+                                 for r, m in (p.split(": ", 1) for p in check_output_overlap(ws, selection.recipes))]
+        document["warnings"] = unmatched_glob_warnings(ws) + [b.summary() for b in selection.others]
+        document["warnings"] += [str(w) for r in selection.recipes for w in r.warnings]
     document["exit_code"] = 2 if document["problems"] else 0
     click.echo(json.dumps(document, indent=2))
     return document["exit_code"]
+
+
+def _problem(diagnostic) -> dict:
+    loc = diagnostic.loc
+    return {"file": loc.path, "line": loc.line, "col": loc.col, "path": diagnostic.json_path,
+            "message": diagnostic.message}
