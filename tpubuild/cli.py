@@ -94,7 +94,9 @@ def cli(ctx: click.Context, workspace: Path | None, debug: bool, verbose: bool, 
     if debug:  # workers and the engine show full tracebacks of stage errors
         os.environ["TPUBUILD_DEBUG"] = "1"
     if verbose and quiet:
-        raise click.UsageError("-q/--quiet and -v/--verbose cannot be used together")
+        from tpubuild.errors import UsageError
+
+        raise UsageError("-q/--quiet and -v/--verbose cannot be used together")
     ctx.obj = Options(workspace, debug, verbose, quiet)
     if not debug:
         # Before any verb imports TensorFlow; it imports nothing itself (planning stays light).

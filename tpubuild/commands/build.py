@@ -120,7 +120,9 @@ def _verbosity(ctx: click.Context, verbose: bool, quiet: bool) -> int:
     verbose = verbose or bool(ctx.obj and ctx.obj.verbose)
     quiet = quiet or bool(ctx.obj and ctx.obj.quiet)
     if verbose and quiet:
-        raise click.UsageError("-q/--quiet and -v/--verbose cannot be used together")
+        from tpubuild.errors import UsageError
+
+        raise UsageError("-q/--quiet and -v/--verbose cannot be used together")
     return VERBOSE if verbose else QUIET if quiet else NORMAL
 
 

@@ -78,7 +78,7 @@ class BuildOutput:
         self.total = 0
         self.done = 0
         self.running: dict[tuple[str, str], float] = {}
-        self.drawn = False
+        self.drawn: str | None = None  # the live line on screen now
         self.stop = threading.Event()
         self.ticker: threading.Thread | None = None
 
@@ -167,13 +167,16 @@ class BuildOutput:
         now = time.monotonic()
         running = ", ".join(f"{recipe}: {stage} {now - since:.0f} s"
                             for (recipe, stage), since in sorted(self.running.items(), key=lambda item: item[1]))
-        text = f"[{self.done}/{self.total}] " + (f"running {running}" if running else "checking the cache")
+        idle = "finishing" if self.done >= self.total else "checking the cache"  # lock files, workers' exit
+        text = f"[{self.done}/{self.total}] " + (f"running {running}" if running else idle)
         width = shutil.get_terminal_size((100, 24)).columns - 1  # never wraps: \r would not reach the start
-        self.out.write("\r\033[K" + text[:max(width, 20)])
-        self.out.flush()
-        self.drawn = True
+        text = text[:max(width, 20)]
+        if text != self.drawn:  # a terminal recording gets a change, not four frames a second
+            self.out.write("\r\033[K" + text)
+            self.out.flush()
+            self.drawn = text
 
     def _clear(self) -> None:
-        if self.drawn:
+        if self.drawn is not None:
             self.out.write("\r\033[K")
-            self.drawn = False
+            self.drawn = None
