@@ -2,6 +2,8 @@
 
 The protocol is one JSON line per request on the worker's stdin and one per reply on a
 private copy of its stdout; what stages print goes to the worker's log file instead.
+A reply's `seconds` is the stage's own work, timed here without TensorFlow's import
+(engine/import_clock.py): the engine reports the rest of its wait as worker start-up.
 A worker exits when its parent dies (stdin EOF, and PR_SET_PDEATHSIG on Linux), so a
 killed build leaves no stage running behind it.
 
