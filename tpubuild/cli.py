@@ -59,10 +59,11 @@ class LazyGroup(click.Group):
 class Options:
     """Global options every verb receives through click's context object."""
 
-    def __init__(self, workspace: Path | None, debug: bool, verbose: bool = False):
+    def __init__(self, workspace: Path | None, debug: bool, verbose: bool = False, quiet: bool = False):
         self.workspace = workspace
         self.debug = debug
-        self.verbose = verbose
+        self.verbose = verbose  # more output (build: every stage); TensorFlow's log is --debug's
+        self.quiet = quiet  # less output (build: errors, warnings and the summary line)
 
 
 @click.group(
@@ -79,9 +80,12 @@ class Options:
     "Default: the nearest tpubuild.yaml in this directory or above.",
 )
 @click.option("--debug", is_flag=True, help="Show Python tracebacks for errors, and TensorFlow's own log.")
-@click.option("--verbose", "-v", is_flag=True, help="Show TensorFlow's own log lines (hidden by default).")
+@click.option("--verbose", "-v", is_flag=True,
+              help="More output: build and build --dry-run list every stage, cached ones too (also `build -v`).")
+@click.option("--quiet", "-q", is_flag=True,
+              help="Less output: build prints only errors, warnings and its summary line (also `build -q`).")
 @click.pass_context
-def cli(ctx: click.Context, workspace: Path | None, debug: bool, verbose: bool) -> None:
+def cli(ctx: click.Context, workspace: Path | None, debug: bool, verbose: bool, quiet: bool) -> None:
     """tpubuild: build TPU-ready TensorFlow SavedModels from YAML recipes.
 
     Each model in the workspace has a recipe (recipes/*.yaml) whose `converter:`
@@ -90,8 +94,12 @@ def cli(ctx: click.Context, workspace: Path | None, debug: bool, verbose: bool) 
     """
     if debug:  # workers and the engine show full tracebacks of stage errors
         os.environ["TPUBUILD_DEBUG"] = "1"
-    ctx.obj = Options(workspace, debug, verbose)
-    if not (debug or verbose):
+    if verbose and quiet:
+        from tpubuild.errors import UsageError
+
+        raise UsageError("-q/--quiet and -v/--verbose cannot be used together")
+    ctx.obj = Options(workspace, debug, verbose, quiet)
+    if not debug:
         # Before any verb imports TensorFlow; it imports nothing itself (planning stays light).
         quiet_tensorflow()
 

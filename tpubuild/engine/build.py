@@ -51,10 +51,35 @@ class Row:
     seconds: float
     remote: bool = False  # a `cached` stage whose record came from the remote cache
     peak_rss_bytes: int | None = None  # a `built` stage's worker: its peak resident set size in that stage
+    # A stage run by a worker: `seconds` is its own work, timed in the worker; this is the
+    # rest of the wait for its reply: a free slot (-j), a new worker's process start and
+    # TensorFlow import (engine/import_clock.py), on Ray the task's scheduling and transfers.
+    worker_startup_seconds: float | None = None
 
     def to_json(self) -> dict[str, Any]:
+        startup = self.worker_startup_seconds
         return {"recipe": self.recipe, "stage": self.stage, "status": self.status, "key": self.key,
-                "seconds": round(self.seconds, 3), "remote": self.remote, "peak_rss_bytes": self.peak_rss_bytes}
+                "seconds": round(self.seconds, 3), "remote": self.remote, "peak_rss_bytes": self.peak_rss_bytes,
+                "worker_startup_seconds": None if startup is None else round(startup, 3)}
+
+
+@dataclass
+class WorkerTime:
+    """A stage's time as its worker measured it, and what waiting for that worker added."""
+
+    seconds: float | None = None  # the stage's own work; None: no worker reply (Ray failures, old workers)
+    startup: float | None = None
+
+    @classmethod
+    def of(cls, reply: dict[str, Any], waited: float) -> WorkerTime:
+        own = reply.get("seconds")
+        if not isinstance(own, (int, float)):
+            return cls(None, None)
+        return cls(float(own), max(0.0, waited - own))
+
+    def or_since(self, start: float) -> float:
+        """The stage's own seconds, else the engine's clock since `start`."""
+        return self.seconds if self.seconds is not None else time.monotonic() - start
 
 
 class Engine:
@@ -205,8 +230,9 @@ class Engine:
         if pending.error:
             return self._fail(run, planned, pending.error, start, pending.detail)
         self.started(run, planned.name)
+        timing = WorkerTime()  # the source snapshot and publish run in this process
         try:
-            peak_rss = None  # the source snapshot runs in this process
+            peak_rss = None
             if planned.name == "source":
                 entry = self._snapshot_source(run, planned, pending)
             elif planned.name == "publish":
@@ -215,9 +241,10 @@ class Engine:
                                    time.monotonic() - start))
                 return True
             else:
-                entry, peak_rss = self._execute(run, planned, pending)
+                entry, peak_rss, timing = self._execute(run, planned, pending)
         except StageError as exc:
-            return self._fail(run, planned, str(exc), start, getattr(exc, "detail", None))
+            return self._fail(run, planned, str(exc), start, getattr(exc, "detail", None),
+                              getattr(exc, "timing", timing))
         except Exception as exc:  # a bug in tpubuild: the recipe fails, the build goes on
             return self._fail(run, planned, f"internal error: {type(exc).__name__}: {exc}", start,
                               traceback.format_exc())
@@ -226,19 +253,21 @@ class Engine:
         run.outputs[planned.name] = self.resolver.output_of(planned, entry, directory)
         for warning in entry.warnings:
             self.errors(f"{run.recipe.rel_file}: stage {planned.name}: warning: {warning}")
-        self.row(run, Row(run.name, planned.name, "built", entry.key, time.monotonic() - start,
-                          peak_rss_bytes=peak_rss))
+        self.row(run, Row(run.name, planned.name, "built", entry.key, timing.or_since(start),
+                          peak_rss_bytes=peak_rss, worker_startup_seconds=timing.startup))
         return True
 
     def _fail(self, run: RecipeRun, planned: PlannedStage, message: str, start: float,
-              detail: str | None = None) -> bool:
+              detail: str | None = None, timing: WorkerTime | None = None) -> bool:
         """Record a failed stage; returns what doit is told (False: its dependents stop).
         With --keep-going a target chain's failure is that target's alone: doit goes on,
         the chain's other stage is skipped and publish leaves the target out."""
         line = f"{run.recipe.rel_file}: stage {planned.name}: {message}"
         target = next((t for t, chain in TARGET_STAGES.items() if chain and planned.name in chain), None)
         self.errors(line + (f"\n{detail.rstrip()}" if detail and os.environ.get("TPUBUILD_DEBUG") else ""))
-        self.row(run, Row(run.name, planned.name, "failed", None, time.monotonic() - start))
+        timing = timing or WorkerTime()
+        self.row(run, Row(run.name, planned.name, "failed", None, timing.or_since(start),
+                          worker_startup_seconds=timing.startup))
         if self.keep_going and target is not None:
             run.failed_targets[target] = line
             return True
@@ -262,8 +291,10 @@ class Engine:
         with self.state_lock:
             return self.store.put_files(pending.key, "source", files, directory, pending.record, self.stat)
 
-    def _execute(self, run: RecipeRun, planned: PlannedStage, pending: Pending) -> tuple[StageEntry, int | None]:
-        """Run the stage in a worker and store its output; (entry, the worker's peak RSS in it)."""
+    def _execute(self, run: RecipeRun, planned: PlannedStage,
+                 pending: Pending) -> tuple[StageEntry, int | None, WorkerTime]:
+        """Run the stage in a worker and store its output; (entry, the worker's peak RSS in
+        it, its time). A StageError raised after the worker replied carries the time too."""
         stage = spec(planned.name)
         work = self.store.new_workdir(planned.name)
         out_dir = work / "out"
@@ -290,21 +321,26 @@ class Engine:
             request["keyed"] = {field: pending.record[field] for field in ("code", "toolchain", "env")}
             request["declared"] = {k[5:]: v for k, v in pending.record["inputs"].items() if k.startswith("file:")}
         try:
+            asked = time.monotonic()
             reply = self.workers().run(request, self.timeout, Path(run.recipe.root) if stage.runs_user_code else None,
                                        spare=spare)
+            timing = WorkerTime.of(reply, time.monotonic() - asked)
             if not reply["ok"]:
                 message = reply["error"]
                 if reply.get("bug"):
                     message = f"internal error: {message} (traceback in {self.ws.state_dir / 'logs'})"
                 error = StageError(message)
                 error.detail = reply.get("detail")
+                error.timing = timing
                 raise error
             changed = changed_inputs(Path(run.recipe.root), pending.file_stats, pending.record["inputs"], self.stat)
             if changed:
-                raise StageError(
+                error = StageError(
                     f"input {', '.join(changed)} changed while the stage ran; its result was not recorded "
                     "(build again)"
                 )
+                error.timing = timing
+                raise error
             key, record = pending.key, pending.record
             if stage.runs_user_code:
                 discovered = reply.get("discovered", {})
@@ -313,7 +349,7 @@ class Engine:
                 record = dict(record, discovered=discovered)
             with self.state_lock:
                 stored = self.store.put(key, planned.name, out_dir, reply["summary"], reply["warnings"], record, self.stat)
-            return stored, reply.get("peak_rss_bytes")
+            return stored, reply.get("peak_rss_bytes"), timing
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
@@ -596,17 +632,21 @@ def build(
     remote: tuple[str, bool] | None = None,
     keep_going: bool = False,
     relock: bool = False,
+    planned: Callable[[list[RecipeRun]], None] | None = None,
 ) -> tuple[list[RecipeRun], Engine]:
     """Build `recipes` under the workspace lock. With a NoopMemo, every recipe the full
     check finds up to date is remembered (if its files are older than `since_ns`). With
     `remote` (url, push), stages missing locally are looked up in that remote cache and
-    stages built here are uploaded to it; a build with nothing to do never contacts it."""
+    stages built here are uploaded to it; a build with nothing to do never contacts it.
+    `planned` is told the runs (each with its plan) before any stage is looked at."""
     from tpubuild.engine.wslock import WorkspaceLock
 
     engine = Engine(ws, jobs, printer, errors, started)
     engine.keep_going = keep_going
     engine.relock = relock
     runs = new_runs(recipes)
+    if planned is not None:
+        planned(runs)
     lock = WorkspaceLock(ws.state_dir)
     lock.acquire(lock_wait, notify=engine.errors)
     try:

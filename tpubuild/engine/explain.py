@@ -10,7 +10,13 @@ from tpubuild.engine.keys import diff_records
 from tpubuild.engine.lockfile import read_lock
 from tpubuild.engine.resolve import RecipeRun, Resolved, new_runs
 
-__all__ = ["Resolved", "check_lines", "explain_lines", "resolve"]
+__all__ = ["DRY_RUN_ORDER", "STATE_WORDS", "Resolved", "check_lines", "explain_lines", "resolve"]
+
+# The words for a stage's state, the same in `explain`, `build --dry-run` and `build --check`
+# (`build` itself says built/cached/failed/skipped of what it did): cached, would run (with
+# its reasons), or cannot run (an input is missing; the reason says which).
+STATE_WORDS = {"cached": "cached", "pending": "would run", "failed": "cannot run"}
+DRY_RUN_ORDER = ("would run", "cached", "cannot run")  # the dry-run summary's order, as build's
 
 
 def resolve(ws: Any, recipe: Any, engine: Engine | None = None, run: RecipeRun | None = None) -> list[Resolved]:
@@ -62,8 +68,7 @@ def _stale(engine: Engine, run: RecipeRun) -> list[str]:
     waiting = [s for s in states if s.status != "cached"]
     if waiting:
         first = waiting[0]
-        verb = "cannot run" if first.status == "failed" else "would run"
-        return [f"stage {first.name} {verb} ({'; '.join(first.reasons)})"]
+        return [f"stage {first.name} {STATE_WORDS[first.status]} ({'; '.join(first.reasons)})"]
     problem = lock_problem(engine, run, states)
     return [problem] if problem else []
 
@@ -75,8 +80,7 @@ def explain_lines(ws: Any, recipe: Any) -> list[str]:
     states = resolve(ws, recipe, engine)
     engine.stat.save()
     for stage in states:
-        what = {"cached": "cached", "pending": "would run", "failed": "cannot run"}[stage.status]
         key = f" (key {stage.key[:16]})" if stage.key else ""
-        lines.append(f"  {stage.name}: {what}{key}")
+        lines.append(f"  {stage.name}: {STATE_WORDS[stage.status]}{key}")
         lines.extend(f"    - {reason}" for reason in stage.reasons)
     return lines

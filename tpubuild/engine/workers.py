@@ -2,6 +2,8 @@
 
 The protocol is one JSON line per request on the worker's stdin and one per reply on a
 private copy of its stdout; what stages print goes to the worker's log file instead.
+A reply's `seconds` is the stage's own work, timed here without TensorFlow's import
+(engine/import_clock.py): the engine reports the rest of its wait as worker start-up.
 A worker exits when its parent dies (stdin EOF, and PR_SET_PDEATHSIG on Linux), so a
 killed build leaves no stage running behind it.
 
@@ -433,6 +435,11 @@ def main() -> None:
         # The log is a file the user reads after a failure: TF's C++ errors belong in it
         # (an abort's last words, MLIR diagnostics), its info and warnings do not.
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    from tpubuild.engine import import_clock
+
+    # TensorFlow's import is this worker's start-up, not its first stage's work: timed
+    # apart (before imports.install, whose finder must stay in front of the clock's).
+    clock = import_clock.install()
     record_root = os.environ.get("TPUBUILD_RECORD_IMPORTS")
     if record_root:
         from tpubuild.engine import imports
@@ -454,12 +461,16 @@ def main() -> None:
         print(f"--- stage {request['stage']} (pid {os.getpid()})", file=sys.stderr, flush=True)
         _reset_peak_rss()
         children_before = _rusage_peak("RUSAGE_CHILDREN")
+        clock.take()  # a spare's import happened before any stage
+        started = time.monotonic()
         try:
             reply = handle(request)
         except Exception as exc:  # a bug in a stage: report it with its traceback
             traceback.print_exc()
             reply = {"ok": False, "bug": True, "error": f"{type(exc).__name__}: {exc}",
                      "detail": traceback.format_exc()}
+        # The stage's own work: from this request to its reply, less TensorFlow's import.
+        reply["seconds"] = max(0.0, time.monotonic() - started - clock.take())
         if record_root:
             from tpubuild.engine import imports
 
