@@ -11,6 +11,7 @@ node's `Tin`/`Tout` change to match and the TF-side Casts (savedmodel/casts.py) 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,14 +55,14 @@ def convert_module(node: NodeDef, filtered: set[str]) -> ModuleRewrite:
         f32, bf16 = ir.F32Type.get(), ir.BF16Type.get()
         rewrite = ModuleRewrite()
         kept = _kept_ops(module, filtered, f32, rewrite)
-        operand_types = {id(op): [v.type for v in op.operands] for op in kept}
+        operand_types = {op: [v.type for v in op.operands] for op in kept}
         _retype(module, kept, f32, bf16, rewrite)
         _convert_around(kept, operand_types, bf16)
         _refresh_function_types(module)
         try:
             module.operation.verify()
         except Exception as exc:
-            raise ModuleError(f"the bfloat16 module does not verify: {str(exc).strip().splitlines()[0]}") from None
+            raise ModuleError(f"the bfloat16 module does not verify: {_diagnostic(exc)}") from None
         inputs, results = _main_types(module)
         tin = _retyped_list(node.attr["Tin"].list.type, inputs, bf16, "Tin")
         tout = _retyped_list(node.attr["Tout"].list.type, results, bf16, "Tout")
@@ -109,10 +110,11 @@ def _retype(module: Any, kept: list[Any], f32: Any, bf16: Any, rewrite: ModuleRe
     """Every float32 tensor outside the kept ops becomes bfloat16; constants are rounded."""
     from jaxlib.mlir import ir
 
-    kept_ids = {id(op) for op in kept}
+    # MLIR's Python objects are new on every walk; equality and hashing follow the op.
+    kept_set = set(kept)
 
     def visit(op: Any) -> Any:
-        if id(op) in kept_ids:
+        if op in kept_set:
             return ir.WalkResult.ADVANCE
         for region in op.regions:
             for block in region.blocks:
@@ -155,7 +157,7 @@ def _rounded(attr: Any, kind: Any, bf16: Any) -> Any:
     return ir.DenseElementsAttr.get(values.view(np.uint16), type=bf16, shape=list(values.shape))
 
 
-def _convert_around(kept: list[Any], operand_types: dict[int, list[Any]], bf16: Any) -> None:
+def _convert_around(kept: list[Any], operand_types: dict[Any, list[Any]], bf16: Any) -> None:
     """A kept op reads its operands in the types it had (converted back from bfloat16),
     and its float32 results reach the bfloat16 ops after it through converts. Between two
     kept ops the float32 value passes as it is (no round trip through bfloat16)."""
@@ -173,7 +175,7 @@ def _convert_around(kept: list[Any], operand_types: dict[int, list[Any]], bf16: 
             result.replace_all_uses_except(narrowed.result, narrowed.operation)
             widened[narrowed.result] = result
     for op in kept:
-        for index, (operand, want) in enumerate(zip(list(op.operands), operand_types[id(op)])):
+        for index, (operand, want) in enumerate(zip(list(op.operands), operand_types[op])):
             if operand.type == want:
                 continue
             if operand in widened:
@@ -194,6 +196,15 @@ def _refresh_function_types(module: Any) -> None:
         returned = [o for o in entry.operations][-1]
         inputs = [a.type for a in entry.arguments]
         op.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(inputs, [v.type for v in returned.operands]))
+
+
+def _diagnostic(exc: Exception) -> str:
+    """The first error of an MLIR verification failure, without its source location."""
+    for line in str(exc).splitlines():
+        found = re.search(r"'([\w.]+)' op (.*)", line)
+        if line.lstrip().startswith("error:") and found:
+            return f"{found.group(1)}: {found.group(2)}"
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def _main_types(module: Any) -> tuple[list[Any], list[Any]]:
