@@ -147,7 +147,7 @@ def _counts(counts: dict[str, int]) -> str:
     return ", ".join(f"{op} {n}" for op, n in sorted(counts.items()))
 
 
-def _bfloat16_line(summary: dict[str, Any]) -> str:
+def bfloat16_line(summary: dict[str, Any]) -> str:
     """What computes in bfloat16 and what stays float32, as the rewrite recorded it: ops
     are counted when their dtype changed, a jax2tf XlaCallModule when its StableHLO did."""
     converted = summary.get("converted_ops", {})
@@ -175,7 +175,7 @@ def _stage_line(name: str, summary: dict[str, Any]) -> str:
         return (f"Batching: {summary.get('mode')}, {len(summary.get('sites', []))} batched call site(s), "
                 f"max_batch_size {opts.get('max_batch_size')}, allowed_batch_sizes {opts.get('allowed_batch_sizes')}")
     if name == "bfloat16":
-        return _bfloat16_line(summary)
+        return bfloat16_line(summary)
     if name == "io_shape":
         changed = sum(len(f.get("inputs", [])) + len(f.get("outputs", [])) for f in summary.get("functions", []))
         return f"IO shape: {changed} TPU input/output(s) reshaped in {len(summary.get('functions', []))} function(s)"
