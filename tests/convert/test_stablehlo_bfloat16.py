@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.realmodels import jax_models
-from tests.tolerances import BFLOAT16, assert_close
+from tests.tolerances import BFLOAT16, FLOAT32_REORDERED, assert_close
 
 pytest.importorskip("jax")
 
@@ -151,3 +151,25 @@ def test_an_unreadable_module_stays_float32_with_one_warning_and_is_not_counted(
     assert "XlaCallModule" not in plan.converted_ops
     line = bfloat16_line({"scope": "TPU", **plan.summary()})
     assert "kept float32: all of XlaCallModule XlaCallModule in tpu_func" in line, line
+
+
+def test_the_cpu_twin_runs_a_module_lowered_for_tpu_only(tmp_path):
+    import tensorflow as tf
+    from jax.experimental import jax2tf
+
+    from tpubuild.tpu.twin import make_cpu_twin
+
+    class Exported(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([2, 3], tf.float32)], autograph=False)
+        def serve(self, x):
+            return {"y": jax2tf.convert(lambda v: v * 2.0 + 1.0, native_serialization_platforms=("tpu",))(x)}
+
+    module = Exported()
+    tf.saved_model.save(module, str(tmp_path / "model"), signatures={"serving_default": module.serve})
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    with pytest.raises(Exception, match="platform"):  # as exported, CPU refuses the TPU-only module
+        tf.saved_model.load(str(tmp_path / "model")).signatures["serving_default"](x=tf.constant(x))
+    make_cpu_twin(tmp_path / "model", tmp_path / "twin", ["serve"])
+    got = tf.saved_model.load(str(tmp_path / "twin")).signatures["serving_default"](x=tf.constant(x))["y"].numpy()
+    # One multiply-add in float32, on whichever CPU kernel XLA picks.
+    assert_close(got, x * 2.0 + 1.0, FLOAT32_REORDERED)
