@@ -15,8 +15,19 @@ SPEC = StageSpec(
         "tags": slices.tags(r),
         "tpu_functions": slices.converter(r)["tpu_functions"],
         "bfloat16_optimization_options": slices.converter(r)["bfloat16_optimization_options"],
+        # XlaCallModule computations are rewritten and serialized with jaxlib's MLIR
+        # bindings (transforms/stablehlo_bfloat16.py): its version can change the output.
+        "jaxlib": _installed_version("jaxlib"),
     },
 )
+
+
+def _installed_version(dist: str) -> str:
+    """An installed distribution's version, read from its metadata (planning imports nothing)."""
+    from tpubuild.engine.keys import installed_dist
+
+    found = installed_dist(dist)
+    return found[0] if found else "none"
 
 
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
@@ -47,7 +58,7 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
         f"bfloat16: {sum(plan.converted_ops.values())} ops and {len(plan.variables)} variables "
         f"in {len(scope)} functions"
     )
-    return StageResult(summary=summary, warnings=rule_warnings)
+    return StageResult(summary=summary, warnings=plan.warnings + rule_warnings)
 
 
 def tpu_scope(model: Any, tpu_functions: list[dict[str, Any]]) -> set[str]:
