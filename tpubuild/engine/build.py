@@ -130,7 +130,7 @@ class Engine:
         only the stat-cache and resolver steps take it."""
         candidate = None
         key = pending.key
-        if planned.name not in ENGINE_STEPS and spec(planned.name).runs_user_code:
+        if planned.name not in ENGINE_STEPS and spec(planned.name).discovers:
             candidates = self.remote.fetch_discovered(pending.key)
             with self.state_lock:
                 candidate = self.resolver.matching_candidate(run, candidates)
@@ -342,7 +342,7 @@ class Engine:
                 error.timing = timing
                 raise error
             key, record = pending.key, pending.record
-            if stage.runs_user_code:
+            if stage.discovers:
                 discovered = reply.get("discovered", {})
                 with self.state_lock:
                     key = self.resolver.add_discovered(pending.key, discovered)

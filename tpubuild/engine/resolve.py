@@ -159,7 +159,7 @@ class Resolver:
         discovered) all match; its objects are verified (a damaged one is a miss)."""
         assert pending.key is not None
         key = pending.key
-        if planned.name not in ENGINE_STEPS and spec(planned.name).runs_user_code:
+        if planned.name not in ENGINE_STEPS and spec(planned.name).discovers:
             key = self.discovered_key(run, pending.key)
             if key is None:
                 return None

@@ -424,7 +424,8 @@ def _run_stage(function: Any, request: dict[str, Any], context: Any) -> dict[str
         json.dumps(result.summary)
     except (TypeError, ValueError) as exc:
         return {"ok": False, "bug": True, "error": f"StageResult.summary is not JSON-serializable: {exc}"}
-    return {"ok": True, "summary": result.summary, "warnings": list(result.warnings)}
+    return {"ok": True, "summary": result.summary, "warnings": list(result.warnings),
+            "discovered": dict(result.discovered)}
 
 
 def main() -> None:
