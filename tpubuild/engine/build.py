@@ -95,7 +95,8 @@ class Engine:
         keys = [load_public_key(path, "remote_cache.trusted_keys") for path in getattr(self.ws, "remote_trusted_keys", [])]
         signing = signing_key_from_environment() if push else None
         self.remote = RemoteCache(url, push, report=self.errors, signing_key=signing,
-                                  trusted={key_id(key): key for key in keys})
+                                  trusted={key_id(key): key for key in keys},
+                                  timeouts=getattr(self.ws, "remote_timeouts", None))
         self.remote.connect()
 
     def _from_remote(self, run: RecipeRun, planned: PlannedStage, pending: Pending) -> StageEntry | None:
@@ -326,7 +327,8 @@ class Engine:
             if self.pool is None:
                 from tpubuild.engine.workers import WorkerPool
 
-                self.pool = WorkerPool(self.jobs, self.ws.state_dir / "logs", worker_env())
+                self.pool = WorkerPool(self.jobs, self.ws.state_dir / "logs", worker_env(),
+                                       getattr(self.ws, "worker_memory_limit", None))
             return self.pool
 
     # --- publish and lock -----------------------------------------------------------
