@@ -37,6 +37,7 @@ MAX_BATCH_SIZE = 1 << 16
 # (batching_util/shared_batch_scheduler.h, `batch_threads_`); the adaptive scheduler
 # caps in-flight batches at its pool of kBatchThreadPoolSize = 128 (batch_kernels.cc).
 MAX_BATCH_THREADS = 1024
+INT32_MAX = 2**31 - 1
 
 
 class Checker:
@@ -207,7 +208,7 @@ class Checker:
         bounds += [(("allowed_batch_sizes", i), size, MAX_BATCH_SIZE, rows)
                    for i, size in enumerate(entry.get("allowed_batch_sizes") or [])]
         for where, value, limit, (unit, why) in bounds:
-            if isinstance(value, int) and value > limit:
+            if isinstance(value, int) and limit < value <= INT32_MAX:  # beyond int32: the schema says so
                 self.error(path + where, f"must be at most {limit} {unit}, got {value} ({why})")
 
     def check_xla_sharding(self, options: dict[str, Any] | None) -> None:
