@@ -108,9 +108,11 @@ def loaded_libraries(request: dict[str, Any]) -> tuple[str, ...] | None:
 class WorkerPool:
     """At most `size` workers, started lazily: a build where everything is cached starts none."""
 
-    def __init__(self, size: int, log_dir: Path, env: dict[str, str], memory_limit: int | None = None):
+    def __init__(self, size: int, log_dir: Path, env: dict[str, str], memory_limit: int | None = None,
+                 first: int = 0):
         self.size = max(1, size)
         self.log_dir = log_dir
+        self.first = first  # the first worker's number: logs of earlier builds are never overwritten
         self.env = env
         self.memory_limit = memory_limit  # bytes of address space per worker (RLIMIT_AS), None: none
         self.idle: queue.Queue[Worker] = queue.Queue()
@@ -144,6 +146,7 @@ class WorkerPool:
             except BaseException:
                 worker.kill()
                 raise
+            reply["log"] = str(worker.log_path)  # where a failure's traceback is
             if fresh_in is not None or libraries is None or not reply.get("reusable", True) \
                     or request.get("own_worker"):
                 worker.close()
@@ -154,7 +157,7 @@ class WorkerPool:
 
     def _new(self, env: dict[str, str]) -> Worker:
         with self.lock:
-            worker = Worker(self.log_dir / f"worker-{len(self.all)}.log", env, self.memory_limit)
+            worker = Worker(self.log_dir / f"worker-{self.first + len(self.all)}.log", env, self.memory_limit)
             self.all.append(worker)
             return worker
 
@@ -285,7 +288,7 @@ class Worker:
         line = self.proc.stdout.readline()
         if not line:
             code = self.proc.wait()
-            cause = last_words(self.log_path, request["stage"])
+            cause = last_words(self.log_path, request["stage"]) or _disk_full(self.log_path.parent)
             limit = f" (under worker_memory_limit {_gib(self.memory_limit)})" if self.memory_limit else ""
             raise StageError(
                 f"the worker process died (exit code {code}) while running stage {request['stage']}{limit}"
@@ -318,6 +321,16 @@ class Worker:
         for path in self.cleanup:
             shutil.rmtree(path, ignore_errors=True)
         self.cleanup = []
+
+
+def _disk_full(directory: Path) -> str | None:
+    """Why a worker that died without last words may have: its log's file system is full
+    (a worker that cannot write its log exits 120, flushing it)."""
+    try:
+        full = os.statvfs(directory).f_bavail == 0
+    except OSError:
+        return None
+    return f"{os.strerror(28)}: {directory}" if full else None
 
 
 # --- the worker side ---------------------------------------------------------------
@@ -433,6 +446,11 @@ def _run_stage(function: Any, request: dict[str, Any], context: Any) -> dict[str
     except Exception as exc:
         if type(exc).__name__ == "ResourceExhaustedError" and _MEMORY_LIMIT[0]:
             return _out_of_memory(exc)
+        from tpubuild.errors import environment_fault, fault_line
+
+        fault = environment_fault(exc)
+        if fault is not None:  # the machine's (a full disk), not a bug: one line, no traceback
+            return {"ok": False, "reusable": False, "error": fault_line(fault), "detail": traceback.format_exc()}
         # TensorFlow's checksums caught corrupted input data (a damaged variables file):
         # the user's file, not a tpubuild bug.
         if type(exc).__name__ == "DataLossError":
