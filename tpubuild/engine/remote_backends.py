@@ -50,14 +50,15 @@ class Backend:
     one of more than `limit` bytes, having read none of them; `download` returns the
     bytes it wrote; `upload` replaces a name atomically; `create`
     writes a new name and returns False, changing nothing, when it exists; `list` gives
-    (relative path, size, modification time) of the files below a prefix."""
+    (relative path, size, modification time) of the files below a prefix (within
+    `deadline` seconds when given, else the total timeout)."""
 
     def read(self, rel: str, limit: int = RECORD_LIMIT) -> bytes: ...
     def download(self, rel: str, local: str, limit: int) -> int: ...
     def size(self, rel: str) -> int: ...
     def upload(self, local: str, rel: str) -> None: ...
     def create(self, rel: str, data: bytes) -> bool: ...
-    def list(self, rel_prefix: str) -> list[tuple[str, int, float]]: ...
+    def list(self, rel_prefix: str, deadline: float | None = None) -> list[tuple[str, int, float]]: ...
     def delete(self, rels: list[str]) -> None: ...
 
 
@@ -160,9 +161,9 @@ class _FsspecBackend(Backend):
             return False
         return True
 
-    def list(self, rel_prefix: str) -> list[tuple[str, int, float]]:
+    def list(self, rel_prefix: str, deadline: float | None = None) -> list[tuple[str, int, float]]:
         try:
-            found = self._call("find", self._path(rel_prefix), detail=True)
+            found = self._call("find", self._path(rel_prefix), detail=True, deadline=deadline)
         except FileNotFoundError:
             return []
         out = []
@@ -263,7 +264,7 @@ class _LocalBackend(Backend):
         fsync_path(target.parent)
         return True
 
-    def list(self, rel_prefix: str) -> list[tuple[str, int, float]]:
+    def list(self, rel_prefix: str, deadline: float | None = None) -> list[tuple[str, int, float]]:
         out = []
         for dirpath, _dirs, names in os.walk(self.root / rel_prefix):
             for name in names:
