@@ -28,7 +28,9 @@ def build():
     done = subprocess.run([sys.executable, "-m", "tpubuild", "build"], cwd=ws, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": os.environ["TPUBUILD_REPO"]})
     lock = os.path.join(ws, "recipes", "toy.lock.yaml")
-    steps.append({"code": done.returncode, "stderr": done.stderr, "versions": sorted(os.listdir(os.path.join(ws, "out", "toy"))) if os.path.isdir(os.path.join(ws, "out", "toy")) else [],
+    versions = os.path.join(ws, "out", "toy")
+    steps.append({"code": done.returncode, "stderr": done.stderr,
+                  "versions": sorted(os.listdir(versions)) if os.path.isdir(versions) else [],
                   "lock": open(lock).read() if os.path.exists(lock) else None})
 build()
 recipe = os.path.join(ws, "recipes", "toy.yaml")
