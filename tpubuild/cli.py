@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 
 from tpubuild import __version__
-from tpubuild.errors import TpubuildError
+from tpubuild.errors import TpubuildError, environment_fault, fault_line
 from tpubuild.quiet import quiet_tensorflow
 
 # verb -> module under tpubuild.commands exporting `command`, in --help order.
@@ -132,30 +132,12 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
-# The machine, not the input or tpubuild: a full disk or quota, a read-only file system,
-# an I/O error. Met anywhere (the stat cache, a stage, printing), each is one line, exit 1.
-ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
-
-
-def environment_fault(exc: BaseException) -> OSError | None:
-    """The environment OSError behind `exc` (itself, or what it was raised from or while
-    handling), else None."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in ENVIRONMENT_ERRNOS:
-            return exc
-        exc = exc.__cause__ or exc.__context__
-    return None
-
-
 def _report_environment_fault(fault: OSError) -> None:
-    where = f": {fault.filename}" if fault.filename else ""
     if fault.filename is None and fault.errno == errno.ENOSPC:
         # Most likely stdout itself (`> file` on a full disk): it is unusable, and Python
         # would print a second error flushing it at exit; point it at /dev/null instead.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
-    click.echo(f"error: {os.strerror(fault.errno)}{where}", err=True)
+    click.echo(f"error: {fault_line(fault)}", err=True)
 

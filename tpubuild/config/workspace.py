@@ -11,6 +11,7 @@ from tpubuild.config.finding import WORKSPACE_FILE, find_workspace_file
 from tpubuild.config.paths import leaves_root, name_problem, rebase, to_root_relative
 from tpubuild.config.schema import schema_diagnostics
 from tpubuild.config.yamlload import Marks, format_path, read_yaml_file
+from tpubuild.engine.remote_url import TIMEOUT_KEYS, Timeouts
 from tpubuild.errors import ConfigError, Diagnostic, TpubuildError, UsageError
 
 STATE_DIR = ".tpubuild"  # tpubuild's own files (dep file, stat cache, locks) live here
@@ -27,10 +28,12 @@ class Workspace:
     keep_versions: int | None = None
     link_type: str = "copy"  # how versions are published: copy (reflink or copy) | hardlink
     stage_timeout: float = 3600.0  # seconds before a stage's worker is killed
+    worker_memory_limit: int | None = None  # bytes of address space per worker (engine/workers.py)
     remote_cache: str | None = None  # an fsspec URL (engine/remote.py)
     remote_push: bool = True  # upload stages built here to the remote cache
     # Public keys whose signed remote records are accepted (absolute paths); empty: any record.
     remote_trusted_keys: list[Path] = field(default_factory=list)
+    remote_timeouts: Timeouts = field(default_factory=Timeouts)  # deadlines of remote calls
     # The private key that signs every published version (provenance/signature.py), if any.
     signing_key: Path | None = None
     signing_certificate: Path | None = None  # sign with this certificate (and its chain) instead of a bare key
@@ -102,9 +105,11 @@ def load_workspace(start: Path | None = None, override: Path | None = None) -> W
         keep_versions=data.get("keep_versions"),
         link_type=data.get("link_type", "copy"),
         stage_timeout=float(data.get("stage_timeout", 3600.0)),
+        worker_memory_limit=_size(data.get("worker_memory_limit")),
         remote_cache=_remote_setting(data)[0],
         remote_push=_remote_setting(data)[1],
         remote_trusted_keys=[root / key for key in _trusted_keys(data)],
+        remote_timeouts=_remote_timeouts(data),
         signing_key=root / data["signing"]["key"] if "signing" in data else None,
         signing_certificate=root / data["signing"]["certificate"] if "certificate" in data.get("signing", {}) else None,
         signing_chain=[root / c for c in data.get("signing", {}).get("certificate_chain", [])],
@@ -152,6 +157,22 @@ def _remote_setting(data: dict) -> tuple[str | None, bool]:
     if isinstance(value, dict):
         return value.get("url"), bool(value.get("push", True))
     return value, True
+
+
+def _size(value: int | str | None) -> int | None:
+    """`worker_memory_limit:` in bytes: an integer, or a number with a unit (8GiB, 512MiB)."""
+    if value is None or isinstance(value, int):
+        return value
+    from tpubuild.engine.gc import parse_size
+
+    return parse_size(value)
+
+
+def _remote_timeouts(data: dict) -> Timeouts:
+    value = data.get("remote_cache")
+    if not isinstance(value, dict):
+        return Timeouts()
+    return Timeouts(**{field: float(value[key]) for key, field in TIMEOUT_KEYS.items() if key in value})
 
 
 def _trusted_keys(data: dict) -> list[str]:

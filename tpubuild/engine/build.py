@@ -121,7 +121,8 @@ class Engine:
         keys = [load_public_key(path, "remote_cache.trusted_keys") for path in getattr(self.ws, "remote_trusted_keys", [])]
         signing = signing_key_from_environment() if push else None
         self.remote = RemoteCache(url, push, report=self.errors, signing_key=signing,
-                                  trusted={key_id(key): key for key in keys})
+                                  trusted={key_id(key): key for key in keys},
+                                  timeouts=getattr(self.ws, "remote_timeouts", None))
         self.remote.connect()
 
     def _from_remote(self, run: RecipeRun, planned: PlannedStage, pending: Pending) -> StageEntry | None:
@@ -198,9 +199,9 @@ class Engine:
             except StageError as exc:  # an input is missing: the action reports it
                 self.pending[(run.name, planned.name)] = Pending(None, None, error=str(exc))
                 return False
-            except Exception as exc:  # a bug in tpubuild: this recipe fails, the build goes on
-                self.pending[(run.name, planned.name)] = Pending(
-                    None, None, error=f"internal error: {type(exc).__name__}: {exc}", detail=traceback.format_exc())
+            except Exception as exc:  # a bug in tpubuild or a full disk: this recipe fails, the build goes on
+                self.pending[(run.name, planned.name)] = Pending(None, None, error=_unexpected(exc),
+                                                                 detail=traceback.format_exc())
                 return False
         fetched = False
         if entry is None and self.remote is not None:
@@ -245,9 +246,8 @@ class Engine:
         except StageError as exc:
             return self._fail(run, planned, str(exc), start, getattr(exc, "detail", None),
                               getattr(exc, "timing", timing))
-        except Exception as exc:  # a bug in tpubuild: the recipe fails, the build goes on
-            return self._fail(run, planned, f"internal error: {type(exc).__name__}: {exc}", start,
-                              traceback.format_exc())
+        except Exception as exc:  # a bug in tpubuild or a full disk: the recipe fails, the build goes on
+            return self._fail(run, planned, _unexpected(exc), start, traceback.format_exc())
         self._push(entry)
         directory = self.store.checkout(entry)
         run.outputs[planned.name] = self.resolver.output_of(planned, entry, directory)
@@ -328,7 +328,8 @@ class Engine:
             if not reply["ok"]:
                 message = reply["error"]
                 if reply.get("bug"):
-                    message = f"internal error: {message} (traceback in {self.ws.state_dir / 'logs'})"
+                    where = self.ws.display(Path(reply.get("log") or self.ws.state_dir / "logs"))
+                    message = f"internal error: {message} (traceback in {where})"
                 error = StageError(message)
                 error.detail = reply.get("detail")
                 error.timing = timing
@@ -363,7 +364,11 @@ class Engine:
             if self.pool is None:
                 from tpubuild.engine.workers import WorkerPool
 
-                self.pool = WorkerPool(self.jobs, self.ws.state_dir / "logs", worker_env())
+                from tpubuild.engine.buildlogs import next_index
+
+                logs = self.ws.state_dir / "logs"
+                self.pool = WorkerPool(self.jobs, logs, worker_env(), getattr(self.ws, "worker_memory_limit", None),
+                                       first=next_index(logs))
             return self.pool
 
     # --- publish and lock -----------------------------------------------------------
@@ -672,12 +677,17 @@ def build(
                 engine.workers()
             clean = False
             try:
-                run_tasks(engine, todo, jobs, ws.state_dir / "doit-deps.json")
+                run_tasks(engine, todo, jobs)
                 clean = True
             finally:
                 if engine.pool is not None:
                     engine.pool.close(kill=not clean)  # Ctrl-C: stop the stages now, not in 10 s
                 engine.finish_uploads(wait=clean)
+                if not clean and engine.pool is not None:  # what the lines printed so far point to
+                    try:
+                        _settle_logs(engine, todo)
+                    except OSError:
+                        pass  # the error on its way out is the one to say
             for run in todo:
                 if run.failed or run.failed_targets:  # no lock file: it would describe a build that did not happen
                     _skip_rest(engine, run)
@@ -687,12 +697,35 @@ def build(
                     _skip_rest(engine, run)
                 else:
                     engine.write_lock(run)
+            if engine.pool is not None:
+                _settle_logs(engine, todo)
             _register(engine, todo)  # a no-op build never opens the store's index
         engine.stat.save()
     finally:
         engine.store.close()
         lock.release()
     return runs, engine
+
+
+def _unexpected(exc: Exception) -> str:
+    """An exception no stage expected: the machine's (a full disk, an I/O error: one line
+    naming the path), else a bug in tpubuild."""
+    from tpubuild.errors import environment_fault, fault_line
+
+    fault = environment_fault(exc)
+    return fault_line(fault) if fault is not None else f"internal error: {type(exc).__name__}: {exc}"
+
+
+def _settle_logs(engine: Engine, runs: list[RecipeRun]) -> None:
+    """Keep the worker logs failure messages of this build point to (engine/buildlogs.py)."""
+    from tpubuild.engine.buildlogs import settle
+    from tpubuild.engine.workers import WorkerPool
+
+    pool = engine.pool
+    written = [worker.log_path for worker in pool.all] if isinstance(pool, WorkerPool) else []
+    failed = {run.name for run in runs if run.failed or run.failed_targets}
+    succeeded = {run.name for run in runs if run.name not in failed and len(run.outputs) == len(run.plan)}
+    settle(engine.ws.state_dir / "logs", written, failed, succeeded)
 
 
 def _skip_rest(engine: Engine, run: RecipeRun) -> None:

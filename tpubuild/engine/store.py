@@ -25,6 +25,7 @@ holding the new name after it; a killed process leaves no half entry, object or 
 from __future__ import annotations
 
 import atexit
+import errno
 import json
 import os
 import shutil
@@ -50,6 +51,8 @@ if TYPE_CHECKING:
     from filelock import FileLock
 
 LAYOUT = "v1"
+# sqlite's primary result codes that are the machine's, as the errno they stand for.
+_SQLITE_ERRNO = {13: errno.ENOSPC, 10: errno.EIO, 8: errno.EROFS}  # SQLITE_FULL, SQLITE_IOERR, SQLITE_READONLY
 
 
 class Store:
@@ -212,7 +215,25 @@ class Store:
             lock.release()
 
     # --- the index ---------------------------------------------------------------------
-    def _index(self) -> sqlite3.Connection:
+    @contextmanager
+    def _index_faults(self) -> Iterator[None]:
+        """The index's own faults as the OSError they are, naming its file: sqlite says
+        "database or disk is full" or "disk I/O error" and no path (the CLI then prints
+        one line, engine/build.py fails the stage without a traceback)."""
+        import sqlite3
+
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF  # the primary result code
+            if code not in _SQLITE_ERRNO:
+                raise
+            number = _SQLITE_ERRNO[code]
+            if number == errno.EIO and _no_space(self.index_path.parent):
+                number = errno.ENOSPC  # WAL and journal files fail to grow as "disk I/O error"
+            raise OSError(number, f"{os.strerror(number)} ({exc})", os.fspath(self.index_path)) from exc
+
+    def _open_index(self) -> sqlite3.Connection:
         if self._db is None:
             self.root.mkdir(parents=True, exist_ok=True)
             import sqlite3  # here: planning commands never open the index
@@ -231,13 +252,18 @@ class Store:
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._guard:
-            db = self._index()
+        import sqlite3
+
+        with self._guard, self._index_faults():
+            db = self._open_index()
             db.execute("BEGIN IMMEDIATE")
             try:
                 yield db
             except BaseException:
-                db.execute("ROLLBACK")
+                try:
+                    db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass  # a failed write (a full disk) already rolled the transaction back
                 raise
             db.execute("COMMIT")
 
@@ -596,3 +622,10 @@ def link_or_copy(src: Path | str, dst: str, link_type: str = "hardlink") -> None
     except FileNotFoundError:
         pass
     place_file(src, dst, link_type, durable=False)
+
+
+def _no_space(directory: Path) -> bool:
+    try:
+        return os.statvfs(directory).f_bavail == 0
+    except OSError:
+        return False
