@@ -18,6 +18,7 @@ import pytest
 
 from tests.engine.conftest import build_json, statuses
 from tests.realmodels import keras_exports
+from tests.realmodels.test_keras_models import _session_run
 
 MODELS = Path(__file__).parent / "keras_exports.py"
 BATCHING = """\
@@ -144,15 +145,33 @@ def test_every_published_version_restores_and_runs_in_the_session_loader(keras_e
                 continue  # TPU ops: the TPU SavedModel loads here but runs only on a TPU host
             feed = feed_of()
             assert sorted(feed) == _input_names(path), path
-            graph = tf.Graph()
-            with tf.compat.v1.Session(graph=graph) as session:
-                meta_graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], str(path))
-                signature = meta_graph.signature_def["serving_default"]
-                fetches = {k: v.name for k, v in signature.outputs.items()}
-                got = session.run(fetches, {signature.inputs[k].name: v for k, v in feed.items()})
+            got = _session_run(path, ["serve"], feed)
             want = tf.saved_model.load(str(path)).signatures["serving_default"](
                 **{k: tf.constant(v) for k, v in feed.items()})
             for key, value in got.items():
-                # Same graph and weights, two loaders: only kernel scheduling may differ.
-                np.testing.assert_allclose(value, want[key].numpy(), rtol=1e-5, atol=1e-6, err_msg=f"{path} {key}")
+                # Same graph and weights, two loaders: kernels and their fusions may round
+                # differently. The tiny BERT's logits (~1e-3) are differences of O(1)
+                # activations (layer norm, GELU), so the bound is absolute: seen 1.5e-5.
+                np.testing.assert_allclose(value, want[key].numpy(), rtol=1e-5, atol=1e-4, err_msg=f"{path} {key}")
                 assert value.shape[0] == 3 and np.isfinite(value).all(), (path, key, value)
+
+
+def test_a_raw_keras_export_loses_its_unused_handles_and_then_restores_everything(tmp_path):
+    """What the export stage fixes: Keras's export leaves, per weight, a handle nothing
+    reads or restores (savedmodel/variable_handles.py) beside the duplicate it restores."""
+    from tpubuild.errors import ConversionError
+    from tpubuild.savedmodel.variable_handles import Duplicate, Unused, normalize_in_place
+    from tpubuild.verify.serving_load import check_serving_load
+
+    raw = tmp_path / "raw"
+    keras_exports.export_sequential(str(raw))
+    with pytest.raises(ConversionError, match="never restored"):
+        check_serving_load(raw, ["serve"], "the raw export")
+    changed = normalize_in_place(raw)
+    weights = 4  # two Dense layers: kernel and bias each
+    # Dropout's seed generator state is a Keras variable too, but no endpoint captures it:
+    # exported once, it has Keras's copy and no unused twin.
+    assert sum(isinstance(c, Duplicate) for c in changed) == weights + 1, changed
+    assert sum(isinstance(c, Unused) for c in changed) == weights, changed
+    assert normalize_in_place(raw) == []  # idempotent
+    check_serving_load(raw, ["serve"], "the normalized export")

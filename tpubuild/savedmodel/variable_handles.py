@@ -29,11 +29,11 @@ the Keras variables (`variables`, `trainable_variables`, a collection added with
 `add_variable_collection`) *and* the `tf.Variable`s its endpoints capture
 (`_all_variables`, keras/src/export/saved_model_export_archive.py
 `_filter_and_track_resources`), which are those Keras variables' inner values. The save
-exports each inner `tf.Variable` twice: once through the Keras wrapper's
-`_export_to_saved_model_graph` (its first handle, `dense/bias`) and once as its own
-object-graph node, which overwrites the object map (`dense/bias_1`). The functions capture
-and the saver restores the second; the first is read only by its own `Read` node and
-restored by nothing. TF Serving never runs it, but it stays uninitialized, so a session
+exports each inner `tf.Variable` twice, as its own object-graph node and again inside the
+Keras wrapper's `_export_to_saved_model_graph`; the second export overwrites the object
+map, so the functions capture and the saver restores its handle (`dense/bias_1`, which the
+wrapper's copy `Variable` duplicates), and the first (`dense/bias`) is read only by its
+own `Read` node and restored by nothing. TF Serving never runs it, but it stays uninitialized, so a session
 check of every variable (verify/serving_load.py) and any tool that reads every variable
 (the LiteRT and XLA AOT freezers) trip on it. `remove_unused_handles` deletes such a
 handle with its bookkeeping nodes: nothing read it, so nothing changes meaning.
