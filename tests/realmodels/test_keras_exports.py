@@ -10,13 +10,14 @@ loader, not only in TF2's `tf.saved_model.load`.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.engine.conftest import build_json, statuses
+from tests.engine.conftest import statuses, tpubuild
 from tests.realmodels import keras_exports
 from tests.realmodels.test_keras_models import _session_run
 
@@ -93,7 +94,11 @@ def make_workspace(ws: Path) -> None:
 def keras_exported(tmp_path_factory) -> tuple[Path, dict]:
     ws = tmp_path_factory.mktemp("keras-export") / "ws"
     make_workspace(ws)
-    return ws, build_json(ws)
+    # Five exports, each a fresh worker importing TensorFlow and Keras: about two minutes
+    # alone, more on a loaded machine than build_json's default 300 s allows.
+    result = tpubuild(ws, "build", "--json", timeout=900)
+    assert result.returncode == 0, result.stderr
+    return ws, json.loads(result.stdout)
 
 
 def _published(ws: Path, recipe: str) -> list[Path]:
