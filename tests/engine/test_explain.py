@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.engine.conftest import build_json, statuses, tpubuild
+from tests.engine.conftest import build_json, export_recipe, statuses, tpubuild
 from tests.engine.test_outputs import _modules_after
 
 CHANGED = r"content changed \([0-9a-f]{12} -> [0-9a-f]{12}\)"
@@ -106,3 +106,21 @@ def test_a_fresh_clone_says_the_cache_is_empty(built_workspace):
     assert (check.returncode, check.stdout) == (
         1, "recipes/other.yaml: cannot check recipes/other.lock.yaml: stage batch: the same key as the last build, "
            "whose output is no longer (intact) in the cache\n")
+
+
+def test_a_tensorflow_export_script_edited_in_a_comment(make_workspace):
+    """The README's claim, with a real TensorFlow export: its SavedModel is byte-identical,
+    so the export reruns and nothing after it; `import tensorflow` looked in the script's
+    directory first, and that path is no cause."""
+    ws = make_workspace({"exp": export_recipe("exp")})
+    build_json(ws)
+    assert _export_record(ws, "exp")["discovered"]["recipes/models/tensorflow.py"] == "absent"
+    script = ws / "recipes" / "models" / "tiny_export.py"
+    script.write_text(script.read_text().replace("class Tiny", "# a comment\nclass Tiny"))
+    explained = _explain(ws, "exp")
+    assert explained["export"][0] == "would run" and len(explained["export"]) == 2, explained
+    assert re.fullmatch(f"input file:recipes/models/tiny_export.py: {CHANGED}", explained["export"][1])
+    assert {stage: e for stage, e in explained.items() if stage != "export"} == {
+        stage: ["cached if export's output is unchanged"] for stage in ("verify", "report", "publish")}
+    doc = build_json(ws)
+    assert statuses(doc, "exp") == {"export": "built", "verify": "cached", "report": "cached", "publish": "cached"}
