@@ -164,7 +164,8 @@ def _predict_waiting(engine: Engine, run: RecipeRun, states: list[Resolved], las
         _assume_last_output(engine, assumed, stage, last, unchanged, (state.name,))
 
 
-def _decide_assuming(engine: Engine, assumed: RecipeRun, stage: PlannedStage, last: _LastBuild) -> bool | list[str] | None:
+def _decide_assuming(engine: Engine, assumed: RecipeRun, stage: PlannedStage,
+                     last: _LastBuild) -> bool | list[str] | None:
     """Whether `stage` is cached given the assumed earlier outputs (True, and its output
     joins them), else why it would run (or None when that cannot be told)."""
     resolver = engine.resolver
