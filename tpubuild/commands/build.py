@@ -197,22 +197,21 @@ def _check(ws, recipes) -> int:
 
 
 def _dry_run(ws, recipes, as_json: bool, verbosity: int = NORMAL) -> int:
-    """What a build would do, in `explain`'s words (STATE_WORDS) and with its reasons:
+    """What a build would do, in `explain`'s words (stage_words) and with its reasons:
     a row per stage that would run or cannot run (-v: cached ones too), then the summary."""
     from tpubuild.commands.build_output import stage_line
     from tpubuild.engine.build import Engine
-    from tpubuild.engine.explain import DRY_RUN_ORDER, STATE_WORDS, resolve
+    from tpubuild.engine.explain import DRY_RUN_ORDER, resolve, stage_words, state_word
 
     engine = Engine(ws)
     rows = []
+    counts: dict[str, int] = {}
     for recipe in recipes:
         for stage in resolve(ws, recipe, engine):
             rows.append({"recipe": recipe.name, "stage": stage.name, "status": stage.status, "key": stage.key,
-                         "state": STATE_WORDS[stage.status], "reasons": list(stage.reasons)})
+                         "state": stage_words(stage), "reasons": list(stage.reasons)})
+            counts[state_word(stage)] = counts.get(state_word(stage), 0) + 1
     engine.stat.save()
-    counts: dict[str, int] = {}
-    for row in rows:
-        counts[row["state"]] = counts.get(row["state"], 0) + 1
     if as_json:
         click.echo(json.dumps({"rows": rows, "summary": counts}, indent=2))
         return 0

@@ -12,7 +12,7 @@
   rows, each written once.
 
 Errors and warnings go to stderr, on every level. `build --dry-run` prints with the same
-functions, in `explain`'s words (engine/explain.py STATE_WORDS).
+functions, in `explain`'s words (engine/explain.py stage_words).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ COLOURS = {
     "failed": "1;31",  # bold red
     "skipped": "33",  # yellow: not run because of a failure
     "would run": "33",
+    "cached if unchanged": "34",  # the dry-run summary's count of stages waiting for an earlier output
     "cannot run": "1;31",
     "published": "32",
 }

@@ -16,7 +16,9 @@ import click
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def command(path: Path, tags: str | None, as_json: bool) -> int:
     """Tags, signatures with input/output specs, function aliases, concrete functions with
-    their callers, which functions XLA can compile, and TPU / batch ops already present."""
+    their callers, which functions XLA can compile, and TPU / batch ops already present.
+    In a converted model, the functions that hold the TPUPartitionedCall or BatchFunction
+    run on the host by design and are said to, not judged for XLA."""
     _check_saved_model_dir(path)  # before TensorFlow's import: a wrong path is a usage error (exit 2)
     from tpubuild.savedmodel.inspect import inspect, to_text
 

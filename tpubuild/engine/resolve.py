@@ -280,6 +280,15 @@ class Resolver:
                                           repair, link_type or "copy", restored)
         return files, content, number
 
+    def why_publish(self, run: RecipeRun) -> str:
+        """Why the publish step would write a new version (the newest one does not hold the result)."""
+        from tpubuild.engine import versions
+
+        foreign = versions.foreign_in_newest(Path(self.ws.output_dir) / run.name)
+        return (f"the newest published version holds what tpubuild did not write ({', '.join(foreign[:3])}); "
+                "a new version is published beside it" if foreign else
+                "the newest published version has other content (or none exists)")
+
     # --- planning -----------------------------------------------------------------
     def resolve(self, run: RecipeRun) -> list[Resolved]:
         """Each stage's state without running anything: a stage whose consumed outputs or
@@ -298,13 +307,7 @@ class Resolver:
                 _, content, number = self.published(run)
                 key = self.publish_key(run, content)
                 if number is None:
-                    from tpubuild.engine import versions
-
-                    foreign = versions.foreign_in_newest(Path(self.ws.output_dir) / run.name)
-                    why = (f"the newest published version holds what tpubuild did not write ({', '.join(foreign[:3])}); "
-                           "a new version is published beside it" if foreign else
-                           "the newest published version has other content (or none exists)")
-                    out.append(Resolved("publish", "pending", key, None, [why], content))
+                    out.append(Resolved("publish", "pending", key, None, [self.why_publish(run)], content))
                 else:
                     run.version = number
                     out.append(Resolved("publish", "cached", key, None, [], content))
@@ -349,6 +352,14 @@ class Resolved:
     record: dict[str, Any] | None
     reasons: list[str] = field(default_factory=list)
     output: str | None = None
+    # What engine/explain.py adds for `explain` and `build --check`. A stage waiting for
+    # one that would run: cached if these stages' outputs come out unchanged (early
+    # cutoff), or skipped because this earlier stage cannot run.
+    cached_if_unchanged: tuple[str, ...] = ()
+    stopped_by: str | None = None
+    # The lock file's record of the stage is not in the cache (a fresh clone, gc): what
+    # changed since then, if anything, cannot be told from keys.
+    unknown: bool = False
 
 
 def expand_inputs(root: Path, patterns: list[str], keep_missing: bool = False) -> list[str]:

@@ -337,6 +337,21 @@ class Store:
     def has(self, key: str) -> bool:
         return os.path.exists(self.entry_path(key))
 
+    def is_empty(self) -> bool:
+        """No stage record at all: nothing was built with this cache yet (a fresh clone),
+        which `explain` and `build --check` say rather than guess what changed."""
+        try:
+            shards = [entry.path for entry in os.scandir(self.stages) if entry.is_dir()]
+        except OSError:
+            return True
+        for shard in shards:
+            try:
+                if any(name.endswith(".json") for name in os.listdir(shard)):
+                    return False
+            except OSError:
+                continue
+        return True
+
     def get(self, key: str) -> StageEntry | None:
         """The record stored under `key`, validated like a downloaded one (records.py):
         a cache directory others can write is not trusted more than a remote."""
