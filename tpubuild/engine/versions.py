@@ -45,12 +45,7 @@ from tpubuild.errors import StageError
 # Files of a main version that its manifest does not list because they describe it.
 OWN_FILES = frozenset({MANIFEST, PROVENANCE, SIGNATURE})
 
-def version_numbers(recipe_dir: Path) -> list[int]:
-    try:
-        names = os.listdir(recipe_dir)
-    except OSError:  # missing, or not a directory: publish reports it when it writes
-        return []
-    return sorted(int(n) for n in names if n.isdigit() and (recipe_dir / n).is_dir())
+version_numbers = target_versions.numbers  # the same rule for `<recipe>/N` and `<recipe>/<target>/N`
 
 
 def read_manifest(version_dir: Path) -> dict[str, Any] | None:
@@ -360,7 +355,8 @@ def remove_published(recipe_dir: Path, recipe: str) -> tuple[list[Path], list[tu
             left.append((recipe_dir, "not a directory tpubuild published"))
         return removed, left
     names = sorted(os.listdir(recipe_dir))
-    reasons = {name: not_published_reason(recipe_dir / name, recipe) for name in names if name.isdigit()}
+    reasons = {name: not_published_reason(recipe_dir / name, recipe) for name in names
+               if target_versions.is_version_name(name)}
     target_reasons = {path / str(n): not_published_reason(path / str(n), recipe, path.name)
                       for path in target_versions.target_dirs(recipe_dir) for n in target_versions.numbers(path)}
     if None not in reasons.values() and None not in target_reasons.values():  # nothing here is ours
