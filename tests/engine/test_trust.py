@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from tests.engine.conftest import build_json, tpubuild
+from tests.engine.conftest import build_json, source_recipe, tpubuild
 
 
 def test_only_ascii_digit_directories_are_versions(built_workspace):
@@ -28,3 +28,28 @@ def test_only_ascii_digit_directories_are_versions(built_workspace):
     result = tpubuild(ws, "clean", "toy")
     assert result.returncode == 0, result.stderr
     assert {p.name for p in (ws / "out" / "toy").iterdir()} == {"01", "١", "²"}
+
+
+def test_output_dir_cache_dir_and_recipe_tree_must_not_contain_one_another(make_workspace):
+    # Issue 32's reproduction: output_dir inside the cache, a recipe named `tmp`: the next
+    # build's temp-session cleanup deleted published version 1.
+    ws = make_workspace({"tmp": source_recipe("tmp")})
+    cases = {
+        "output_dir: .tpubuild/cache/v1\n":
+            "tpubuild.yaml:2:13: output_dir: output_dir '.tpubuild/cache/v1' is inside cache_dir '.tpubuild/cache'",
+        "cache_dir: out/cache\n": "tpubuild.yaml:2:12: cache_dir: cache_dir 'out/cache' is inside output_dir 'out'",
+        "output_dir: recipes/out\n":
+            "tpubuild.yaml:2:13: output_dir: output_dir 'recipes/out' is inside the recipe tree of 'recipes/*.yaml'",
+        "output_dir: build\ncache_dir: build\n":
+            "tpubuild.yaml:2:13: output_dir: output_dir 'build' is the same directory as cache_dir 'build'",
+    }
+    for text, expected in cases.items():
+        (ws / "tpubuild.yaml").write_text('recipes: ["recipes/*.yaml"]\n' + text)
+        for command in (["validate"], ["build", "--dry-run"], ["list"]):
+            result = tpubuild(ws, *command)
+            assert result.returncode == 2, (command, result.stderr)
+            assert result.stderr.splitlines()[0].startswith(expected), result.stderr
+            assert "Traceback" not in result.stderr
+    assert not (ws / "out").exists() and not (ws / "build").exists()
+    (ws / "tpubuild.yaml").write_text('recipes: ["recipes/*.yaml"]\noutput_dir: build/out\ncache_dir: build/cache\n')
+    assert tpubuild(ws, "validate").returncode == 0
