@@ -3,6 +3,7 @@ numbers never reused, the layout validated, version names, provenance for standa
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 from tests.engine.conftest import build_json, source_recipe, tpubuild
@@ -53,3 +54,30 @@ def test_output_dir_cache_dir_and_recipe_tree_must_not_contain_one_another(make_
     assert not (ws / "out").exists() and not (ws / "build").exists()
     (ws / "tpubuild.yaml").write_text('recipes: ["recipes/*.yaml"]\noutput_dir: build/out\ncache_dir: build/cache\n')
     assert tpubuild(ws, "validate").returncode == 0
+
+
+def _sha256(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_provenance_names_inputs_by_sha256_and_covers_the_manifest(built_once):
+    # in-toto DigestSet consumers ignore algorithms they do not know (BLAKE3 has no
+    # standard key): each dependency also carries sha256 (a file) or dirHash (a directory,
+    # the spec's: sha256 over `sha256sum` lines sorted by path), and the manifest is a subject.
+    ws, _ = built_once
+    models = ws / "recipes" / "models"
+    tiny = models / "tiny"
+    tiny_files = sorted((p.relative_to(tiny).as_posix(), _sha256(p)) for p in tiny.rglob("*") if p.is_file())
+    tiny_hash = hashlib.sha256("".join(f"{digest}  {rel}\n" for rel, digest in tiny_files).encode()).hexdigest()
+    for recipe in ("cut", "toy"):
+        version = ws / "out" / recipe / "1"
+        statement = json.loads((version / "tpubuild-provenance.json").read_text())
+        dependencies = {d["name"]: d["digest"] for d in statement["predicate"]["buildDefinition"]["resolvedDependencies"]}
+        manifest = json.loads((version / "tpubuild-manifest.json").read_text())
+        assert set(dependencies) == set(manifest["inputs"]) and dependencies
+        for name, digests in dependencies.items():
+            kind, _, rel = name.partition(":")
+            standard = {"dirHash": tiny_hash} if kind == "dir" else {"sha256": _sha256(ws / rel)}
+            assert digests == {"blake3": manifest["inputs"][name], **standard}, name
+        subjects = {s["name"]: s["digest"]["sha256"] for s in statement["subject"]}
+        assert subjects["tpubuild-manifest.json"] == _sha256(version / "tpubuild-manifest.json")

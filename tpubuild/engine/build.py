@@ -33,6 +33,7 @@ from tpubuild.engine.resolve import (
 from tpubuild.engine.statcache import StatCache
 from tpubuild.engine.store import StageEntry, Store
 from tpubuild.errors import StageError
+from tpubuild.provenance.digests import dependency_digests
 from tpubuild.pipeline import ENGINE_STEPS, TARGET_STAGES, PlannedStage, entry, spec
 from tpubuild.report.formats import human_bytes
 
@@ -399,6 +400,10 @@ class Engine:
             "stages": [{"stage": name, "key": out.key, "output": out.tree}
                        for name, out in run.outputs.items() if name != "publish"],
             "inputs": run_inputs(run),
+            # The same inputs by the digests in-toto consumers read (provenance/digests.py).
+            "input_digests": dependency_digests(Path(run.recipe.root), run_inputs(run),
+                                                {out.tree: out.files for out in run.outputs.values()},
+                                                self.store.object_path),
             "toolchain": toolchain(),
             "tpubuild": __version__,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
