@@ -354,7 +354,8 @@ class Engine:
             paths = [(f, self.store.object_path(f.hash)) for f in out.files]
             run.version = versions.publish(out.directory, paths, manifest, self.ws.keep_versions, self.stat,
                                            link_type=self.link_type,
-                                           warn=lambda m: self.errors(f"warning: {m}"), finish=self._attest)
+                                           warn=lambda m: self.errors(f"warning: {m}"), finish=self._attest,
+                                           reservation=versions.reservation_file(self.ws.state_dir, out.directory))
 
     def _attest(self, version_dir: Path, manifest: dict[str, Any], target: str | None = None) -> None:
         """The provenance statement of a version (the main one, or a target version when
