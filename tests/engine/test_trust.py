@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+
+import pytest
 
 from tests.engine.conftest import build_json, source_recipe, tpubuild
 
@@ -81,3 +84,71 @@ def test_provenance_names_inputs_by_sha256_and_covers_the_manifest(built_once):
             assert digests == {"blake3": manifest["inputs"][name], **standard}, name
         subjects = {s["name"]: s["digest"]["sha256"] for s in statement["subject"]}
         assert subjects["tpubuild-manifest.json"] == _sha256(version / "tpubuild-manifest.json")
+
+
+def _published_object(ws, recipe: str = "toy", rel: str = "saved_model.pb"):
+    """The cache object of a published file of `recipe`'s version 1."""
+    digest = json.loads((ws / "out" / recipe / "1" / "tpubuild-manifest.json").read_text())["files"][rel]
+    return ws / ".tpubuild" / "cache" / "v1" / "objects" / digest[:2] / digest[2:]
+
+
+def _rebuild_toy(ws, tmp_path, timeout: float = 300) -> tuple[dict, list[str]]:
+    """Build toy again from its cache (its published versions moved aside)."""
+    (ws / "out" / "toy").rename(tmp_path / "toy-aside")
+    result = tpubuild(ws, "build", "--json", "toy", timeout=timeout)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout), [line for line in result.stderr.splitlines() if "cache object" in line]
+
+
+def test_a_cache_object_replaced_by_a_symlink_is_removed_and_never_linked_through(built_workspace, tmp_path):
+    # With link_type: hardlink, os.link on a symlink links the symlink: the published file
+    # would be a link to a file its owner can change after the build.
+    ws = built_workspace
+    with open(ws / "tpubuild.yaml", "a") as f:
+        f.write("link_type: hardlink\n")
+    obj = _published_object(ws)
+    theirs = tmp_path / "theirs.pb"
+    theirs.write_bytes(obj.read_bytes())  # the right content: its hash checks out
+    os.unlink(obj)
+    os.symlink(theirs, obj)
+    document, warnings = _rebuild_toy(ws, tmp_path)
+    assert len(warnings) == 1 and warnings[0].endswith(f"cache object {obj} is a symbolic link; removed, its stage "
+                                                       "rebuilds"), warnings
+    published = ws / "out" / "toy" / "1" / "saved_model.pb"
+    assert not published.is_symlink() and os.stat(published).st_ino != os.stat(theirs).st_ino
+    assert not obj.is_symlink() and obj.is_file()
+    theirs.write_bytes(b"their later edit")
+    assert published.read_bytes() == obj.read_bytes() != b"their later edit"
+    assert "built" in [r["status"] for r in document["rows"] if r["recipe"] == "toy"]
+
+
+def test_a_fifo_in_the_cache_objects_is_removed_not_read(built_workspace, tmp_path):
+    ws = built_workspace
+    obj = _published_object(ws)
+    os.unlink(obj)
+    os.mkfifo(obj)  # reading it would block the build forever
+    _, warnings = _rebuild_toy(ws, tmp_path, timeout=120)
+    assert len(warnings) == 1 and "is a FIFO (named pipe); removed" in warnings[0], warnings
+    assert obj.is_file()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_another_users_object_is_damage_in_a_private_cache_and_copied_in_a_shared_one(built_workspace, tmp_path):
+    ws = built_workspace
+    with open(ws / "tpubuild.yaml", "a") as f:
+        f.write("link_type: hardlink\n")
+    obj = _published_object(ws)
+    os.chown(obj, 4242, 4242, follow_symlinks=False)
+    _, warnings = _rebuild_toy(ws, tmp_path)
+    assert len(warnings) == 1 and f"is owned by uid 4242, in a cache only uid {os.getuid()} can write" in warnings[0]
+    assert os.stat(obj).st_uid == os.getuid()
+    # A shared cache (group-writable): another user's object is used, but only copied.
+    for directory in (ws / ".tpubuild" / "cache" / "v1", ws / ".tpubuild" / "cache" / "v1" / "objects"):
+        os.chmod(directory, 0o2775)
+    os.chown(obj, 4242, 4242)
+    (ws / "out" / "toy").rename(tmp_path / "toy-aside-2")
+    result = tpubuild(ws, "build", "--json", "toy")
+    assert result.returncode == 0, result.stderr
+    assert "cache object" not in result.stderr
+    published = ws / "out" / "toy" / "2" / "saved_model.pb"  # 1 was used in this directory already
+    assert os.stat(published).st_ino != os.stat(obj).st_ino and published.read_bytes() == obj.read_bytes()

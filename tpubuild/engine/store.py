@@ -28,6 +28,7 @@ import atexit
 import json
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import threading
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 from tpubuild.atomic import fsync_path, write_text_atomic
 from tpubuild.config.finding import WORKSPACE_FILE
 from tpubuild.engine.fsutil import fsync_tree, place_file, replace_file
-from tpubuild.engine.hashing import FileEntry, hash_file, tree_digest, walk_files
+from tpubuild.engine.hashing import FileEntry, file_kind, hash_file, tree_digest, walk_files
 from tpubuild.engine.records import StageEntry, parse_entry
 from tpubuild.engine.statcache import StatCache, stat_key
 from tpubuild.errors import StageError, UsageError
@@ -70,6 +71,8 @@ class Store:
         # Objects this process hashed itself, with the stat they had: trusted while the
         # stat is unchanged (the stat cache cannot keep them: they are too fresh).
         self._verified: dict[str, list[int]] = {}
+        self._private: bool | None = None  # private(): computed once
+        self._warned: set[str] = set()  # damaged objects already reported (one warning each)
 
     # --- the store lock and per-process sessions -------------------------------------
     def _store_lock(self) -> FileLock:
@@ -402,13 +405,61 @@ class Store:
     def object_path(self, digest: str) -> Path:
         return self.objects / digest[:2] / digest[2:]
 
+    def private(self) -> bool:
+        """Whether only this user can write the cache (its `v1/` and `objects/` are this
+        user's, writable by no group or other): then nothing in it is another user's.
+        A cache several users share is group- or world-writable (docs/shared-cache.md)."""
+        if self._private is None:
+            self._private = True
+            for directory in (self.root, self.objects):
+                try:
+                    st = os.stat(directory)
+                except OSError:
+                    continue
+                if st.st_uid != os.getuid() or st.st_mode & 0o022:
+                    self._private = False
+        return self._private
+
+    def _object_problem(self, obj: str, st: os.stat_result) -> str | None:
+        """Why the object at `obj` (lstat `st`) is damage whatever its content: objects are
+        regular files in real directories (a symbolic link would make a hard-link publish
+        link the link, a copy read whatever it points to; a FIFO blocks a read, a device
+        never ends), and in a private cache they are this user's."""
+        parent = os.path.dirname(obj)
+        if os.path.islink(parent):
+            return f"in {parent}, a symbolic link"
+        if stat.S_ISLNK(st.st_mode):
+            return "a symbolic link"
+        if not stat.S_ISREG(st.st_mode):
+            return file_kind(st.st_mode)
+        if st.st_uid != os.getuid() and self.private():
+            return f"owned by uid {st.st_uid}, in a cache only uid {os.getuid()} can write"
+        return None
+
+    def _remove_damage(self, digest: str, obj: str, problem: str) -> None:
+        """Remove a damaged object (the link itself, never what it points to), one warning."""
+        self._verified.pop(digest, None)
+        target = os.path.dirname(obj) if problem.startswith("in ") else obj
+        if digest not in self._warned:
+            self._warned.add(digest)
+            self.report(f"warning: cache object {obj} is {problem}; removed, its stage rebuilds")
+        try:
+            os.unlink(target)
+        except FileNotFoundError:
+            pass
+
     def _object_ok(self, digest: str, stat_cache: StatCache | None) -> bool:
-        """Whether the object exists with the right content (trusted when this process
-        verified it and its stat did not change since; else hashed via the stat cache)."""
+        """Whether the object exists, is a regular file of the cache (`_object_problem`;
+        damage is removed) and has the right content (trusted when this process verified it
+        and its stat did not change since; else hashed via the stat cache)."""
         obj = os.fspath(self.object_path(digest))
         try:
-            st = os.stat(obj)
+            st = os.lstat(obj)
         except FileNotFoundError:
+            return False
+        problem = self._object_problem(obj, st)
+        if problem is not None:
+            self._remove_damage(digest, obj, problem)
             return False
         if self._verified.get(digest) == stat_key(st):
             return True
@@ -461,7 +512,11 @@ class Store:
             progress(digest)
             obj = self.object_path(digest)
             try:
-                ok = hash_file(obj) == digest
+                st = os.lstat(obj)
+                problem = self._object_problem(os.fspath(obj), st)
+                if problem is not None:
+                    self._remove_damage(digest, os.fspath(obj), problem)
+                ok = problem is None and hash_file(obj) == digest
             except OSError:
                 ok = False
             if ok:
@@ -492,7 +547,7 @@ class Store:
                 continue
             work = work or self.new_workdir("ingest")
             tmp = os.path.join(work, f.hash)
-            place_file(os.path.join(src_root, f.path), tmp, "copy")
+            place_file(os.path.join(src_root, f.path), tmp, "copy", follow=True)  # links inside the model are allowed
             if hash_file(tmp) != f.hash:
                 raise StageError(f"{os.path.join(src_root, f.path)} changed while it was being read")
             obj.parent.mkdir(parents=True, exist_ok=True)
