@@ -6,10 +6,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 
 import pytest
+import yaml
 
-from tests.engine.conftest import build_json, source_recipe, tpubuild
+from tests.engine.conftest import build_json, source_recipe, statuses, tpubuild
 
 
 def test_only_ascii_digit_directories_are_versions(built_workspace):
@@ -152,3 +154,59 @@ def test_another_users_object_is_damage_in_a_private_cache_and_copied_in_a_share
     assert "cache object" not in result.stderr
     published = ws / "out" / "toy" / "2" / "saved_model.pb"  # 1 was used in this directory already
     assert os.stat(published).st_ino != os.stat(obj).st_ino and published.read_bytes() == obj.read_bytes()
+
+
+def _their_export_record(ws, tmp_path):
+    """A co-user rewrites `cut`'s export record (same key, same path) to list their own
+    export output, whose objects they put in the cache with correct hashes."""
+    from tpubuild.engine.hashing import FileEntry, hash_file, tree_digest
+
+    lock = yaml.safe_load((ws / "recipes" / "cut.lock.yaml").read_text())
+    export_key = lock["stages"][0]["key"]
+    record = ws / ".tpubuild" / "cache" / "v1" / "stages" / export_key[:2] / f"{export_key}.json"
+    data = json.loads(record.read_text())
+    theirs = tmp_path / "their-note"
+    theirs.write_text("their model")
+    digest = hash_file(theirs)
+    obj = ws / ".tpubuild" / "cache" / "v1" / "objects" / digest[:2] / digest[2:]
+    obj.parent.mkdir(exist_ok=True)
+    obj.write_bytes(theirs.read_bytes())
+    os.chmod(obj, 0o444)
+    data["files"] = [[p, digest, 11] if p == "assets/note.txt" else [p, h, n] for p, h, n in data["files"]]
+    data["tree"] = tree_digest([FileEntry(*f) for f in data["files"]])
+    os.chmod(record, 0o644)
+    record.write_text(json.dumps(data, sort_keys=True))
+    return record
+
+
+def test_a_stage_record_rewritten_by_a_co_user_is_ignored_and_rebuilt(built_workspace, tmp_path):
+    ws = built_workspace
+    record = _their_export_record(ws, tmp_path)
+    result = tpubuild(ws, "build", "--json", "cut")
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "cache record" in line]
+    assert warnings == [f"warning: cache record {record} was not written by your tpubuild (its MAC does not verify "
+                        f"with your key {ws}/.tpubuild/cache/v1/keys/{os.getuid()}); ignored, the stage rebuilds"]
+    assert statuses(json.loads(result.stdout), "cut")["export"] == "built"
+    # The rebuilt export is the same as before: nothing new is published, nothing of theirs.
+    assert sorted(p.name for p in (ws / "out" / "cut").iterdir()) == ["1"]
+    assert (ws / "out" / "cut" / "1" / "assets" / "note.txt").read_text() == "first"
+    check = tpubuild(ws, "build", "--check")
+    assert check.returncode == 0, check.stderr
+
+
+def test_records_are_reused_by_another_workspace_of_the_same_user_sharing_the_cache(built_workspace, tmp_path):
+    # The documented setup: two workspaces of one user, one cache_dir. The MAC key is the
+    # user's (cache/v1/keys/<uid>, mode 0600): their records verify, nothing is rebuilt.
+    ws = built_workspace
+    key = ws / ".tpubuild" / "cache" / "v1" / "keys" / str(os.getuid())
+    assert oct(os.stat(key).st_mode & 0o777) == "0o600"
+    other = tmp_path / "other"
+    shutil.copytree(ws / "recipes", other / "recipes", ignore=shutil.ignore_patterns("*.lock.yaml"))
+    (other / "tpubuild.yaml").write_text((ws / "tpubuild.yaml").read_text() + f"cache_dir: {ws / '.tpubuild' / 'cache'}\n")
+    result = tpubuild(other, "build", "--json", "toy", "cut")
+    assert result.returncode == 0, result.stderr
+    assert "cache record" not in result.stderr
+    for recipe in ("toy", "cut"):
+        rows = statuses(json.loads(result.stdout), recipe)
+        assert {stage for stage, status in rows.items() if status != "cached"} == {"publish"}, rows

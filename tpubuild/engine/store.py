@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from tpubuild.atomic import fsync_path, write_text_atomic
 from tpubuild.config.finding import WORKSPACE_FILE
+from tpubuild.engine import record_mac
 from tpubuild.engine.fsutil import fsync_tree, place_file, replace_file
 from tpubuild.engine.hashing import FileEntry, file_kind, hash_file, tree_digest, walk_files
 from tpubuild.engine.records import StageEntry, parse_entry
@@ -72,7 +73,9 @@ class Store:
         # stat is unchanged (the stat cache cannot keep them: they are too fresh).
         self._verified: dict[str, list[int]] = {}
         self._private: bool | None = None  # private(): computed once
-        self._warned: set[str] = set()  # damaged objects already reported (one warning each)
+        self._warned: set[str | Path] = set()  # damaged objects and untrusted records already reported
+        self._key: bytes | None = None  # this user's record key (_mac_key)
+        self._key_refused = False
 
     # --- the store lock and per-process sessions -------------------------------------
     def _store_lock(self) -> FileLock:
@@ -329,7 +332,34 @@ class Store:
                 path.unlink()  # a record is tpubuild's own file; the stage writes a good one
             except OSError:
                 pass
+            return None
+        data = json.loads(raw)
+        if not record_mac.verifies(data, self._mac_key(create=False)):
+            # Another user's record in a shared cache, or one someone rewrote: not ours to
+            # trust (engine/record_mac.py). Left in place; the rebuilt stage replaces it.
+            if path not in self._warned:
+                self._warned.add(path)
+                why = "it has no MAC" if record_mac.FIELD not in data else \
+                    f"its MAC does not verify with your key {record_mac.key_path(self.root)}"
+                self.report(f"warning: cache record {path} was not written by your tpubuild ({why}); "
+                            "ignored, the stage rebuilds")
+            return None
         return entry
+
+    def _mac_key(self, create: bool) -> bytes | None:
+        """This user's record key (engine/record_mac.py), made on the first record written
+        (`create`); None when there is none, or when the file there cannot be trusted (said
+        once: then no record of this cache is trusted by this process)."""
+        with self._guard:
+            if self._key is None and not self._key_refused:
+                try:
+                    self._key = record_mac.create_key(self.root, not self.private()) if create \
+                        else record_mac.read_key(self.root)
+                except (record_mac.KeyProblem, OSError) as exc:
+                    self._key_refused = True
+                    self.report(f"warning: {exc}: no stage record of the cache {self.root.parent} is trusted "
+                                "by this build (every stage rebuilds); remove that file to make a new key")
+            return self._key
 
     def touch(self, key: str) -> None:
         """Mark an entry as used now (gc keeps recently used entries)."""
@@ -396,7 +426,9 @@ class Store:
         entry = StageEntry(key, stage, tree_digest(files), files, summary, warnings, record)
         path = self.entry_path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps(entry.to_json(), sort_keys=True))
+        data = entry.to_json()
+        mac_key = self._mac_key(create=True)
+        write_text_atomic(path, json.dumps(record_mac.seal(data, mac_key) if mac_key else data, sort_keys=True))
         fsync_path(path.parent)
         self._index_entry(entry)
         return entry
