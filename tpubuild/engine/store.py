@@ -1,9 +1,13 @@
 """The content-addressed store under `cache_dir` (layout `v1/`), safe to share by several
 workspaces and concurrent builds on one machine.
 
-- `v1/objects/ab/cdef...`: file contents by BLAKE3 hash, read-only.
+- `v1/objects/ab/cdef...`: file contents by BLAKE3 hash, read-only regular files (a link,
+  a special file, or in a private cache another user's file, is damage: `_object_problem`).
 - `v1/stages/ab/<key>.json`: per stage key, the output tree (path -> object), the stage's
-  summary and warnings, and the key record (what `explain` diffs).
+  summary and warnings, the key record (what `explain` diffs), and a MAC under the
+  writer's key: only records whose MAC verifies with this user's key are used.
+- `v1/keys/<uid>`: each user's secret record key, mode 0600 (engine/record_mac.py).
+  docs/shared-cache.md: what a co-user of a shared cache can and cannot make you publish.
 - `v1/trees/<tree hash>/`: a checkout of a tree as hardlinks to objects: the input
   directory of the next stage. Never trusted because it exists: each use compares every
   file with its (verified) object and replaces a wrong one by a temp link + rename, so a

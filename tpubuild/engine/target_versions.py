@@ -8,10 +8,12 @@ TPU SavedModel's base path, and `out/toy/cpu_savedmodel/` is a base path too.
 The main version's manifest lists every target's files and digests; each target version
 also holds a small `tpubuild-manifest.json` (recipe, target, version, files) so that
 `clean` and pruning can prove a target directory is tpubuild's before deleting it.
-Publishing writes each target version first (temp directory, fsync, rename) and the
-main version last: a build trusts only a main version (engine/versions.py), and a target
-version left by a killed publish (no main version of its number) is removed by the next
-publish. In the publish step's file list a target file is named `<target>/<path>`.
+Publishing (engine/versions.py) reserves the number, renames the main version into place,
+then each target version (temp directory, fsync, rename): a target version's main version
+always exists. A main version whose target version a killed publish left missing is
+completed by the next build; a target version without its main version (an older
+tpubuild's killed publish) is removed, its number never reused. In the publish step's
+file list a target file is named `<target>/<path>`.
 """
 
 from __future__ import annotations

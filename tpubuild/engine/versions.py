@@ -193,7 +193,7 @@ def publish(
     """Write a new version from (entry, object path) pairs and the manifest; returns N.
     `link_type`: "copy" (reflink or copy, the default) or "hardlink" (module docstring).
     Files named `<target>/<path>` for a target in `manifest["targets"]` go to the target
-    version `<recipe>/<target>/<N>/`, written before the main version. `finish(dir,
+    version `<recipe>/<target>/<N>/`, written after the main version. `finish(dir,
     manifest, target)` runs on each version's temp directory (the main one's with target
     None) once its files and manifest are written, before the rename: it adds the
     provenance statement and the signature. `reservation` (`reservation_file`) keeps the
@@ -371,7 +371,7 @@ def prune(recipe_dir: Path, keep: int, warn: Callable[[str], None] | None = None
             if warn is not None:
                 warn(f"{version_dir}: {reason}; left in place")
             continue
-        _delete_target_versions(recipe_dir, number, warn)  # target versions first: the main one is what a build trusts
+        _delete_target_versions(recipe_dir, number, warn)  # target versions first: the opposite of publish's order
         _delete(version_dir)
         removed.append(number)
     return removed
@@ -427,7 +427,7 @@ def remove_published(recipe_dir: Path, recipe: str) -> tuple[list[Path], list[tu
         return removed, left
     clean_temp(recipe_dir)
     handled = target_versions.target_dirs(recipe_dir)
-    for target_dir in handled:  # target versions first: the main version is what a build trusts
+    for target_dir in handled:  # target versions first: the opposite of publish's order
         gone, kept = _remove_target_dir(target_dir, target_reasons)
         removed += gone
         left += kept
