@@ -456,26 +456,26 @@ class Store:
                     self._private = False
         return self._private
 
-    def _object_problem(self, obj: str, st: os.stat_result) -> str | None:
-        """Why the object at `obj` (lstat `st`) is damage whatever its content: objects are
-        regular files in real directories (a symbolic link would make a hard-link publish
-        link the link, a copy read whatever it points to; a FIFO blocks a read, a device
-        never ends), and in a private cache they are this user's."""
+    def _object_problem(self, obj: str, st: os.stat_result) -> tuple[str, str] | None:
+        """(why, what to remove) when the object at `obj` (lstat `st`) is damage whatever its
+        content: objects are regular files in real directories (a symbolic link would make a
+        hard-link publish link the link, a copy read whatever it points to; a FIFO blocks a
+        read, a device never ends), and in a private cache they are this user's."""
         parent = os.path.dirname(obj)
         if os.path.islink(parent):
-            return f"in {parent}, a symbolic link"
+            return f"in {parent}, a symbolic link", parent
         if stat.S_ISLNK(st.st_mode):
-            return "a symbolic link"
+            return "a symbolic link", obj
         if not stat.S_ISREG(st.st_mode):
-            return file_kind(st.st_mode)
+            return file_kind(st.st_mode), obj
         if st.st_uid != os.getuid() and self.private():
-            return f"owned by uid {st.st_uid}, in a cache only uid {os.getuid()} can write"
+            return f"owned by uid {st.st_uid}, in a cache only uid {os.getuid()} can write", obj
         return None
 
-    def _remove_damage(self, digest: str, obj: str, problem: str) -> None:
+    def _remove_damage(self, digest: str, obj: str, damage: tuple[str, str]) -> None:
         """Remove a damaged object (the link itself, never what it points to), one warning."""
+        problem, target = damage
         self._verified.pop(digest, None)
-        target = os.path.dirname(obj) if problem.startswith("in ") else obj
         if digest not in self._warned:
             self._warned.add(digest)
             self.report(f"warning: cache object {obj} is {problem}; removed, its stage rebuilds")
@@ -493,9 +493,9 @@ class Store:
             st = os.lstat(obj)
         except FileNotFoundError:
             return False
-        problem = self._object_problem(obj, st)
-        if problem is not None:
-            self._remove_damage(digest, obj, problem)
+        damage = self._object_problem(obj, st)
+        if damage is not None:
+            self._remove_damage(digest, obj, damage)
             return False
         if self._verified.get(digest) == stat_key(st):
             return True
@@ -549,10 +549,10 @@ class Store:
             obj = self.object_path(digest)
             try:
                 st = os.lstat(obj)
-                problem = self._object_problem(os.fspath(obj), st)
-                if problem is not None:
-                    self._remove_damage(digest, os.fspath(obj), problem)
-                ok = problem is None and hash_file(obj) == digest
+                damage = self._object_problem(os.fspath(obj), st)
+                if damage is not None:
+                    self._remove_damage(digest, os.fspath(obj), damage)
+                ok = damage is None and hash_file(obj) == digest
             except OSError:
                 ok = False
             if ok:
