@@ -273,8 +273,10 @@ def reserve_number(recipe_dir: Path, reservation: Path | None) -> int:
     """The next version number of `recipe_dir`: one more than every main or target version
     present and than the highest number ever reserved there (`reservation`, written
     durably before any directory of that number appears). A publish killed at any point
-    leaves its number used, so no later publish gives other bytes that number (TF Serving
-    keeps serving a version number it has loaded, whatever is there now)."""
+    leaves its number used, so no later publish gives other bytes that number: TF Serving
+    (tensorflow_serving/sources/storage_path/file_system_storage_path_source.cc) polls the
+    base path for numeric child directories and aspires versions by number; a number it
+    has loaded is not loaded again when its directory is replaced."""
     used = [*version_numbers(recipe_dir), *(n for t in target_versions.target_dirs(recipe_dir)
                                             for n in target_versions.numbers(t))]
     if reservation is not None:
