@@ -44,13 +44,17 @@ def test_output_dir_cache_dir_and_recipe_tree_must_not_contain_one_another(make_
         "output_dir: .tpubuild/cache/v1\n":
             "tpubuild.yaml:2:13: output_dir: output_dir '.tpubuild/cache/v1' is inside cache_dir '.tpubuild/cache'",
         "cache_dir: out/cache\n": "tpubuild.yaml:2:12: cache_dir: cache_dir 'out/cache' is inside output_dir 'out'",
-        "output_dir: recipes/out\n":
-            "tpubuild.yaml:2:13: output_dir: output_dir 'recipes/out' is inside the recipe tree of 'recipes/*.yaml'",
+        "output_dir: recipes\n":
+            "tpubuild.yaml:2:13: output_dir: output_dir 'recipes' is the same directory as the recipe tree of "
+            "'recipes/*.yaml'",
         "output_dir: build\ncache_dir: build\n":
             "tpubuild.yaml:2:13: output_dir: output_dir 'build' is the same directory as cache_dir 'build'",
     }
+    descending = 'recipes: ["recipes/**/*.yaml"]\noutput_dir: recipes/out\n'  # a glob that would read out/
+    cases[descending] = "tpubuild.yaml:2:13: output_dir: output_dir 'recipes/out' is inside the recipe tree of " \
+        "'recipes/**/*.yaml'"
     for text, expected in cases.items():
-        (ws / "tpubuild.yaml").write_text('recipes: ["recipes/*.yaml"]\n' + text)
+        (ws / "tpubuild.yaml").write_text(text if text.startswith("recipes:") else 'recipes: ["recipes/*.yaml"]\n' + text)
         for command in (["validate"], ["build", "--dry-run"], ["list"]):
             result = tpubuild(ws, *command)
             assert result.returncode == 2, (command, result.stderr)

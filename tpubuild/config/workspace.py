@@ -147,31 +147,35 @@ def _directory_problems(data: dict, marks: Marks, root: Path) -> list[Diagnostic
 
 
 def _layout_problems(data: dict, marks: Marks, root: Path) -> list[Diagnostic]:
-    """output_dir, cache_dir and the recipe tree (each recipe glob's fixed directory) must
-    not contain one another: tpubuild deletes what it finds in its own directories (a
-    build's temp-session cleanup in the cache, pruning in the output), so an output_dir
-    inside the cache lost published versions, and a cache inside the recipes is read as
-    recipes. Compared after symlinks are resolved."""
+    """output_dir, cache_dir and the recipe tree must not contain one another: tpubuild
+    deletes what it finds in its own directories (a build's temp-session cleanup in the
+    cache, pruning in the output), so an output_dir inside the cache lost published
+    versions. A recipe glob's tree is its fixed directory; a directory below it counts
+    only when the glob descends (`**`, or a wildcard in a directory part), since only then
+    would it read tpubuild's files as recipes. Compared after symlinks are resolved."""
     def real(value: str) -> Path:
         return Path(os.path.realpath(os.path.join(root, value)))
 
     owned = [("output_dir", data.get("output_dir", "out")), ("cache_dir", data.get("cache_dir", f"{STATE_DIR}/cache"))]
-    places = [(key, value, real(value)) for key, value in owned]
+    # (key, value, real path, whether what is below it matters): always for tpubuild's own
+    # directories; for a recipe tree only when its glob descends.
+    places = [(key, value, real(value), True) for key, value in owned]
     for index, pattern in enumerate(data.get("recipes", DEFAULT_RECIPE_GLOBS)):
         fixed = pattern.split("*", 1)[0].split("?", 1)[0].split("[", 1)[0]
         tree = os.path.dirname(fixed) if fixed != pattern else os.path.dirname(pattern)
-        # A glob at the workspace root (`*.yaml`) reads no directory below it unless it says so.
-        if real(tree or ".") != real(".") or "**" in pattern or "/" in pattern[len(fixed):]:
-            places.append((f"recipes[{index}]", pattern, real(tree or ".")))
+        descends = "**" in pattern or "/" in pattern[len(fixed):]
+        places.append((f"recipes[{index}]", pattern, real(tree or "."), descends))
     problems = []
     for i, first in enumerate(places[:2]):
         for second in places[i + 1:]:
             # Said from the side of the line that moved a directory: the first one the file writes.
-            (key, value, path), (other_key, other_value, other) = \
+            (key, value, path, holds), (other_key, other_value, other, other_holds) = \
                 (second, first) if first[0] not in data and second[0].split("[")[0] in data else (first, second)
-            if path == other or other in path.parents:
-                relation = "is the same directory as" if path == other else "is inside"
-            elif path in other.parents:
+            if path == other:
+                relation = "is the same directory as"
+            elif other in path.parents and other_holds:  # what is below `other` matters to it
+                relation = "is inside"
+            elif path in other.parents and holds:
                 relation = "contains"
             else:
                 continue
