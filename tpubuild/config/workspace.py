@@ -89,7 +89,7 @@ def load_workspace(start: Path | None = None, override: Path | None = None) -> W
     problems = schema_diagnostics("workspace", data, marks) + _recipe_glob_problems(data, marks, root)
     problems += _directory_problems(data, marks, root) + _remote_problems(data, marks)
     if not problems:
-        problems += _trusted_key_problems(data, marks, root)
+        problems += _layout_problems(data, marks, root) + _trusted_key_problems(data, marks, root)
     if problems:
         raise ConfigError(problems)
     defaults_marks = _sub_marks(marks, ("defaults",))
@@ -149,6 +149,55 @@ def _directory_problems(data: dict, marks: Marks, root: Path) -> list[Diagnostic
         if problem:
             problems.append(Diagnostic(marks.value((key,)), key, f"{value!r} {problem}"))
     return problems
+
+
+def _layout_problems(data: dict, marks: Marks, root: Path) -> list[Diagnostic]:
+    """output_dir, cache_dir and the recipe tree must not contain one another: tpubuild
+    deletes what it finds in its own directories (a build's temp-session cleanup in the
+    cache, pruning in the output), so an output_dir inside the cache lost published
+    versions. A recipe glob's tree is its fixed directory; a directory below it counts
+    only when the glob descends (`**`, or a wildcard in a directory part), since only then
+    would it read tpubuild's files as recipes. Compared after symlinks are resolved."""
+    def real(value: str) -> Path:
+        return Path(os.path.realpath(os.path.join(root, value)))
+
+    owned = [("output_dir", data.get("output_dir", "out")), ("cache_dir", data.get("cache_dir", f"{STATE_DIR}/cache"))]
+    # (key, value, real path, whether what is below it matters): always for tpubuild's own
+    # directories; for a recipe tree only when its glob descends.
+    places = [(key, value, real(value), True) for key, value in owned]
+    for index, pattern in enumerate(data.get("recipes", DEFAULT_RECIPE_GLOBS)):
+        fixed = pattern.split("*", 1)[0].split("?", 1)[0].split("[", 1)[0]
+        tree = os.path.dirname(fixed) if fixed != pattern else os.path.dirname(pattern)
+        descends = "**" in pattern or "/" in pattern[len(fixed):]
+        places.append((f"recipes[{index}]", pattern, real(tree or "."), descends))
+    problems = []
+    for i, first in enumerate(places[:2]):
+        for second in places[i + 1:]:
+            # Said from the side of the line that moved a directory: the first one the file writes.
+            (key, value, path, holds), (other_key, other_value, other, other_holds) = \
+                (second, first) if first[0] not in data and second[0].split("[")[0] in data else (first, second)
+            if path == other:
+                relation = "is the same directory as"
+            elif other in path.parents and other_holds:  # what is below `other` matters to it
+                relation = "is inside"
+            elif path in other.parents and holds:
+                relation = "contains"
+            else:
+                continue
+            node = _node(key)
+            problems.append(Diagnostic(
+                marks.value(node), format_path(node), f"{_what(key, value)} {relation} {_what(other_key, other_value)}:"
+                " tpubuild deletes what it finds in its own directories, so they must not contain one another"))
+    return problems
+
+
+def _node(key: str) -> tuple:
+    """The JSON path of a `_layout_problems` place name (`output_dir`, `recipes[2]`)."""
+    return ("recipes", int(key[8:-1])) if key.startswith("recipes[") else (key,)
+
+
+def _what(key: str, value: str) -> str:
+    return f"the recipe tree of {value!r}" if key.startswith("recipes") else f"{key} {value!r}"
 
 
 def _remote_setting(data: dict) -> tuple[str | None, bool]:

@@ -33,6 +33,7 @@ from tpubuild.engine.resolve import (
 from tpubuild.engine.statcache import StatCache
 from tpubuild.engine.store import StageEntry, Store
 from tpubuild.errors import StageError
+from tpubuild.provenance.digests import dependency_digests
 from tpubuild.pipeline import ENGINE_STEPS, TARGET_STAGES, PlannedStage, entry, spec
 from tpubuild.report.formats import human_bytes
 
@@ -395,7 +396,8 @@ class Engine:
             paths = [(f, self.store.object_path(f.hash)) for f in out.files]
             run.version = versions.publish(out.directory, paths, manifest, self.ws.keep_versions, self.stat,
                                            link_type=self.link_type,
-                                           warn=lambda m: self.errors(f"warning: {m}"), finish=self._attest)
+                                           warn=lambda m: self.errors(f"warning: {m}"), finish=self._attest,
+                                           reservation=versions.reservation_file(self.ws.state_dir, out.directory))
 
     def _attest(self, version_dir: Path, manifest: dict[str, Any], target: str | None = None) -> None:
         """The provenance statement of a version (the main one, or a target version when
@@ -441,6 +443,10 @@ class Engine:
             "stages": [{"stage": name, "key": out.key, "output": out.tree}
                        for name, out in run.outputs.items() if name != "publish"],
             "inputs": run_inputs(run),
+            # The same inputs by the digests in-toto consumers read (provenance/digests.py).
+            "input_digests": dependency_digests(Path(run.recipe.root), run_inputs(run),
+                                                {out.tree: out.files for out in run.outputs.values()},
+                                                self.store.object_path),
             "toolchain": toolchain(),
             "tpubuild": __version__,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

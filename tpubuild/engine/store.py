@@ -1,9 +1,13 @@
 """The content-addressed store under `cache_dir` (layout `v1/`), safe to share by several
 workspaces and concurrent builds on one machine.
 
-- `v1/objects/ab/cdef...`: file contents by BLAKE3 hash, read-only.
+- `v1/objects/ab/cdef...`: file contents by BLAKE3 hash, read-only regular files (a link,
+  a special file, or in a private cache another user's file, is damage: `_object_problem`).
 - `v1/stages/ab/<key>.json`: per stage key, the output tree (path -> object), the stage's
-  summary and warnings, and the key record (what `explain` diffs).
+  summary and warnings, the key record (what `explain` diffs), and a MAC under the
+  writer's key: only records whose MAC verifies with this user's key are used.
+- `v1/keys/<uid>`: each user's secret record key, mode 0600 (engine/record_mac.py).
+  docs/shared-cache.md: what a co-user of a shared cache can and cannot make you publish.
 - `v1/trees/<tree hash>/`: a checkout of a tree as hardlinks to objects: the input
   directory of the next stage. Never trusted because it exists: each use compares every
   file with its (verified) object and replaces a wrong one by a temp link + rename, so a
@@ -29,6 +33,7 @@ import errno
 import json
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import threading
@@ -39,8 +44,9 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from tpubuild.atomic import fsync_path, write_text_atomic
 from tpubuild.config.finding import WORKSPACE_FILE
+from tpubuild.engine import record_mac
 from tpubuild.engine.fsutil import fsync_tree, place_file, replace_file
-from tpubuild.engine.hashing import FileEntry, hash_file, tree_digest, walk_files
+from tpubuild.engine.hashing import FileEntry, file_kind, hash_file, tree_digest, walk_files
 from tpubuild.engine.records import StageEntry, parse_entry
 from tpubuild.engine.statcache import StatCache, stat_key
 from tpubuild.errors import StageError, UsageError
@@ -73,6 +79,10 @@ class Store:
         # Objects this process hashed itself, with the stat they had: trusted while the
         # stat is unchanged (the stat cache cannot keep them: they are too fresh).
         self._verified: dict[str, list[int]] = {}
+        self._private: bool | None = None  # private(): computed once
+        self._warned: set[str | Path] = set()  # damaged objects and untrusted records already reported
+        self._key: bytes | None = None  # this user's record key (_mac_key)
+        self._key_refused = False
 
     # --- the store lock and per-process sessions -------------------------------------
     def _store_lock(self) -> FileLock:
@@ -367,7 +377,34 @@ class Store:
                 path.unlink()  # a record is tpubuild's own file; the stage writes a good one
             except OSError:
                 pass
+            return None
+        data = json.loads(raw)
+        if not record_mac.verifies(data, self._mac_key(create=False)):
+            # Another user's record in a shared cache, or one someone rewrote: not ours to
+            # trust (engine/record_mac.py). Left in place; the rebuilt stage replaces it.
+            if path not in self._warned:
+                self._warned.add(path)
+                why = "it has no MAC" if record_mac.FIELD not in data else \
+                    f"its MAC does not verify with your key {record_mac.key_path(self.root)}"
+                self.report(f"warning: cache record {path} was not written by your tpubuild ({why}); "
+                            "ignored, the stage rebuilds")
+            return None
         return entry
+
+    def _mac_key(self, create: bool) -> bytes | None:
+        """This user's record key (engine/record_mac.py), made on the first record written
+        (`create`); None when there is none, or when the file there cannot be trusted (said
+        once: then no record of this cache is trusted by this process)."""
+        with self._guard:
+            if self._key is None and not self._key_refused:
+                try:
+                    self._key = record_mac.create_key(self.root, not self.private()) if create \
+                        else record_mac.read_key(self.root)
+                except (record_mac.KeyProblem, OSError) as exc:
+                    self._key_refused = True
+                    self.report(f"warning: {exc}: no stage record of the cache {self.root.parent} is trusted "
+                                "by this build (every stage rebuilds); remove that file to make a new key")
+            return self._key
 
     def touch(self, key: str) -> None:
         """Mark an entry as used now (gc keeps recently used entries)."""
@@ -434,7 +471,9 @@ class Store:
         entry = StageEntry(key, stage, tree_digest(files), files, summary, warnings, record)
         path = self.entry_path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps(entry.to_json(), sort_keys=True))
+        data = entry.to_json()
+        mac_key = self._mac_key(create=True)
+        write_text_atomic(path, json.dumps(record_mac.seal(data, mac_key) if mac_key else data, sort_keys=True))
         fsync_path(path.parent)
         self._index_entry(entry)
         return entry
@@ -443,13 +482,61 @@ class Store:
     def object_path(self, digest: str) -> Path:
         return self.objects / digest[:2] / digest[2:]
 
+    def private(self) -> bool:
+        """Whether only this user can write the cache (its `v1/` and `objects/` are this
+        user's, writable by no group or other): then nothing in it is another user's.
+        A cache several users share is group- or world-writable (docs/shared-cache.md)."""
+        if self._private is None:
+            self._private = True
+            for directory in (self.root, self.objects):
+                try:
+                    st = os.stat(directory)
+                except OSError:
+                    continue
+                if st.st_uid != os.getuid() or st.st_mode & 0o022:
+                    self._private = False
+        return self._private
+
+    def _object_problem(self, obj: str, st: os.stat_result) -> tuple[str, str] | None:
+        """(why, what to remove) when the object at `obj` (lstat `st`) is damage whatever its
+        content: objects are regular files in real directories (a symbolic link would make a
+        hard-link publish link the link, a copy read whatever it points to; a FIFO blocks a
+        read, a device never ends), and in a private cache they are this user's."""
+        parent = os.path.dirname(obj)
+        if os.path.islink(parent):
+            return f"in {parent}, a symbolic link", parent
+        if stat.S_ISLNK(st.st_mode):
+            return "a symbolic link", obj
+        if not stat.S_ISREG(st.st_mode):
+            return file_kind(st.st_mode), obj
+        if st.st_uid != os.getuid() and self.private():
+            return f"owned by uid {st.st_uid}, in a cache only uid {os.getuid()} can write", obj
+        return None
+
+    def _remove_damage(self, digest: str, obj: str, damage: tuple[str, str]) -> None:
+        """Remove a damaged object (the link itself, never what it points to), one warning."""
+        problem, target = damage
+        self._verified.pop(digest, None)
+        if digest not in self._warned:
+            self._warned.add(digest)
+            self.report(f"warning: cache object {obj} is {problem}; removed, its stage rebuilds")
+        try:
+            os.unlink(target)
+        except FileNotFoundError:
+            pass
+
     def _object_ok(self, digest: str, stat_cache: StatCache | None) -> bool:
-        """Whether the object exists with the right content (trusted when this process
-        verified it and its stat did not change since; else hashed via the stat cache)."""
+        """Whether the object exists, is a regular file of the cache (`_object_problem`;
+        damage is removed) and has the right content (trusted when this process verified it
+        and its stat did not change since; else hashed via the stat cache)."""
         obj = os.fspath(self.object_path(digest))
         try:
-            st = os.stat(obj)
+            st = os.lstat(obj)
         except FileNotFoundError:
+            return False
+        damage = self._object_problem(obj, st)
+        if damage is not None:
+            self._remove_damage(digest, obj, damage)
             return False
         if self._verified.get(digest) == stat_key(st):
             return True
@@ -502,7 +589,11 @@ class Store:
             progress(digest)
             obj = self.object_path(digest)
             try:
-                ok = hash_file(obj) == digest
+                st = os.lstat(obj)
+                damage = self._object_problem(os.fspath(obj), st)
+                if damage is not None:
+                    self._remove_damage(digest, os.fspath(obj), damage)
+                ok = damage is None and hash_file(obj) == digest
             except OSError:
                 ok = False
             if ok:
@@ -533,7 +624,7 @@ class Store:
                 continue
             work = work or self.new_workdir("ingest")
             tmp = os.path.join(work, f.hash)
-            place_file(os.path.join(src_root, f.path), tmp, "copy")
+            place_file(os.path.join(src_root, f.path), tmp, "copy", follow=True)  # links inside the model are allowed
             if hash_file(tmp) != f.hash:
                 raise StageError(f"{os.path.join(src_root, f.path)} changed while it was being read")
             obj.parent.mkdir(parents=True, exist_ok=True)
