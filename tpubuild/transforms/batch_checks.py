@@ -193,7 +193,11 @@ def _inferred_output_dims(model: SavedModel, fn: str, count: int) -> list[list[i
     from tensorflow.core.framework.graph_pb2 import GraphDef
     from tensorflow.python.framework.function_def_to_graph import function_def_to_graph
 
-    fdef = model.functions[fn]
+    # A copy: function_def_to_graph rewrites the FunctionDef it is given (seen on a jax2tf
+    # XlaCallModule, whose empty `function_list` attr it left without a value, which the
+    # MLIR bridge check then refused: "Failed to bind all placeholders").
+    fdef = FunctionDef()
+    fdef.CopyFrom(model.functions[fn])
     # Argument shapes as protos (function_def_to_graph wants TensorShape or its proto).
     shapes = [fnedit.arg_shape(fdef, i) for i in range(len(fdef.signature.input_arg))]
     try:
