@@ -121,8 +121,17 @@ def _number(value: Any) -> str:
 def read_lock(path: Path) -> dict[str, Any] | None:
     """The lock document, or None when absent, unreadable or of another schema."""
     try:
-        data = yaml.load(path.read_text(), Loader=_Loader)
-    except (OSError, yaml.YAMLError, ValueError):
+        return parse_lock(path.read_text())
+    except OSError:
+        return None
+
+
+def parse_lock(text: str) -> dict[str, Any] | None:
+    """The lock document in `text` (a lock file already read), or None when it is not one
+    of this schema."""
+    try:
+        data = yaml.load(text, Loader=_Loader)
+    except (yaml.YAMLError, ValueError):
         return None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         return None
@@ -158,11 +167,12 @@ def write_lock(path: Path, document: dict[str, Any], force: bool = False) -> boo
     would); False, and no write, otherwise."""
     text = lock_text(document)
     try:
-        if path.read_text() == text:
-            return False
+        current = path.read_text()
     except OSError:
-        pass
-    if not force and same_keys(read_lock(path), document):
+        current = None
+    if current == text:
+        return False
+    if not force and current is not None and same_keys(parse_lock(current), document):
         return False
     write_text_atomic(path, text)
     return True
