@@ -9,9 +9,8 @@ import os
 import shutil
 
 import pytest
-import yaml
 
-from tests.engine.conftest import build_json, source_recipe, statuses, tpubuild
+from tests.engine.conftest import build_json, lock_record, source_recipe, statuses, tpubuild
 
 
 def test_only_ascii_digit_directories_are_versions(built_workspace):
@@ -165,9 +164,7 @@ def _their_export_record(ws, tmp_path):
     export output, whose objects they put in the cache with correct hashes."""
     from tpubuild.engine.hashing import FileEntry, hash_file, tree_digest
 
-    lock = yaml.safe_load((ws / "recipes" / "cut.lock.yaml").read_text())
-    export_key = lock["stages"][0]["key"]
-    record = ws / ".tpubuild" / "cache" / "v1" / "stages" / export_key[:2] / f"{export_key}.json"
+    record = lock_record(ws, "cut")
     data = json.loads(record.read_text())
     theirs = tmp_path / "their-note"
     theirs.write_text("their model")

@@ -12,7 +12,6 @@ its weights in bfloat16.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ import pytest
 
 from tests.engine.conftest import statuses, tpubuild
 from tests.realmodels import jax_models
+from tests.realmodels.workspaces import model_workspace
 from tests.tolerances import BFLOAT16, FLOAT32_REORDERED, assert_close
 
 MODELS = Path(__file__).parent / "jax_models.py"
@@ -43,11 +43,7 @@ def jax_built(tmp_path_factory) -> tuple[Path, dict, str]:
     pytest.importorskip("jax")
     pytest.importorskip("orbax.export")
     ws = tmp_path_factory.mktemp("jax") / "ws"
-    (ws / "recipes" / "models").mkdir(parents=True)
-    (ws / "tpubuild.yaml").write_text('recipes: ["recipes/*.yaml"]\n')
-    shutil.copy(MODELS, ws / "recipes" / "models" / "jax_models.py")
-    for name, text in RECIPES.items():
-        (ws / "recipes" / f"{name}.yaml").write_text(text)
+    model_workspace(ws, MODELS, RECIPES)
     result = tpubuild(ws, "build", "--json", timeout=900)
     assert result.returncode == 1, result.stderr  # jax_mlp_int8 is refused
     return ws, json.loads(result.stdout), result.stderr

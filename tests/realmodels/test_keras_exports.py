@@ -11,7 +11,6 @@ loader, not only in TF2's `tf.saved_model.load`.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ import pytest
 from tests.engine.conftest import statuses, tpubuild
 from tests.realmodels import keras_exports
 from tests.realmodels.test_keras_models import _session_run
+from tests.realmodels.workspaces import model_workspace
 
 MODELS = Path(__file__).parent / "keras_exports.py"
 BATCHING = """\
@@ -76,11 +76,7 @@ FEEDS = {
 
 
 def make_workspace(ws: Path) -> None:
-    (ws / "recipes" / "models").mkdir(parents=True)
-    (ws / "tpubuild.yaml").write_text('recipes: ["recipes/*.yaml"]\n')
-    shutil.copy(MODELS, ws / "recipes" / "models" / "keras_exports.py")
-    for name, text in RECIPES.items():
-        (ws / "recipes" / f"{name}.yaml").write_text(text)
+    model_workspace(ws, MODELS, RECIPES)
     from tpubuild.quantize.datasets import write_tfrecord
 
     (ws / "recipes" / "data").mkdir()

@@ -38,6 +38,11 @@ class S3:
                 out[item["Key"]] = self.client.get_object(Bucket=BUCKET, Key=item["Key"])["Body"].read()
         return out
 
+    def record(self, prefix: str, key: str) -> dict[str, Any]:
+        """The stage record stored under `key` in the remote at `prefix`."""
+        body = self.client.get_object(Bucket=BUCKET, Key=f"{prefix}/v1/stages/{key[:2]}/{key}.json")["Body"]
+        return json.loads(body.read())
+
     def copy_prefix(self, src: str, dst: str, without: tuple[str, ...] = ()) -> str:
         """A copy of the remote at `src` (a prefix of the bucket) under `dst`, less the
         stage records `without`; its URL. A build from a copy without the `source`

@@ -3,7 +3,6 @@ download reads more than its record says (engine/remote_backends.py)."""
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 import time
@@ -113,8 +112,7 @@ def test_an_object_larger_than_its_record_says_is_refused_unread(pushed, s3, fre
     first, cold = pushed
     url = s3.copy_prefix("shared", "padded")
     source_key = stage_keys(cold, "toy")[("toy", "source")]
-    record = json.loads(s3.client.get_object(Bucket=BUCKET, Key=f"padded/v1/stages/{source_key[:2]}/{source_key}.json")
-                        ["Body"].read())
+    record = s3.record("padded", source_key)
     path, digest, size = next(f for f in record["files"] if f[0] == "saved_model.pb")
     big = 20 << 20
     s3.client.put_object(Bucket=BUCKET, Key=f"padded/v1/objects/{digest[:2]}/{digest[2:]}", Body=b"\0" * big)
