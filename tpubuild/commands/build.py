@@ -214,7 +214,7 @@ class _Progress:
 
 
 def _check(ws, recipes) -> int:
-    from tpubuild.engine.explain import check_lines
+    from tpubuild.engine.lockcheck import check_lines
 
     stale = check_lines(ws, recipes)
     for line in stale:

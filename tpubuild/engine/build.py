@@ -26,8 +26,10 @@ from tpubuild.engine.resolve import (
     RecipeRun,
     Resolver,
     changed_inputs,
+    measured_flags,
     new_runs,
     published_targets,
+    run_inputs,
     without_targets,
 )
 from tpubuild.engine.statcache import StatCache
@@ -411,35 +413,19 @@ class Engine:
         write_lock(run.recipe.lock_file, lock_for(run), force=self.relock)
 
 
-def run_inputs(run: RecipeRun) -> dict[str, str]:
-    """Every workspace input of the recipe, as its stage records hashed it before running:
-    declared files, the source directory, and discovered imports (`import:<path>`)."""
-    inputs: dict[str, str] = {}
-    for out in run.outputs.values():
-        for name, digest in out.record.get("inputs", {}).items():
-            if name.startswith(("file:", "dir:")):
-                inputs[name] = digest
-        for rel, digest in out.record.get("discovered", {}).items():
-            # Where imports looked and found nothing is in the stage's key, not in the
-            # lock file a reviewer reads; code outside the workspace is named by path.
-            if digest != ABSENT and not os.path.isabs(rel) and not rel.startswith("dist:"):
-                inputs[f"import:{rel}"] = digest
-    return dict(sorted(inputs.items()))
-
-
 def lock_for(run: RecipeRun) -> dict[str, Any]:
     """The lock document of a fully resolved run (every stage cached or built)."""
     stages = []
     measured: set[str] = set()  # stages whose output may differ between machines
-    for planned in run.plan:
+    for planned, (key_measured, output_measured) in zip(run.plan, measured_flags(run.plan)):
         out = run.outputs[planned.name]
-        reads = set(planned.consumes.values()) | set(planned.summaries)
-        key_measured = bool(reads & measured)  # a key hashes the outputs it reads
-        own = planned.name not in ("source", "publish") and spec(planned.name).machine_dependent(planned.options)
-        if own or key_measured:
+        if output_measured:
             measured.add(planned.name)
-        stages.append({"stage": planned.name, "key": out.key, "output": out.tree,
-                       "key_measured": key_measured, "measured": planned.name in measured})
+        # What the code of a stage that runs user code imported: with it, `build --check`
+        # recomputes the stage's key without the dep file of a cache (engine/lockcheck.py).
+        discovered = out.record.get("discovered")
+        stages.append({"stage": planned.name, "key": out.key, "output": out.tree, "key_measured": key_measured,
+                       "measured": output_measured, **({"discovered": discovered} if discovered is not None else {})})
     model_measured = run.plan[-1].consumes["model"] in measured
     return lock_document(run.name, run.recipe.digest, toolchain(), run_inputs(run), stages, run.version,
                          artifact_facts(run, model_measured))

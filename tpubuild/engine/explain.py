@@ -1,5 +1,6 @@
 """What a build would do, without doing it (TensorFlow-free): `build --dry-run`,
-`build --check`, `explain`. All of them read stage state through the resolver."""
+`explain`, and `build --check` where the lock file alone cannot answer (engine/lockcheck.py).
+All of them read stage state through the resolver."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from tpubuild.engine.keys import diff_records
 from tpubuild.engine.lockfile import read_lock
 from tpubuild.engine.resolve import RecipeRun, Resolved, new_runs
 
-__all__ = ["Resolved", "check_lines", "explain_lines", "resolve"]
+__all__ = ["Resolved", "explain_lines", "resolve"]
 
 
 def resolve(ws: Any, recipe: Any, engine: Engine | None = None, run: RecipeRun | None = None) -> list[Resolved]:
@@ -42,19 +43,6 @@ def _reasons(engine: Engine, run: RecipeRun, old_key: str | None, state: Resolve
             changes.append(f"imported module {rel}: " + ("removed" if now is None else
                                                           f"content changed ({digest[:12]} -> {now[:12]})"))
     return changes or ["the key changed"]
-
-
-def check_lines(ws: Any, recipes: list[Any]) -> list[str]:
-    """`build --check`: why building would change each stale lock file (empty: none)."""
-    engine = Engine(ws)
-    stale = []
-    for run in new_runs(recipes):
-        reasons = _stale(engine, run)
-        if reasons:
-            stale.append(f"{run.recipe.rel_file}: building would change {ws.display(run.recipe.lock_file)}: "
-                         + "; ".join(reasons))
-    engine.stat.save()
-    return stale
 
 
 def _stale(engine: Engine, run: RecipeRun) -> list[str]:

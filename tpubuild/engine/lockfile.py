@@ -55,7 +55,8 @@ def lock_document(
         "inputs": dict(sorted(inputs.items())),
         "stages": [
             {"stage": s["stage"], "key": s["key"], "output": s["output"], "measured": bool(s.get("measured")),
-             "key_measured": bool(s.get("key_measured"))}
+             "key_measured": bool(s.get("key_measured")),
+             **({"discovered": dict(sorted(s["discovered"].items()))} if s.get("discovered") is not None else {})}
             for s in stages
         ],
         "published_version": version,
@@ -99,6 +100,9 @@ def lock_text(document: dict[str, Any]) -> str:
         lines.append(f"  output: {_scalar(stage['output'])}" + (f"  {MEASURED}" if stage["measured"] else ""))
         if stage["measured"]:
             lines.append("  measured: true")
+        if "discovered" in stage:  # what its user code imported, or looked for and found absent
+            lines.append("  discovered:" if stage["discovered"] else "  discovered: {}")
+            lines.extend(f"    {_scalar(k)}: {_scalar(v)}" for k, v in stage["discovered"].items())
     lines.append(f"published_version: {_scalar(document['published_version'])}")
     if document.get("artifact"):
         lines.append("artifact:  # what was published: a reviewer's view of the change")
@@ -139,7 +143,9 @@ def same_keys(recorded: dict[str, Any] | None, document: dict[str, Any]) -> bool
     order, each with the same key. A stage whose key hashes a measured output (its
     `key_measured`, known from the plan: read_lock cannot see the marker comment) is
     compared by name only, as are the outputs, the published version, the toolchain
-    (every part of it that decides an output is in the keys) and the artifact's facts."""
+    (every part of it that decides an output is in the keys) and the artifact's facts.
+    What a stage's user code imported is in its key; a lock file that does not record it
+    yet (written before it did) is rewritten, so that `build --check` can use it."""
     if recorded is None:
         return False
     if (recorded.get("recipe"), recorded.get("recipe_digest")) != (document["recipe"], document["recipe_digest"]):
@@ -150,7 +156,8 @@ def same_keys(recorded: dict[str, Any] | None, document: dict[str, Any]) -> bool
     new = document["stages"]
     if [s.get("stage") for s in old] != [s["stage"] for s in new]:
         return False
-    return all(n["key_measured"] or o.get("key") == n["key"] for o, n in zip(old, new))
+    return all((n["key_measured"] or o.get("key") == n["key"]) and o.get("discovered") == n.get("discovered")
+               for o, n in zip(old, new))
 
 
 def write_lock(path: Path, document: dict[str, Any], force: bool = False) -> bool:

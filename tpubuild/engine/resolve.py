@@ -211,7 +211,7 @@ class Resolver:
 
     def add_discovered(self, key: str, discovered: dict[str, str]) -> str:
         """Record a candidate (files -> hashes) for `key`; returns the final key."""
-        final = hash_bytes(canonical_dumps({"key": key, "discovered": discovered}).encode())
+        final = final_key(key, discovered)
         path = self.depfile(key)
         try:
             candidates = json.loads(path.read_text())
@@ -324,6 +324,44 @@ class Resolver:
             run.outputs[planned.name] = self.output_of(planned, entry, self.store.trees / entry.tree)
             out.append(Resolved(planned.name, "cached", entry.key, entry.record, [], entry.tree))
         return out
+
+
+def run_inputs(run: RecipeRun) -> dict[str, str]:
+    """Every workspace input of the recipe, as its stage records hashed it before running:
+    declared files, the source directory, and discovered imports (`import:<path>`)."""
+    inputs: dict[str, str] = {}
+    for out in run.outputs.values():
+        for name, digest in out.record.get("inputs", {}).items():
+            if name.startswith(("file:", "dir:")):
+                inputs[name] = digest
+        for rel, digest in out.record.get("discovered", {}).items():
+            # Where imports looked and found nothing is in the stage's key, not in the
+            # lock file a reviewer reads; code outside the workspace is named by path.
+            if digest != ABSENT and not os.path.isabs(rel) and not rel.startswith("dist:"):
+                inputs[f"import:{rel}"] = digest
+    return dict(sorted(inputs.items()))
+
+
+def final_key(key: str, discovered: dict[str, str]) -> str:
+    """The key a stage that runs user code is stored under: its declared key and the
+    files (with their hashes) its code imported."""
+    return hash_bytes(canonical_dumps({"key": key, "discovered": discovered}).encode())
+
+
+def measured_flags(stages: list[PlannedStage]) -> list[tuple[bool, bool]]:
+    """(key_measured, measured) of each planned stage: its output may differ between
+    machines (its own `machine_dependent`, or a key that hashes such an output), and its
+    key hashes a measured output. What lock files mark, and compare by name only."""
+    flags = []
+    measured: set[str] = set()
+    for planned in stages:
+        reads = set(planned.consumes.values()) | set(planned.summaries)
+        key_measured = bool(reads & measured)  # a key hashes the outputs it reads
+        own = planned.name not in ENGINE_STEPS and spec(planned.name).machine_dependent(planned.options)
+        if own or key_measured:
+            measured.add(planned.name)
+        flags.append((key_measured, planned.name in measured))
+    return flags
 
 
 def without_targets(publish: PlannedStage, targets: set[str]) -> PlannedStage:
