@@ -60,8 +60,8 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry
             click.echo(json.dumps({"rows": [], "versions": {}, "exit_code": 0}) if as_json
                        else f"no recipe affected since {changed_since}")
             return 0
-    if not (check or dry_run or relock):
-        code = _noop_fast_path(ctx, recipe_patterns, as_json)
+    if not (dry_run or relock):
+        code = _noop_fast_path(ctx, recipe_patterns, as_json, check)
         if code is not None:
             return code
     from tpubuild.commands._common import recipes_from, remote_setting
@@ -103,9 +103,11 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry
     return 1 if failed else 0
 
 
-def _noop_fast_path(ctx: click.Context, recipe_patterns: tuple[str, ...], as_json: bool) -> int | None:
+def _noop_fast_path(ctx: click.Context, recipe_patterns: tuple[str, ...], as_json: bool,
+                    check: bool = False) -> int | None:
     """A build with nothing to do, proven from stats alone (engine/noop.py): no recipe is
-    loaded, no record read. None when anything may have changed: the full path decides."""
+    loaded, no record read. None when anything may have changed: the full path decides.
+    It answers `--check` too: a build with nothing to do changes no lock file."""
     import fnmatch
     from pathlib import Path
 
@@ -125,7 +127,9 @@ def _noop_fast_path(ctx: click.Context, recipe_patterns: tuple[str, ...], as_jso
                 return None  # the full path reports the unknown recipe
             wanted.update(matched)
         entries = [e for e in entries if e["name"] in wanted]
-    if as_json:
+    if check:
+        _say_up_to_date(len(entries))
+    elif as_json:
         document = {
             "rows": [{"recipe": e["name"], "stage": stage, "status": "cached", "key": key, "seconds": 0.0,
                       "remote": False}
@@ -220,8 +224,12 @@ def _check(ws, recipes) -> int:
     for line in stale:
         click.echo(line)
     if not stale:
-        click.echo(f"{len(recipes)} lock file{'s' if len(recipes) != 1 else ''} up to date")
+        _say_up_to_date(len(recipes))
     return 1 if stale else 0
+
+
+def _say_up_to_date(count: int) -> None:
+    click.echo(f"{count} lock file{'s' if count != 1 else ''} up to date")
 
 
 def _dry_run(ws, recipes, as_json: bool) -> int:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tpubuild.engine.imports import ABSENT
-from tpubuild.engine.lockfile import read_lock, same_keys
+from tpubuild.engine.lockfile import read_lock_keys, same_keys
 from tpubuild.engine.resolve import (
     Output,
     Resolved,
@@ -65,7 +65,7 @@ class LockCheck:
 
     def problem(self, run: RecipeRun) -> str | None:
         """None when building would leave the recipe's lock file as it is, else why not."""
-        lock = read_lock(run.recipe.lock_file)
+        lock = read_lock_keys(run.recipe.lock_file)
         if lock is None:
             return "no lock file" if not run.recipe.lock_file.exists() else \
                 "the lock file does not record the current build"
