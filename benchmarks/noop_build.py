@@ -6,9 +6,12 @@ has its own weights, so each recipe has its own stage keys). 2,000 recipes are t
 recipes per model (different names: their stages are shared cache entries, each is
 published and checked on its own). Both workspaces share one cache_dir.
 Targets: 200 recipes < 0.25 s and >= 10x faster than `dvc repro`; 2,000 < 1.5 s.
+`build --check` on the 200 recipes, in the built workspace and in a fresh clone of it (the
+recipes, models and lock files; no cache, no `.tpubuild/`, as CI has it): >= 10x faster
+than `dvc status` and within 2x of the no-op build, each ratio from the same run.
 dvc comes from `pip install -e '.[bench]'` or a `dvc` on PATH (DVC env var: its path).
 Prints the figures; asserts nothing.
-Usage: python3 benchmarks/noop_build.py [MODELS] [RECIPES_PER_MODEL]
+Usage: python3 benchmarks/noop_build.py [MODELS] [RECIPES_PER_MODEL]  (1: the MODELS recipes only)
 """
 
 from __future__ import annotations
@@ -78,6 +81,33 @@ def dvc_pipeline(root: Path, dvc: str, models: int, per_model: int) -> None:
     subprocess.run([dvc, "repro", "-q"], cwd=root, check=True, capture_output=True)
 
 
+def fresh_clone(root: Path, clone: Path) -> None:
+    """What a fresh clone of the built workspace has: recipes, lock files, models, and a
+    workspace file whose cache is empty (its own)."""
+    clone.mkdir()
+    for part in ("recipes", "models"):
+        shutil.copytree(root / part, clone / part)
+    (clone / "tpubuild.yaml").write_text("recipes: [recipes/*.yaml]\ncache_dir: .tpubuild/cache\n")
+
+
+def check_time(runs: int, root: Path, fresh: bool, memo: bool = True) -> float:
+    """Best wall time of `build --check` (which must answer "up to date"); `fresh`: each
+    run without `.tpubuild/` (no cache, stat cache or memo), as in CI's clone; without
+    `memo`, each run without the no-op memo (what a check costs after any change)."""
+    best = float("inf")
+    for _ in range(runs):
+        if fresh:
+            shutil.rmtree(root / ".tpubuild", ignore_errors=True)
+        if not memo:
+            (root / ".tpubuild" / "noop-memo.json").unlink(missing_ok=True)
+        start = time.perf_counter()
+        out = subprocess.run([sys.executable, "-m", "tpubuild", "build", "--check"], cwd=root, capture_output=True,
+                             text=True)
+        best = min(best, time.perf_counter() - start)
+        assert out.returncode == 0 and out.stdout.endswith("up to date\n"), out.stdout[-500:] + out.stderr[-2000:]
+    return best
+
+
 def find_dvc() -> str | None:
     return os.environ.get("DVC") or shutil.which("dvc")
 
@@ -90,7 +120,8 @@ def main(models: int = 200, per_model: int = 10, runs: int = 5) -> None:
         subprocess.run([sys.executable, "-c", EXPORT, *paths], check=True, capture_output=True)
         print(f"{models} distinct models exported in {time.perf_counter() - start:.1f} s")
         figures = {}
-        for count, per in ((models, 1), (models * per_model, per_model)):
+        sizes = ((models, 1), (models * per_model, per_model)) if per_model > 1 else ((models, 1),)
+        for count, per in sizes:
             root = base / f"ws{count}"
             root.mkdir()
             shutil.copytree(base / "models", root / "models")
@@ -113,6 +144,14 @@ def main(models: int = 200, per_model: int = 10, runs: int = 5) -> None:
                 subprocess.run([sys.executable, "-m", "tpubuild", "build"], cwd=root, check=True, capture_output=True)
                 full = min(full, time.perf_counter() - start)
             print(f"  without the no-op memo (every recipe loaded, every record read): {full:.3f} s")
+            if count == models:
+                checks = {"built": check_time(runs, root, fresh=False),
+                          "built, without the no-op memo": check_time(min(runs, 3), root, fresh=False, memo=False)}
+                fresh_clone(root, base / "fresh")
+                checks["fresh clone"] = check_time(runs, base / "fresh", fresh=True)
+                for where, seconds in checks.items():
+                    print(f"`build --check`, {count} recipes, {where}: {seconds:.3f} s (best of {runs}), "
+                          f"{seconds / figures[count]:.2f}x the no-op build (target <= 2x)")
         python = best_of(runs, [sys.executable, "-c", "pass"], base)
         print(f"  reference, same run: `python -c pass` {python:.3f} s")
         dvc = find_dvc()
@@ -127,6 +166,8 @@ def main(models: int = 200, per_model: int = 10, runs: int = 5) -> None:
         status = best_of(runs, [dvc, "status", "-q"], dvc_root)
         print(f"  reference, same run, {models} stages: `dvc repro` {repro:.3f} s, `dvc status` {status:.3f} s; "
               f"tpubuild is {repro / figures[models]:.1f}x faster than `dvc repro` (target >= 10x)")
+        for where, seconds in checks.items():
+            print(f"  `build --check`, {where}: {status / seconds:.1f}x faster than `dvc status` (target >= 10x)")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -69,6 +70,32 @@ def test_check_lists_the_recipes_whose_lock_would_change(built_workspace):
     assert toy == ("recipes/toy.yaml: building would change recipes/toy.lock.yaml: stage verify would run "
                    "(option samples: 4 -> 9)")
     assert sorted(os.listdir(ws / "out" / "toy")) == ["1"]  # nothing was built
+
+
+def test_check_in_a_fresh_clone_answers_from_the_lock_files(built_workspace, tmp_path):
+    # CI's clone: recipes, models and lock files; no cache, no stat cache, no no-op memo.
+    clone = tmp_path / "clone"
+    shutil.copytree(built_workspace, clone, ignore=shutil.ignore_patterns(".tpubuild", "out"))
+    assert _modules_after(clone, ["build", "--check"]) == (0, False)  # up to date, TensorFlow not imported
+    assert not (clone / ".tpubuild" / "cache").exists()  # no stage record was looked for
+    ok = tpubuild(clone, "build", "--check")
+    assert (ok.returncode, ok.stdout) == (0, "3 lock files up to date\n")
+    (clone / "recipes" / "toy.yaml").write_text(source_recipe("toy", samples=9))
+    (clone / "recipes" / "models" / "notes.py").write_text('NOTE = "second"\n')
+    (clone / "recipes" / "models" / "tiny" / "extra.txt").write_text("a file of the model\n")
+    stale = tpubuild(clone, "build", "--check")
+    assert stale.returncode == 1, stale.stderr
+    cut, other, toy = stale.stdout.splitlines()
+
+    def says(line: str, name: str, stage: str) -> bool:
+        return line.startswith(f"recipes/{name}.yaml: building would change recipes/{name}.lock.yaml: "
+                               f"stage {stage} would run (")
+
+    assert says(cut, "cut", "export") and "imported module recipes/models/notes.py: content changed (" in cut
+    assert says(other, "other", "source") and says(toy, "toy", "source")  # the first changed key is named
+    (clone / "recipes" / "models" / "tiny" / "extra.txt").unlink()
+    check = tpubuild(clone, "build", "--check", "toy")
+    assert check.returncode == 1 and says(check.stdout, "toy", "verify"), check.stdout
 
 
 def test_explain_and_dry_run_name_what_changed(built_workspace):

@@ -67,9 +67,9 @@ def _imports(path: Path, name: str) -> frozenset[str]:
 
 def _parsed_imports(source: bytes, path: Path, name: str) -> frozenset[str]:
     """`_imports` from the file's whole syntax tree."""
-    tree = ast.parse(source, filename=str(path))
-    found = _import_names(ast.walk(tree), name if path.name == "__init__.py" else name.rpartition(".")[0])
-    found.update(node.value for node in ast.walk(tree)
+    nodes = list(ast.walk(ast.parse(source, filename=str(path))))
+    found = _import_names(nodes, name if path.name == "__init__.py" else name.rpartition(".")[0])
+    found.update(node.value for node in nodes
                  if isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_NAME.fullmatch(node.value))
     return frozenset(m for m in found if m == "tpubuild" or m.startswith("tpubuild."))
 
