@@ -1,8 +1,9 @@
 """Lock files: `recipes/<name>.lock.yaml`, one per recipe, beside it.
 
 They record what decided the build (recipe digest, toolchain, the hash of every input
-as it was read before its stage ran, each stage's key) and what came out (each stage's
-output tree, the published version), in a fixed order so diffs are readable and two
+as it was read before its stage ran, each stage's key, and for a stage that runs user
+code what that code imported, `discovered`) and what came out (each stage's output
+tree, the published version), in a fixed order so diffs are readable and two
 changes to two recipes never touch the same file (dvc.lock's merge conflicts).
 
 Lines whose value may legitimately differ between machines (outputs holding measured

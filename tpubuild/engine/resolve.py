@@ -20,7 +20,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpubuild.atomic import write_text_atomic
 from tpubuild.engine.code import code_digests
@@ -28,11 +28,13 @@ from tpubuild.engine.hashing import FileEntry, hash_bytes, tree_digest
 from tpubuild.engine.imports import ABSENT
 from tpubuild.engine.keys import canonical_dumps, installed_dist, key_record, stage_key, summary_digest
 from tpubuild.engine.statcache import StatCache
-from tpubuild.engine.store import StageEntry, Store
 from tpubuild.engine.target_versions import MANIFEST
 from tpubuild.errors import StageError
 from tpubuild.pipeline import ENGINE_STEPS, STAGE_ORDER, TARGET_STAGES, PlannedStage, plan, spec, stage_module
 from tpubuild.pipeline import target as target_spec
+
+if TYPE_CHECKING:  # the store's module (sqlite, file locks) is not imported to compute keys: `build --check`
+    from tpubuild.engine.store import StageEntry, Store
 
 
 @dataclass
