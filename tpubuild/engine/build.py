@@ -487,7 +487,7 @@ def git_commit(root: Path) -> str | None:
 def lock_problem(engine: Engine, run: RecipeRun, states: list[Any]) -> str | None:
     """Given a resolution whose every stage is cached: None when the lock file already
     records it, else why not. The no-op path and `build --check` share this."""
-    from tpubuild.engine.lockfile import lock_text, read_lock, same_keys
+    from tpubuild.engine.lockfile import lock_text, read_lock_keys, same_keys
 
     publish = states[-1]
     run.outputs["publish"] = Output("publish", publish.key, publish.output, Path(engine.ws.output_dir) / run.name, [])
@@ -498,7 +498,7 @@ def lock_problem(engine: Engine, run: RecipeRun, states: list[Any]) -> str | Non
     document = lock_for(run)
     if engine.relock:  # every byte, measured figures included
         return None if current == lock_text(document) else "the lock file does not record this machine's build"
-    if not same_keys(read_lock(run.recipe.lock_file), document):
+    if not same_keys(read_lock_keys(run.recipe.lock_file), document):
         return "the lock file does not record the current build"
     return None
 

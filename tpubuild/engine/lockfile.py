@@ -275,7 +275,7 @@ def write_lock(path: Path, document: dict[str, Any], force: bool = False) -> boo
             return False
     except OSError:
         pass
-    if not force and same_keys(read_lock(path), document):
+    if not force and same_keys(read_lock_keys(path), document):
         return False
     write_text_atomic(path, text)
     return True
