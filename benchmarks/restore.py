@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tpubuild.engine.fsutil import clone_or_copy
+from tpubuild.engine.fsutil import place_file
 from tpubuild.engine.statcache import StatCache
 from tpubuild.engine.store import Store
 from tpubuild.engine.versions import publish
@@ -50,7 +50,7 @@ def main(size_mib: int = 1024) -> None:
         files = [(f, store.object_path(f.hash)) for f in entry.files]
         manifest = {"recipe": "bench", "content": entry.tree, "files": {f.path: f.hash for f in entry.files}}
         probe_src, probe_dst = files[0][1], root / "probe"
-        how = clone_or_copy(probe_src, probe_dst)
+        how = place_file(probe_src, probe_dst, "copy")
         _flush(root)
         checkout_s = _timed(lambda: store.checkout(entry))
         figures = {}

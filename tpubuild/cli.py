@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 
 from tpubuild import __version__
-from tpubuild.errors import TpubuildError
+from tpubuild.errors import TpubuildError, environment_fault, fault_line
 from tpubuild.quiet import quiet_tensorflow
 
 # verb -> module under tpubuild.commands exporting `command`, in --help order.
@@ -36,6 +36,7 @@ VERBS = {
     "gc": "gc",
     "verify-cache": "verify_cache",
     "verify": "verify",
+    "schema": "schema",
 }
 
 
@@ -58,10 +59,11 @@ class LazyGroup(click.Group):
 class Options:
     """Global options every verb receives through click's context object."""
 
-    def __init__(self, workspace: Path | None, debug: bool, verbose: bool = False):
+    def __init__(self, workspace: Path | None, debug: bool, verbose: bool = False, quiet: bool = False):
         self.workspace = workspace
         self.debug = debug
-        self.verbose = verbose
+        self.verbose = verbose  # more output (build: every stage); TensorFlow's log is --debug's
+        self.quiet = quiet  # less output (build: errors, warnings and the summary line)
 
 
 @click.group(
@@ -78,9 +80,12 @@ class Options:
     "Default: the nearest tpubuild.yaml in this directory or above.",
 )
 @click.option("--debug", is_flag=True, help="Show Python tracebacks for errors, and TensorFlow's own log.")
-@click.option("--verbose", "-v", is_flag=True, help="Show TensorFlow's own log lines (hidden by default).")
+@click.option("--verbose", "-v", is_flag=True,
+              help="More output: build and build --dry-run list every stage, cached ones too (also `build -v`).")
+@click.option("--quiet", "-q", is_flag=True,
+              help="Less output: build prints only errors, warnings and its summary line (also `build -q`).")
 @click.pass_context
-def cli(ctx: click.Context, workspace: Path | None, debug: bool, verbose: bool) -> None:
+def cli(ctx: click.Context, workspace: Path | None, debug: bool, verbose: bool, quiet: bool) -> None:
     """tpubuild: build TPU-ready TensorFlow SavedModels from YAML recipes.
 
     Each model in the workspace has a recipe (recipes/*.yaml) whose `converter:`
@@ -89,8 +94,12 @@ def cli(ctx: click.Context, workspace: Path | None, debug: bool, verbose: bool) 
     """
     if debug:  # workers and the engine show full tracebacks of stage errors
         os.environ["TPUBUILD_DEBUG"] = "1"
-    ctx.obj = Options(workspace, debug, verbose)
-    if not (debug or verbose):
+    if verbose and quiet:
+        from tpubuild.errors import UsageError
+
+        raise UsageError("-q/--quiet and -v/--verbose cannot be used together")
+    ctx.obj = Options(workspace, debug, verbose, quiet)
+    if not debug:
         # Before any verb imports TensorFlow; it imports nothing itself (planning stays light).
         quiet_tensorflow()
 
@@ -123,30 +132,12 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
-# The machine, not the input or tpubuild: a full disk or quota, a read-only file system,
-# an I/O error. Met anywhere (the stat cache, a stage, printing), each is one line, exit 1.
-ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
-
-
-def environment_fault(exc: BaseException) -> OSError | None:
-    """The environment OSError behind `exc` (itself, or what it was raised from or while
-    handling), else None."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in ENVIRONMENT_ERRNOS:
-            return exc
-        exc = exc.__cause__ or exc.__context__
-    return None
-
-
 def _report_environment_fault(fault: OSError) -> None:
-    where = f": {fault.filename}" if fault.filename else ""
     if fault.filename is None and fault.errno == errno.ENOSPC:
         # Most likely stdout itself (`> file` on a full disk): it is unusable, and Python
         # would print a second error flushing it at exit; point it at /dev/null instead.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
-    click.echo(f"error: {os.strerror(fault.errno)}{where}", err=True)
+    click.echo(f"error: {fault_line(fault)}", err=True)
 

@@ -48,6 +48,8 @@ def convert(
         raise UsageError(f"{src}: not a SavedModel directory (no saved_model.pb)")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"{out}: output directory exists and is not empty")
+    if any(s.name == "tpu" for s in plan(canonical)):
+        _refuse_converted(src, canonical["model"]["tags"])
     out.parent.mkdir(parents=True, exist_ok=True)
 
     result = ConvertResult()
@@ -78,6 +80,23 @@ def convert(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return result
+
+
+def _refuse_converted(src: Path, tags: list[str]) -> None:
+    """A SavedModel that already holds TPU placement (the output of a conversion, ours or
+    the Cloud TPU Inference Converter's) cannot be placed again: say so instead of the
+    nested-call or metadata errors the tpu stage would meet deeper down."""
+    from tpubuild.savedmodel.model import SavedModel
+    from tpubuild.tpu.placement import METADATA, TPU_CALL
+
+    model = SavedModel.load(src, tags)
+    holders = [("the graph", model.meta_graph.graph_def.node),
+               *((f"function {name}", f.node_def) for name, f in sorted(model.functions.items()))]
+    for where, nodes in holders:
+        for node in nodes:
+            if node.op in (TPU_CALL, METADATA):
+                raise ConversionError(f"{src}: already converted for the TPU ({where} holds {node.op} node "
+                                      f"{node.name}); convert the SavedModel it was made from")
 
 
 def _run_function(name: str) -> Callable[..., Any]:

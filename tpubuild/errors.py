@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from dataclasses import dataclass
 
 
@@ -66,3 +68,27 @@ class StageError(TpubuildError):
 
 class ConversionError(StageError):
     """The SavedModel cannot be converted as the recipe asks (unknown alias, TPU-incompatible op...)."""
+
+
+# The machine, not the input or tpubuild: a full disk or quota, a file over the size
+# limit, a read-only file system, an I/O error. Met anywhere (the cache, out/, the logs,
+# the cache index, a stage), each is one line naming the path, exit 1.
+ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO})
+
+
+def environment_fault(exc: BaseException | None) -> OSError | None:
+    """The environment OSError behind `exc` (itself, or what it was raised from or while
+    handling), else None."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in ENVIRONMENT_ERRNOS:
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def fault_line(fault: OSError) -> str:
+    """`No space left on device: PATH`: the error, and where."""
+    where = f": {fault.filename}" if fault.filename else ""
+    return f"{os.strerror(fault.errno)}{where}" if fault.errno else f"{fault}{where}"

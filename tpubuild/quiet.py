@@ -1,4 +1,4 @@
-"""Keep TensorFlow's own log lines off the user's terminal (unless --debug or -v).
+"""Keep TensorFlow's own log lines off the user's terminal (unless --debug).
 
 What TensorFlow prints, and what stops each (measured with tensorflow 2.21 on CPU):
   * C++ LOG() lines after start-up ("This TensorFlow binary is optimized ...", "failed call

@@ -22,7 +22,10 @@ _CAUSES = [
     re.compile(r"\b[A-Z][A-Za-z]*Error: .*"),
     re.compile(r"(?:INVALID_ARGUMENT|NOT_FOUND|FAILED_PRECONDITION|INTERNAL|UNIMPLEMENTED): .*"),
 ]
-_HEADERS = re.compile(r"^(Graph execution error:|Detected at node|Traceback|\s*File \"|\s*\[\[|During handling)")
+# `<stack traces unavailable>` follows `Detected at node ... defined at` in a loaded
+# SavedModel's op errors (no Python frames were saved with the graph).
+_HEADERS = re.compile(
+    r"^(Graph execution error:|Detected at node|Traceback|\s*File \"|\s*\[\[|During handling|<stack traces unavailable>)")
 _NOISE = re.compile(r"^[IWE]\d{4} |^\d{4}-\d\d-\d\d |^WARNING:|^Instructions for updating")
 # Said by every TF process on a machine without a GPU; never the cause.
 _NO_GPU = re.compile(r"cuInit|CUDA|cuda_")

@@ -96,9 +96,13 @@ def test_version_and_help():
         assert "Example" in tpubuild(verb, "--help", cwd=".").stdout, verb
 
 
-@pytest.mark.parametrize("argv", [["validate"], ["list", "--json"], ["--help"]])
+@pytest.mark.parametrize("argv", [["validate"], ["list", "--json"], ["--help"], ["validate", "--json", "recipes/exp.yaml"],
+                                  ["list", "recipes/toy.yaml"], ["schema", "--content"]])
 def test_planning_commands_never_import_tensorflow(ws, argv):
     ws.write("recipes/toy.yaml", GOOD)
+    # validate parses an export script (ast), never runs it: its import of TensorFlow stays unexecuted.
+    ws.write("models/exp.py", "import tensorflow as tf\n\ndef export(output_dir):\n    tf.saved_model.save(tf.Module(), output_dir)\n")
+    ws.write("recipes/exp.yaml", "model:\n  export: {script: ../models/exp.py}\n")
     probe = (
         "import sys\nfrom tpubuild.cli import main\n"
         "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code\n"

@@ -63,6 +63,8 @@ def test_integers_beyond_int32_are_refused(ws):
     why = "must be <= 2147483647 (the largest int32: the converter's field is an int32)"
     lines = [
         f"recipes/r.yaml:4:23: converter.batch_options[0].max_batch_size: {why}, got 99999999999999999999999",
+        "recipes/r.yaml:5:29: converter.batch_options[0].allowed_batch_sizes[0]: must be at most 65536 rows, got "
+        "2147483647 (TensorFlow's BatchFunction pads every batch to its size in host memory)",
         f"recipes/r.yaml:6:29: converter.batch_options[0].max_enqueued_batches: {why}, got 2147483648",
     ]
     assert ws.errors_of(text) == lines
@@ -70,10 +72,11 @@ def test_integers_beyond_int32_are_refused(ws):
 
 
 def test_the_largest_int32_renders(ws):
-    ws.write("recipes/r.yaml", MODEL + "converter:\n  batch_options: [{max_batch_size: 2147483647}]\n")
+    batching = "converter:\n  batch_options: [{max_batch_size: 8, max_enqueued_batches: 2147483647}]\n"
+    ws.write("recipes/r.yaml", MODEL + batching)
     code, out, err = ws.cli("render", "r")
     assert (code, err) == (0, "")
-    assert "  max_batch_size: 2147483647\n" in out
+    assert "  max_enqueued_batches: 2147483647\n" in out
 
 
 def _proto_int32_fields() -> dict[str, set[str]]:
@@ -170,7 +173,8 @@ def test_workspace_directories_the_os_would_refuse(ws):
 def test_long_or_null_byte_targets_are_usage_errors(ws, run_cli):
     ws.write("recipes/r.yaml", MODEL)
     long = "a" * 300
-    assert ws.cli("render", f"{long}.yaml") == (2, "", f"error: no recipe matches '{long}.yaml' (recipes: r)\n")
+    assert ws.cli("render", f"{long}.yaml") == (2, "", f"error: no recipe matches '{long}.yaml': File name too long "
+                                                      "(recipes: r)\n")
     assert ws.cli("build", "--dry-run", "r\0") == (2, "", "error: no recipe matches 'r\\x00' (did you mean 'r'?)\n")
     code, _, err = run_cli("--workspace", long, "validate")
     assert (code, err) == (2, f"error: no workspace file at '{long}': File name too long\n")

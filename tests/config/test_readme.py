@@ -63,3 +63,21 @@ def test_recipe_example_validates_as_written(quick_start, tmp_path):
 def test_readme_states_the_export_contract():
     assert "`function(output_dir: str)`" in README
     assert "must write a TF2 SavedModel" in README
+
+
+def test_schema_lines_work_in_the_users_workspace(quick_start, tmp_path):
+    """The README's `$schema` lines name files that exist in the quick start's workspace
+    once `tpubuild schema` wrote them (issue 30 item 10)."""
+    import json
+
+    workspace = shutil.copytree(quick_start, tmp_path / "my-models")
+    run = lambda *argv: subprocess.run([sys.executable, "-m", "tpubuild", *argv], cwd=workspace, capture_output=True,
+                                       text=True, timeout=60, check=True).stdout
+    installed = Path(run("schema").strip())
+    assert installed.name == "recipe.schema.json" and installed.is_absolute()
+    (workspace / "recipe.schema.json").write_text(run("schema", "--content"))  # as the README says
+    assert json.loads((workspace / "recipe.schema.json").read_text()) == json.loads(installed.read_text())
+    for line in (_block("Recipe format", "yaml").splitlines()[0], run("schema", "--modeline").strip()):
+        target = re.fullmatch(r"# yaml-language-server: \$schema=(\S+)", line).group(1)
+        assert json.loads((workspace / "recipes" / target).read_text())["$id"].endswith("/recipe.schema.json"), line
+    assert Path(run("schema", "workspace").strip()).name == "workspace.schema.json"

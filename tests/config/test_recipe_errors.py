@@ -209,9 +209,10 @@ def test_all_errors_of_all_files_at_once(ws):
 
 
 def test_duplicate_recipe_names_name_both_files(ws):
+    # The error points at the second file's `name:` line, where the fix is.
     ws.write("recipes/a.yaml", "name: same\n" + MODEL)
-    assert errors_of(ws, "name: same\n" + MODEL, name="b") == [
-        "recipes/b.yaml: name: recipe name 'same' is also used by recipes/a.yaml"
+    assert errors_of(ws, "# b\n" + MODEL + "name: same\n", name="b") == [
+        "recipes/b.yaml:3:1: name: recipe name 'same' is also used by recipes/a.yaml"
     ]
 
 

@@ -64,11 +64,13 @@ def test_inspect_is_quiet(quiet_inspect):
     assert (_tf_lines(quiet_inspect), quiet_inspect.stderr) == ([], "")
 
 
-@pytest.mark.parametrize("flag", ["--debug", "-v"])
-def test_debug_or_verbose_shows_tensorflows_log(converted, quiet_inspect, flag):
+def test_debug_shows_tensorflows_log_and_verbose_does_not(converted, quiet_inspect):
     # TensorFlow's lines come back, so the pattern above really matches what TensorFlow
     # prints on this machine; tpubuild's own output is the same.
-    loud = _tpubuild(flag, "inspect", str(converted[0]))
+    loud = _tpubuild("--debug", "inspect", str(converted[0]))
     assert loud.returncode == 0
     assert _tf_lines(loud) != []
     assert loud.stdout == quiet_inspect.stdout
+    # -v asks tpubuild for more rows (build), not for TensorFlow's log (issue 30).
+    verbose = _tpubuild("-v", "inspect", str(converted[0]))
+    assert (verbose.returncode, _tf_lines(verbose), verbose.stdout) == (0, [], quiet_inspect.stdout)

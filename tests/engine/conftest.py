@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "tpubuild"]
@@ -181,6 +182,13 @@ def export_variant(ws: Path, script: str, old: str, new: str) -> None:
     """recipes/models/<script>: the tiny export script with `old` replaced by `new`."""
     assert old in EXPORT_SCRIPT, old
     (ws / "recipes" / "models" / script).write_text(EXPORT_SCRIPT.replace(old, new))
+
+
+def lock_record(ws: Path, recipe: str, index: int = 0) -> Path:
+    """The local stage record of stage `index` of `recipe`, found by its lock file's key."""
+    lock = yaml.safe_load((ws / "recipes" / f"{recipe}.lock.yaml").read_text())
+    key = lock["stages"][index]["key"]
+    return ws / ".tpubuild" / "cache" / "v1" / "stages" / key[:2] / f"{key}.json"
 
 
 def statuses(document: dict, recipe: str) -> dict[str, str]:

@@ -112,16 +112,38 @@ def test_explain_and_dry_run_name_what_changed(built_workspace):
         "    - option samples: 4 -> 5",
         "  warmup: would run (key K)",
         "    - option samples: 4 -> 5",
-        "  report: would run",
-        "    - its input verify will be rebuilt first",
-        "  publish: would run",
-        "    - its input warmup will be rebuilt first",
+        # Decided once verify has run: early cutoff (engine/explain.py).
+        "  report: cached if verify's output is unchanged",
+        "  publish: cached if the outputs of verify and warmup are unchanged",
     ]
     dry = json.loads(tpubuild(ws, "build", "--dry-run", "--json", "toy").stdout)
-    assert [(r["stage"], r["status"]) for r in dry["rows"]] == [
-        ("source", "cached"), ("batch", "cached"), ("verify", "pending"), ("warmup", "pending"), ("report", "pending"),
-        ("publish", "pending"),
+    assert [(r["stage"], r["status"], r["state"]) for r in dry["rows"]] == [
+        ("source", "cached", "cached"), ("batch", "cached", "cached"), ("verify", "pending", "would run"),
+        ("warmup", "pending", "would run"), ("report", "pending", "cached if verify's output is unchanged"),
+        ("publish", "pending", "cached if the outputs of verify and warmup are unchanged"),
     ]
+    assert dry["summary"] == {"cached": 2, "would run": 2, "cached if unchanged": 2}
+    # Text: a row per stage that is not cached yet, with explain's words and reasons, then a summary.
+    text = tpubuild(ws, "build", "--dry-run", "toy")
+    assert (text.returncode, text.stdout.splitlines()) == (0, [
+        "toy: verify: would run (option samples: 4 -> 5)",
+        "toy: warmup: would run (option samples: 4 -> 5)",
+        "toy: report: cached if verify's output is unchanged",
+        "toy: publish: cached if the outputs of verify and warmup are unchanged",
+        "1 recipe: 2 would run, 2 cached if unchanged, 2 cached",
+    ])
+    # -v: every stage, and each says what explain says of it, in the same words.
+    verbose = tpubuild(ws, "build", "--dry-run", "-v", "toy").stdout.splitlines()
+    explained = []
+    for line in lines[1:]:
+        if line.startswith("    - "):
+            explained[-1][2].append(line[6:])
+        else:
+            stage, _, state = line.strip().partition(": ")
+            explained.append([stage, state.removesuffix(" (key K)"), []])
+    assert verbose[:-1] == [f"toy: {stage}: {state}" + (f" ({'; '.join(why)})" if why else "")
+                            for stage, state, why in explained]
+    assert verbose[-1] == "1 recipe: 2 would run, 2 cached if unchanged, 2 cached"
     assert sorted(os.listdir(ws / "out" / "toy")) == ["1"]
 
 

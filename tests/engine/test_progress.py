@@ -1,20 +1,33 @@
-"""On a terminal, a build shows a live line with the running stage, its recipe and the
-elapsed time; piped, it shows none (issue 8)."""
+"""What `tpubuild build` prints (issue 8, issue 30 item 4): on a terminal a live `[n/N]`
+line and colour; piped neither; rows only for stages that did work, `published:` for new
+versions, the summary line last; -q and -v; a stage's time without its worker's start-up.
+The real CLI in real processes, on a real pseudo-terminal (pty) where a terminal is meant."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pty
+import re
+import struct
 import subprocess
+import termios
 
-from tests.engine.conftest import CLI, REPO, export_recipe
+from tests.engine.conftest import CLI, REPO, export_recipe, source_recipe, tpubuild
+
+ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+ERASE = "\r\x1b[K"  # back to the line's start, erase it: how the live line is redrawn
+ROW = re.compile(r"^(\w+): (\w+): (built|cached|failed|skipped) \(([\d.]+) s(?:, worker start-up ([\d.]+) s)?\)$")
 
 
-def test_live_progress_line_on_a_tty_only(make_workspace):
-    ws = make_workspace({"exp": export_recipe("exp")})
+def on_a_terminal(ws, *args: str, env: dict | None = None) -> tuple[int, str, str]:
+    """`tpubuild ARGS` with stdout on a new pseudo-terminal (120 columns): exit code, what
+    the terminal received, stderr."""
     primary, secondary = pty.openpty()
-    proc = subprocess.Popen([*CLI, "build"], cwd=ws, stdout=secondary, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    environment = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "COLUMNS")}
+    proc = subprocess.Popen([*CLI, *args], cwd=ws, stdout=secondary, stderr=subprocess.PIPE,
+                            env={**environment, "PYTHONPATH": str(REPO), "TERM": "xterm", **(env or {})})
     os.close(secondary)
     chunks = []
     while True:
@@ -25,13 +38,123 @@ def test_live_progress_line_on_a_tty_only(make_workspace):
         if not data:
             break
         chunks.append(data)
+    stderr = proc.stderr.read().decode()
     proc.wait(timeout=300)
     os.close(primary)
-    out = b"".join(chunks).decode()
-    assert proc.returncode == 0
-    assert "running exp: export" in out  # the live line: recipe, stage, elapsed seconds
-    assert "\r\x1b[K" in out  # redrawn in place, then cleared before each finished stage
-    assert "exp: export: built (" in out
-    piped = subprocess.run([*CLI, "build", "--json"], cwd=ws, capture_output=True, text=True,
-                           env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert "running" not in piped.stdout
+    return proc.returncode, b"".join(chunks).decode(), stderr
+
+
+def screen(received: str) -> list[str]:
+    """The lines left on the terminal: each erase drops what the live line had written."""
+    lines, current = [], ""
+    for part in re.split(r"(\r\x1b\[K|\r\n)", received):
+        if part == ERASE:
+            current = ""
+        elif part == "\r\n":
+            lines.append(current)
+            current = ""
+        else:
+            current += part
+    return lines + ([current] if current else [])
+
+
+def edit_toy(ws, samples: int) -> None:
+    """A verify option: toy's verify, warmup, report and publish rerun, the rest is cached."""
+    (ws / "recipes" / "toy.yaml").write_text(source_recipe("toy", samples=samples))
+
+
+def test_a_terminal_gets_a_live_line_colour_and_rows_of_work_only(built_workspace):
+    ws = built_workspace
+    total = len(tpubuild(ws, "-v", "build").stdout.splitlines()) - 1  # a row per stage, then the summary
+    edit_toy(ws, samples=5)
+    code, received, stderr = on_a_terminal(ws, "build")
+    assert (code, stderr) == (0, "")
+    # The live line: stages done of the build's, the stage running and its elapsed seconds,
+    # redrawn in place and erased before each row and at the end.
+    assert re.search(rf"\[\d+/{total}\] running toy: verify \d+ s", received), received
+    assert f"[{total}/{total}]" in received
+    shown = screen(received)
+    plain = [ESCAPE.sub("", line) for line in shown]
+    # Rows for the stages that built, never one for a cached stage, in colour.
+    assert plain[:4] == [line for line in plain if ROW.match(line)]
+    assert [ROW.match(line).group(2) for line in plain[:4]] == ["verify", "warmup", "report", "publish"]
+    assert all(ROW.match(line).group(3) == "built" for line in plain[:4])
+    assert "toy: verify: \x1b[32mbuilt\x1b[0m (" in shown[0]
+    # A new version of toy only: the other recipes published nothing new.
+    assert plain[4:] == ["published: toy -> out/toy/2", f"3 recipes: 4 built, {total - 4} cached"]
+    assert shown[-1] == f"3 recipes: \x1b[32m4 built\x1b[0m, \x1b[34m{total - 4} cached\x1b[0m"
+
+
+def test_no_color_and_an_up_to_date_workspace_on_a_terminal(built_workspace):
+    ws = built_workspace
+    code, received, _ = on_a_terminal(ws, "build")
+    assert code == 0
+    assert [ESCAPE.sub("", line) for line in screen(received)] == ["3 recipes: 16 cached"]  # one line
+    assert "\x1b[34m16 cached\x1b[0m" in received
+    code, received, _ = on_a_terminal(ws, "build", env={"NO_COLOR": "1"})
+    assert code == 0
+    assert screen(received) == ["3 recipes: 16 cached"]
+    assert not re.search(r"\x1b\[[0-9;]*m", received)  # no colour, whatever else the terminal got
+
+
+def test_piped_output_has_rows_of_work_and_published_versions_without_live_line_or_colour(built_workspace):
+    ws = built_workspace
+    edit_toy(ws, samples=5)
+    result = tpubuild(ws, "build", env={"TERM": "xterm"})
+    assert (result.returncode, result.stderr) == (0, "")
+    assert "\x1b" not in result.stdout and "\r" not in result.stdout
+    lines = result.stdout.splitlines()
+    assert [ROW.match(line).group(2, 3) for line in lines[:4]] == [
+        ("verify", "built"), ("warmup", "built"), ("report", "built"), ("publish", "built")]
+    assert lines[4:] == ["published: toy -> out/toy/2", "3 recipes: 4 built, 12 cached"]
+    # Nothing changed: one summary line.
+    again = tpubuild(ws, "build")
+    assert (again.returncode, again.stdout) == (0, "3 recipes: 16 cached\n")
+
+
+def test_quiet_prints_the_summary_and_errors_only(built_workspace):
+    ws = built_workspace
+    edit_toy(ws, samples=6)
+    result = tpubuild(ws, "build", "-q")
+    assert (result.returncode, result.stdout, result.stderr) == (0, "3 recipes: 4 built, 12 cached\n", "")
+    (ws / "recipes" / "bad.yaml").write_text(export_recipe("bad", "models/bad_export.py"))
+    failed = tpubuild(ws, "-q", "build", "bad")
+    assert failed.returncode == 1
+    assert failed.stdout == "1 recipe: 1 failed, 3 skipped\n"
+    assert failed.stderr.startswith("recipes/bad.yaml: stage export: ")  # the error, one line
+    assert "no model today" in failed.stderr and failed.stderr.count("\n") == 1
+    both = tpubuild(ws, "build", "-q", "-v")
+    assert (both.returncode, both.stderr) == (2, "error: -q/--quiet and -v/--verbose cannot be used together\n")
+
+
+def test_verbose_lists_every_stage_and_a_stage_time_is_its_own_work(built_once, built_workspace):
+    ws = built_workspace
+    edit_toy(ws, samples=7)
+    result = tpubuild(ws, "build", "-v")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    rows = [ROW.match(line) for line in lines[:-2]]
+    assert all(rows), lines
+    assert len(rows) == 16 and {r.group(1) for r in rows} == {"toy", "other", "cut"}  # cached ones too
+    built = {r.group(2): r for r in rows if r.group(3) == "built"}
+    assert set(built) == {"verify", "warmup", "report", "publish"}
+    # Stages run by a worker say how long they waited for it; publish runs in the build itself.
+    assert all(built[s].group(5) is not None for s in ("verify", "warmup", "report"))
+    assert built["publish"].group(5) is None
+    # The first stage a new worker runs waited for its start-up (a process, TensorFlow's
+    # import: seconds), which is not in the stage's own time (this tiny verify: well under).
+    first = built["verify"]
+    assert float(first.group(5)) > float(first.group(4)), first.group(0)
+    assert lines[-2:] == ["published: toy -> out/toy/2", "3 recipes: 4 built, 12 cached"]
+    # The same in build --json, in the session's first build: each worker's first stage.
+    _, document = built_once
+    startups = [row for row in document["rows"] if row["worker_startup_seconds"] is not None]
+    assert {row["stage"] for row in startups} >= {"batch", "verify", "export"}
+    first = max(startups, key=lambda row: row["worker_startup_seconds"])
+    assert first["worker_startup_seconds"] > first["seconds"], first
+    assert all(row["worker_startup_seconds"] is None for row in document["rows"]
+               if row["stage"] in ("source", "publish"))
+    # -v on an up-to-date workspace: a cached row per stage (the no-op path prints them too).
+    noop = tpubuild(ws, "-v", "build").stdout.splitlines()
+    assert len(noop) == 17 and all(ROW.match(line).group(3) == "cached" for line in noop[:-1])
+    assert noop[-1] == "3 recipes: 16 cached"

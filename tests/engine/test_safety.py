@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.engine.conftest import CLI, REPO, build_json, export_recipe, statuses, tpubuild
+from tests.engine.conftest import CLI, REPO, build_json, export_recipe, lock_record, statuses, tpubuild
 from tpubuild.engine.hashing import hash_file
 
 
@@ -34,9 +34,7 @@ def _wait_for(predicate, timeout: float = 60.0) -> None:
 
 def test_corrupted_cache_object_is_detected_and_rebuilt(built_workspace):
     ws = built_workspace
-    lock = yaml.safe_load((ws / "recipes" / "cut.lock.yaml").read_text())
-    export_key = lock["stages"][0]["key"]
-    entry = yaml.safe_load((ws / ".tpubuild" / "cache" / "v1" / "stages" / export_key[:2] / f"{export_key}.json").read_text())
+    entry = yaml.safe_load(lock_record(ws, "cut").read_text())
     note = next(f for f in entry["files"] if f[0] == "assets/note.txt")
     obj = ws / ".tpubuild" / "cache" / "v1" / "objects" / note[1][:2] / note[1][2:]
     os.chmod(obj, 0o644)
@@ -129,9 +127,7 @@ def test_a_local_record_naming_a_path_outside_the_cache_is_removed_and_rebuilt(b
     # Whoever can write a shared cache_dir can write its records: a local record is checked
     # like a downloaded one (engine/records.py), never trusted for the paths it names.
     ws = built_workspace
-    lock = yaml.safe_load((ws / "recipes" / "cut.lock.yaml").read_text())
-    export_key = lock["stages"][0]["key"]
-    record = ws / ".tpubuild" / "cache" / "v1" / "stages" / export_key[:2] / f"{export_key}.json"
+    record = lock_record(ws, "cut")
     entry = yaml.safe_load(record.read_text())
     victim = tmp_path / "victim"
     victim.write_text("the user's file")

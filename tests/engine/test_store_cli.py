@@ -175,9 +175,13 @@ def test_output_dir_holding_the_recipes_is_an_error_and_clean_deletes_nothing(ma
     before = sorted(p.relative_to(ws) for p in ws.rglob("*"))
     result = tpubuild(ws, "clean", "recipes")
     assert (result.returncode, result.stdout) == (2, "")
+    # The workspace's layout is refused when it loads (config/workspace.py _layout_problems),
+    # before any recipe's inputs are compared with it.
     assert result.stderr == (
-        "error: recipes/recipes.yaml: model.saved_model recipes/models/tiny is inside output_dir ., "
-        "whose content tpubuild deletes and rewrites; move one of them\n"
+        "tpubuild.yaml:2:13: output_dir: output_dir '.' contains cache_dir '.tpubuild/cache': tpubuild deletes "
+        "what it finds in its own directories, so they must not contain one another\n"
+        "tpubuild.yaml:2:13: output_dir: output_dir '.' contains the recipe tree of 'recipes/*.yaml': tpubuild "
+        "deletes what it finds in its own directories, so they must not contain one another\n"
     )
     assert sorted(p.relative_to(ws) for p in ws.rglob("*") if ".tpubuild" not in p.parts) == before
 

@@ -113,5 +113,32 @@ def test_inspect_of_a_directory_without_a_model_is_one_line(tmp_path: Path, caps
 
     with pytest.raises(SystemExit) as exit_info:
         main(["inspect", str(tmp_path)])
-    assert exit_info.value.code == 1
-    assert capsys.readouterr().err == f"error: {tmp_path}: not a SavedModel (no saved_model.pb)\n"
+    assert exit_info.value.code == 2  # a usage error: the wrong path was given (issue 30 item 7)
+    assert capsys.readouterr().err == f"error: {tmp_path}: not a SavedModel directory (no saved_model.pb)\n"
+
+
+def test_inspect_says_the_host_side_of_a_placement_runs_on_the_host(two_tpu: Path, tmp_path: Path) -> None:
+    """The functions that hold the TPUPartitionedCall and the BatchFunction tpubuild wrote
+    run on the host by design: inspect says so, never that they cannot run on the TPU."""
+    options = tmp_path / "converter.yaml"
+    options.write_text("converter:\n  tpu_functions: [{function_alias: tpu_func_1}, {function_alias: tpu_func_2}]\n"
+                       "  batch_options: [{max_batch_size: 8, allowed_batch_sizes: [2, 4, 8]}]\n")
+    out = tmp_path / "converted"
+    done = CliRunner().invoke(cli, ["convert", str(two_tpu), str(out), "--options-file", str(options)])
+    assert done.exit_code == 0, done.output
+    info = inspect(out)
+    assert info["tpu_and_batch_ops"]["TPUPartitionedCall"] == 2 and info["tpu_and_batch_ops"]["BatchFunction"] == 2
+    by_name = {f["name"]: f for f in info["functions"]}
+    bodies = sorted(f["name"] for f in info["functions"] if f["tpu"])
+    assert [by_name[b]["alias"] for b in bodies] == ["tpu_func_1", "tpu_func_2"]
+    assert all(by_name[b]["xla"] == {"compilable": True} and by_name[b]["host"] is None for b in bodies)
+    # The signature's function reaches both TPU functions and the batching, all from the host.
+    signature_fn = by_name[info["signatures"]["serving_default"]["function"]]
+    assert signature_fn["host"] == {"tpu_functions": bodies, "batching": True} and signature_fn["xla"] is None
+    text = CliRunner().invoke(cli, ["inspect", str(out)]).output
+    assert "cannot run on the TPU" not in text and "not XLA-compilable" not in text
+    lines = text.splitlines()
+    wrapper = lines.index(f"  {signature_fn['name']} (signature serving_default)")
+    assert lines[wrapper + 1] == (f"    called by: the graph / no function; runs on the host, by design: calls "
+                                  f"{', '.join(bodies)} on the TPU through TPUPartitionedCall; "
+                                  "batches requests with BatchFunction")

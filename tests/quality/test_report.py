@@ -99,3 +99,20 @@ def test_difference_between_two_reports(runner: Runner, dense: Path) -> None:
     assert lines[0] == "                      version 1      version 2  change"
     assert lines[1] == f"size             {report_format.human_bytes(diff['size']['old']):>14} {report_format.human_bytes(diff['size']['new']):>14}  x0.500"
     assert lines[-1] == "max_abs_error                 0           0.25"
+
+
+def test_the_bfloat16_line_claims_only_what_the_rewrite_recorded():
+    # A scope whose only float op is filterlisted: nothing computes in bfloat16, and the
+    # line says so instead of listing the variables as if the model had been converted.
+    kept_only = {"scope": "TPU", "variables": ["w"], "converted_ops": {},
+                 "kept_float32": {"filterlist": {"Softmax": 1}, "no_bfloat16_cpu_kernel": {"Erfinv": 2}}}
+    line = report_format.bfloat16_line(kept_only)
+    assert "ops converted: none (nothing computes in bfloat16)" in line, line
+    assert line.endswith("kept float32: Softmax 1 (filterlist), Erfinv 2 (no bfloat16 CPU kernel)"), line
+    # An XlaCallModule counts as converted only with the StableHLO ops that changed inside it.
+    module = {"function": "tpu_func", "node": "call", "converted_ops": {"stablehlo.add": 1},
+              "kept_float32": {"stablehlo.custom_call @f": {"count": 1, "reason": "a custom call"}}}
+    line = report_format.bfloat16_line({**kept_only, "converted_ops": {"XlaCallModule": 1},
+                                         "kept_float32": {}, "xla_call_modules": [module]})
+    assert "ops converted: XlaCallModule 1; XlaCallModule call in tpu_func computes in bfloat16: stablehlo.add 1" in line
+    assert line.endswith("kept float32: stablehlo.custom_call @f 1 in XlaCallModule call in tpu_func (a custom call)"), line

@@ -79,6 +79,8 @@ def published(ws: Path, recipe: str) -> dict[str, bytes]:
             if path.name == "tpubuild-provenance.json":
                 statement = json.loads(data)
                 statement["predicate"]["buildDefinition"]["internalParameters"].pop("remoteCache")
+                # The manifest is a subject: its digest covers the creation time left out above.
+                statement["subject"] = [s for s in statement["subject"] if s["name"] != "tpubuild-manifest.json"]
                 data = json.dumps(statement, sort_keys=True).encode()
             files[path.relative_to(root).as_posix()] = data
     return files

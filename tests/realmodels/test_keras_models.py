@@ -11,7 +11,6 @@ TF Serving's session-based loader, not only in TF2's.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,7 @@ import pytest
 
 from tests.engine.conftest import build_json, statuses
 from tests.realmodels import keras_models
+from tests.realmodels.workspaces import model_workspace
 
 MODELS = Path(__file__).parent / "keras_models.py"
 
@@ -77,11 +77,7 @@ targets:
 @pytest.fixture(scope="session")
 def keras_built(tmp_path_factory) -> tuple[Path, dict]:
     ws = tmp_path_factory.mktemp("keras") / "ws"
-    (ws / "recipes" / "models").mkdir(parents=True)
-    (ws / "tpubuild.yaml").write_text('recipes: ["recipes/*.yaml"]\n')
-    shutil.copy(MODELS, ws / "recipes" / "models" / "keras_models.py")
-    for name, text in RECIPES.items():
-        (ws / "recipes" / f"{name}.yaml").write_text(text)
+    model_workspace(ws, MODELS, RECIPES)
     return ws, build_json(ws)
 
 

@@ -38,6 +38,11 @@ class S3:
                 out[item["Key"]] = self.client.get_object(Bucket=BUCKET, Key=item["Key"])["Body"].read()
         return out
 
+    def record(self, prefix: str, key: str) -> dict[str, Any]:
+        """The stage record stored under `key` in the remote at `prefix`."""
+        body = self.client.get_object(Bucket=BUCKET, Key=f"{prefix}/v1/stages/{key[:2]}/{key}.json")["Body"]
+        return json.loads(body.read())
+
     def copy_prefix(self, src: str, dst: str, without: tuple[str, ...] = ()) -> str:
         """A copy of the remote at `src` (a prefix of the bucket) under `dst`, less the
         stage records `without`; its URL. A build from a copy without the `source`
@@ -105,8 +110,9 @@ def fresh(tmp_path, tiny_saved_model):  # noqa: F811 (the fixture)
 
 def published(ws: Path) -> dict[str, bytes]:
     """Every published file -> bytes, with the manifest's creation time left out (the one
-    field a second build writes anew) and the provenance's remote cache URL (each test
-    builds against its own copy of the remote)."""
+    field a second build writes anew, and so the provenance's subject that is the manifest)
+    and the provenance's remote cache URL (each test builds against its own copy of the
+    remote)."""
     out = {}
     for path in sorted((ws / "out").rglob("*")):
         if path.is_file():
@@ -118,6 +124,8 @@ def published(ws: Path) -> dict[str, bytes]:
             if path.name == "tpubuild-provenance.json":
                 statement = json.loads(data)
                 statement["predicate"]["buildDefinition"]["internalParameters"].pop("remoteCache")
+                # The manifest is a subject: its digest covers the creation time left out above.
+                statement["subject"] = [s for s in statement["subject"] if s["name"] != "tpubuild-manifest.json"]
                 data = json.dumps(statement, sort_keys=True).encode()
             out[path.relative_to(ws).as_posix()] = data
     return out

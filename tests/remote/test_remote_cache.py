@@ -152,8 +152,7 @@ def test_corrupted_and_truncated_remote_objects_are_reported_rebuilt_and_replace
     first, cold = pushed
     url = s3.copy_prefix("shared", "corrupt")
     source_key = stage_keys(cold, "toy")[("toy", "source")]
-    record = json.loads(s3.client.get_object(Bucket=BUCKET, Key=f"corrupt/v1/stages/{source_key[:2]}/{source_key}.json")
-                        ["Body"].read())
+    record = s3.record("corrupt", source_key)
     files = {path: digest for path, digest, _ in record["files"]}
     flipped, cut = files["saved_model.pb"], files["variables/variables.data-00000-of-00001"]
     for digest, change in ((flipped, lambda b: bytes([b[0] ^ 0xFF]) + b[1:]), (cut, lambda b: b[: len(b) // 2])):
@@ -228,8 +227,7 @@ def test_a_record_whose_object_was_evicted_is_a_miss_and_a_rebuild(pushed, s3, f
     first, cold = pushed
     url = s3.copy_prefix("shared", "evicted")
     source_key = stage_keys(cold, "toy")[("toy", "source")]
-    record = json.loads(s3.client.get_object(Bucket=BUCKET, Key=f"evicted/v1/stages/{source_key[:2]}/{source_key}.json")
-                        ["Body"].read())
+    record = s3.record("evicted", source_key)
     gone = {path: digest for path, digest, _ in record["files"]}["saved_model.pb"]
     s3.client.delete_object(Bucket=BUCKET, Key=f"evicted/v1/objects/{gone[:2]}/{gone[2:]}")
     ws = fresh("after-eviction", {"toy": source_recipe("toy")})

@@ -88,6 +88,19 @@ def test_needs_exactly_one_of_recipe_and_options_file(zoo, tmp_path, capsys):
     )
 
 
+def test_converting_a_converted_model_says_so_in_one_line(zoo, tmp_path, capsys):
+    options = write_options(tmp_path, TPU_ONLY)
+    once = tmp_path / "once"
+    code, _, stderr = tpubuild(capsys, "convert", str(zoo), str(once), "--options-file", str(options))
+    assert code == 0, stderr
+    code, stdout, stderr = tpubuild(capsys, "convert", str(once), str(tmp_path / "twice"), "--options-file", str(options))
+    assert (code, stdout) == (1, "")
+    [line] = stderr.splitlines()
+    assert line.startswith(f"error: {once}: already converted for the TPU (") and "TPUPartitionedCall" in line, line
+    assert line.endswith("; convert the SavedModel it was made from")
+    assert not (tmp_path / "twice").exists()
+
+
 def test_conversion_error_leaves_nothing_behind(zoo, tmp_path, capsys):
     options = write_options(tmp_path, TPU_ONLY.replace("alias: tpu_func", "alias: tpu_fnc"))
     out = tmp_path / "out"

@@ -64,6 +64,46 @@ def test_more_requests_than_tf_serving_reads_is_refused() -> None:
         warmup.requests({"k": samples(1)}, {"k": [1, 2, 3]}, 2)
 
 
+def _peak_bytes(call) -> tuple[int, Exception | None]:
+    """The most memory `call()` held at once (numpy's buffers are traced too), and what
+    it raised."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        call()
+        raised = None
+    except Exception as exc:  # noqa: BLE001 - returned to the test, which checks it
+        raised = exc
+    try:
+        return tracemalloc.get_traced_memory()[1], raised
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_batch_is_allocated_once_at_its_size() -> None:
+    wide = samples(3, width=256)  # 1 KiB rows
+    size = 8192
+    result = warmup.batch_rows(wide, size)
+    assert result["x"].shape == (size, 256)
+    np.testing.assert_array_equal(result["x"][4], wide[1]["x"][0])
+    # The result itself is 8 MiB of floats (plus the strings' pointers): one copy, not
+    # a list of pieces and then their concatenation (twice that).
+    peak, raised = _peak_bytes(lambda: warmup.batch_rows(wide, size))
+    assert raised is None and peak < 1.4 * (result["x"].nbytes + result["s"].nbytes)
+
+
+def test_a_request_larger_than_the_cap_is_refused_before_it_is_built() -> None:
+    wide = [{"x": np.zeros((1, 1 << 16), np.float32)}]  # 256 KiB rows: batch 2048 is 512 MiB
+    peak, raised = _peak_bytes(lambda: warmup.requests({"k": wide}, {"k": [1, 2048]}, 1000))
+    assert isinstance(raised, ValueError) and str(raised).startswith(
+        "the request of signature 'k' for batch size 2048 would hold 512 MiB, more than 256 MiB; lower the batch sizes")
+    assert peak < 8 << 20  # nothing of that size was allocated
+    many = {f"k{i}": wide for i in range(5)}
+    with pytest.raises(ValueError, match="the requests would hold more than 1024 MiB in all"):
+        warmup.requests(many, {k: [1000] for k in many}, 1000)
+
+
 @pytest.fixture(scope="module")
 def examples(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("warmup_examples")

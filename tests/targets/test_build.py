@@ -156,3 +156,22 @@ def test_clean_removes_the_target_versions_too(targets_workspace):
     result = tpubuild(ws, "clean", "toy")
     assert result.returncode == 0, result.stderr
     assert not (ws / "out" / "toy").exists()
+
+
+def test_a_target_version_left_by_a_killed_publish_never_has_its_number_reused(targets_workspace):
+    # Issue 32: an older tpubuild renamed target versions first; killed before the main
+    # version it left cpu_savedmodel/2 (a model server watching that base path may have
+    # loaded it) and the next build gave the number 2 to other bytes.
+    import shutil
+
+    ws = targets_workspace
+    cpu = ws / "out" / "toy" / "cpu_savedmodel"
+    shutil.copytree(cpu / "1", cpu / "2")
+    manifest = json.loads((cpu / "2" / "tpubuild-manifest.json").read_text())
+    os.chmod(cpu / "2" / "tpubuild-manifest.json", 0o644)
+    (cpu / "2" / "tpubuild-manifest.json").write_text(json.dumps(dict(manifest, version=2), indent=2, sort_keys=True) + "\n")
+    (ws / "recipes" / "toy.yaml").write_text(RECIPE % "false")
+    build_json(ws)
+    assert sorted(os.listdir(ws / "out" / "toy")) == ["1", "3", "cpu_savedmodel"]
+    assert sorted(os.listdir(cpu)) == ["1", "3"]
+    assert json.loads((cpu / "3" / "tpubuild-manifest.json").read_text())["version"] == 3

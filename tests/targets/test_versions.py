@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 from tpubuild.engine import versions
@@ -33,7 +34,8 @@ def publish(tmp_path: Path, recipe_dir: Path, tag: bytes, keep: int | None = Non
     target = {f.path.split("/", 1)[1]: f.hash for f, _ in files if f.path.startswith("cpu_savedmodel/")}
     manifest = {"recipe": recipe_dir.name, "content": tag.decode(), "files": main,
                 "targets": {"cpu_savedmodel": {"files": target}}}
-    return versions.publish(recipe_dir, files, manifest, keep, StatCache(tmp_path / "stat.json"))
+    return versions.publish(recipe_dir, files, manifest, keep, StatCache(tmp_path / "stat.json"),
+                            reservation=versions.reservation_file(tmp_path / "state", recipe_dir))
 
 
 def test_each_version_has_its_target_version_and_pruning_removes_both(tmp_path):
@@ -46,23 +48,59 @@ def test_each_version_has_its_target_version_and_pruning_removes_both(tmp_path):
     assert not (recipe_dir / "3" / "cpu_savedmodel").exists()  # beside the main version, not in it
 
 
-def test_a_killed_publish_leaves_nothing_a_build_trusts_and_the_next_publish_removes_it(tmp_path):
+def test_a_target_version_left_without_its_main_version_never_has_its_number_reused(tmp_path):
+    # Issue 32: what an older tpubuild's killed publish left (targets were renamed first):
+    # cpu_savedmodel/2 visible, no main 2. A model server may have loaded it: 2 is used.
     recipe_dir = tmp_path / "out" / "toy"
     publish(tmp_path, recipe_dir, b"a")
-    # A publish killed after its target version and before its main version.
     orphan = recipe_dir / "cpu_savedmodel" / "2"
-    os.rename(recipe_dir / "cpu_savedmodel" / "1", orphan)
-    (recipe_dir / "cpu_savedmodel" / "1").mkdir()
-    for path in orphan.rglob("*"):
-        if path.is_file():
-            target = recipe_dir / "cpu_savedmodel" / "1" / path.relative_to(orphan)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(path.read_bytes())
+    shutil.copytree(recipe_dir / "cpu_savedmodel" / "1", orphan)
     manifest = json.loads((orphan / "tpubuild-manifest.json").read_text())
+    os.chmod(orphan / "tpubuild-manifest.json", 0o644)
     (orphan / "tpubuild-manifest.json").write_text(json.dumps(dict(manifest, version=2)))
+    versions.reservation_file(tmp_path / "state", recipe_dir).unlink()  # an older tpubuild kept none
     assert versions.version_numbers(recipe_dir) == [1]  # what a build trusts: the main versions
-    assert publish(tmp_path, recipe_dir, b"b") == 2
-    assert json.loads((orphan / "tpubuild-manifest.json").read_text())["content"] == "b"
+    assert publish(tmp_path, recipe_dir, b"b") == 3
+    assert not orphan.exists()  # removed as an orphan, its number not given to other bytes
+    assert (recipe_dir / "cpu_savedmodel" / "3" / "saved_model.pb").read_bytes() == b"cpub"
+
+
+def test_a_reserved_number_is_never_reused_even_when_its_directories_are_gone(tmp_path):
+    # A publish killed after reserving 2 and before (or after) renaming anything: 2 stays used.
+    recipe_dir = tmp_path / "out" / "toy"
+    assert [publish(tmp_path, recipe_dir, t) for t in (b"a", b"b")] == [1, 2]
+    shutil.rmtree(recipe_dir / "cpu_savedmodel" / "2")
+    shutil.rmtree(recipe_dir / "2")
+    assert publish(tmp_path, recipe_dir, b"c") == 3
+    assert versions.reservation_file(tmp_path / "state", recipe_dir).read_text().startswith("3\n")
+
+
+def test_the_main_version_is_renamed_into_place_before_its_target_versions(tmp_path):
+    # A reader never sees a target version whose main version does not exist.
+    recipe_dir = tmp_path / "out" / "toy"
+    seen = []
+
+    def finish(directory, manifest, target):
+        seen.append((target, (recipe_dir / "1").is_dir(), (recipe_dir / "cpu_savedmodel" / "1").exists()))
+
+    files = objects(tmp_path, {"saved_model.pb": b"tpu", "cpu_savedmodel/saved_model.pb": b"cpu"})
+    manifest = {"recipe": "toy", "content": "a", "files": {"saved_model.pb": files[1][0].hash},
+                "targets": {"cpu_savedmodel": {"files": {"saved_model.pb": files[0][0].hash}}}}
+    assert versions.publish(recipe_dir, files, manifest, None, finish=finish) == 1
+    assert seen == [(None, False, False), ("cpu_savedmodel", True, False)]
+
+
+def test_a_publish_killed_between_main_and_target_is_completed_whole(tmp_path):
+    recipe_dir = tmp_path / "out" / "toy"
+    publish(tmp_path, recipe_dir, b"a")
+    shutil.rmtree(recipe_dir / "cpu_savedmodel" / "1")  # the main version's rename was the last one
+    files = objects(tmp_path, {"saved_model.pb": b"tpua", "tpubuild-report.json": b"{}",
+                               "cpu_savedmodel/saved_model.pb": b"cpua",
+                               "cpu_savedmodel/variables/variables.index": b"idxa"})
+    restored: list[Path] = []
+    assert versions.newest_matching(recipe_dir, "a", StatCache(tmp_path / "stat.json"), files, "copy", restored) == 1
+    assert versions.not_published_reason(recipe_dir / "cpu_savedmodel" / "1", "toy", "cpu_savedmodel") is None
+    assert not [p for p in (recipe_dir / "cpu_savedmodel").iterdir() if p.name.startswith(".")]
 
 
 def test_clean_removes_target_versions_and_leaves_what_is_not_tpubuilds(tmp_path):

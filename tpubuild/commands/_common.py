@@ -11,17 +11,56 @@ def workspace_from(ctx: click.Context) -> Workspace:
     return load_workspace(override=ctx.obj.workspace if ctx.obj else None)
 
 
-def recipes_from(ctx: click.Context, patterns: tuple[str, ...] | list[str]):
-    """(workspace, recipes matching the patterns; all when none are given)."""
-    from tpubuild.config.recipe import load_recipes
+def recipes_from(ctx: click.Context, patterns: tuple[str, ...] | list[str], keep_going: bool = False,
+                 deep: bool = False):
+    """(workspace, recipes matching the patterns; all when none are given). Patterns are
+    recipe names, globs of names, or recipe files (relative to the current directory).
+
+    A recipe that does not load and was not asked for is one warning line (its file and
+    line) and does not stop the work on the others. One that was asked for is an error
+    (ConfigError, exit 2); with `keep_going` its problems are printed instead, the rest
+    proceeds, and `asked_broken(ctx)` makes the command exit 2 at the end."""
+    from pathlib import Path
+
+    from tpubuild.config.recipe import load_selection
     from tpubuild.config.workspace import OutputOverlapError, check_output_overlap
+    from tpubuild.errors import ConfigError
 
     ws = workspace_from(ctx)
-    recipes = load_recipes(ws, list(patterns) or None)
-    problems = check_output_overlap(ws, recipes)
+    selection = load_selection(ws, list(patterns), Path.cwd(), deep)
+    for broken in selection.others:
+        click.echo(f"warning: {broken.summary()}", err=True)
+    if selection.broken:
+        problems = ConfigError([d for b in selection.broken for d in b.diagnostics])
+        if not keep_going or not selection.recipes:
+            raise problems
+        for line in problems.lines():
+            click.echo(line, err=True)
+        names = ", ".join(b.name for b in selection.broken)
+        click.echo(f"error: skipped, invalid: {names}", err=True)
+        ctx.meta["tpubuild.broken"] = [b.name for b in selection.broken]
+    problems = check_output_overlap(ws, selection.recipes)
     if problems:
         raise OutputOverlapError(problems)
-    return ws, recipes
+    return ws, selection.recipes
+
+
+def asked_broken(ctx: click.Context) -> bool:
+    """Whether recipes_from(..., keep_going=True) met a recipe asked for that does not load."""
+    return bool(ctx.meta.get("tpubuild.broken"))
+
+
+def unmatched_glob_warnings(ws: Workspace) -> list[str]:
+    """Why a workspace has no recipe: a mistyped glob in tpubuild.yaml would otherwise end
+    in "0 recipes OK" (validate) or an empty build."""
+    from tpubuild.config.recipe import unmatched_globs
+
+    return [f"{ws.display(ws.file)}: recipes glob {pattern!r} matches no recipe file" for pattern in unmatched_globs(ws)]
+
+
+def warn_unmatched_globs(ws: Workspace) -> None:
+    for warning in unmatched_glob_warnings(ws):
+        click.echo(f"warning: {warning}", err=True)
 
 
 def changed_recipes(ctx: click.Context, patterns: tuple[str, ...], rev: str) -> tuple[str, ...]:
@@ -31,7 +70,16 @@ def changed_recipes(ctx: click.Context, patterns: tuple[str, ...], rev: str) -> 
 
     from tpubuild.review.diff import changed_since
 
-    names = changed_since(workspace_from(ctx), rev)
+    ws = workspace_from(ctx)
+    names = changed_since(ws, rev)
+    if any("/" in t or t.endswith((".yaml", ".yml")) for t in patterns):
+        # Recipe files among the patterns: the names they select, read from the workspace.
+        from pathlib import Path
+
+        from tpubuild.config.recipe import load_selection
+
+        patterns = tuple(r.name for r in load_selection(ws, list(patterns), Path.cwd()).recipes)
+        return tuple(n for n in names if n in patterns)
     return tuple(n for n in names if not patterns or any(fnmatch.fnmatchcase(n, t) for t in patterns))
 
 

@@ -1,11 +1,11 @@
 from __future__ import annotations
 
 import json
-import sys
-import threading
 import time
 
 import click
+
+from tpubuild.commands.build_output import NORMAL, QUIET, VERBOSE, summary_line, wants_colour
 
 
 @click.command(
@@ -14,6 +14,7 @@ import click
     epilog="\b\nExamples:\n  tpubuild build                 every recipe of the workspace\n"
     "  tpubuild build -j 2 'nlp-*'    the recipes whose name matches, two at a time\n"
     "  tpubuild build --dry-run       what would run, without running it\n"
+    "  tpubuild build -v              a row for every stage, cached ones too\n"
     "  tpubuild build --check         in CI: exit 1 if a lock file is out of date\n"
     "  tpubuild build --remote-cache-read-only   in a pull request: the team's cache, no uploads",
 )
@@ -22,6 +23,9 @@ import click
               help="Recipes built in parallel (one worker process each).")
 @click.option("--dry-run", is_flag=True, help="Show which stages are cached and which would run; run nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document with a row per stage.")
+@click.option("-v", "--verbose", is_flag=True,
+              help="A row for every stage, cached and skipped ones too, with each built stage's worker start-up.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only errors, warnings and the summary line.")
 @click.option("--check", is_flag=True, help="Exit 1, listing the recipes, if building would change a lock file.")
 @click.option("--changed-since", metavar="REV", help="Only the recipes `tpubuild diff REV` reports as affected.")
 @click.option("--remote-cache", metavar="URL",
@@ -35,7 +39,8 @@ import click
               "else the cluster on this machine).")
 @click.option("-k", "--keep-going", is_flag=True,
               help="Like make -k: a failed target (cpu_savedmodel, litert, xla_aot) fails the build (exit 1) "
-                   "but the recipe still publishes what built and verified, without that target.")
+                   "but the recipe still publishes what built and verified, without that target; an invalid "
+                   "recipe among those asked for is reported and the others still build (exit 2).")
 @click.option("--relock", is_flag=True,
               help="Rewrite the lock files even where no key changed, with the figures measured on this machine "
                    "(a build keeps a lock file whose keys match byte for byte).")
@@ -43,15 +48,22 @@ import click
 def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry_run: bool, as_json: bool, check: bool,
             changed_since: str | None, remote_cache: str | None, remote_cache_read_only: bool,
             executor: str | None = None, ray_address: str | None = None, keep_going: bool = False,
-            relock: bool = False) -> int:
-    """Build the workspace's recipes (names or globs; none = all).
+            verbose: bool = False, quiet: bool = False, relock: bool = False) -> int:
+    """Build the workspace's recipes (names, globs or recipe files; none = all).
 
     A stage reruns only when its options or the content of its inputs changed; its
     output is then taken from the cache. A new numbered version appears under
     `<output_dir>/<recipe>/` only when the result differs. Exit code 1 when a stage
-    failed (the other recipes are still built), 2 for a bad recipe.
+    failed (the other recipes are still built), 2 for a bad recipe: one that was not
+    asked for (`tpubuild build toy` with another recipe broken) is a warning line; one that
+    was stops the build before anything runs, or with -k is skipped while the rest build.
+
+    Prints a row per stage that built or failed, `published: RECIPE -> DIR` per new
+    version and a summary line; on a terminal also a live `[n/N]` line (colour off with
+    NO_COLOR). -v: every stage; -q: errors, warnings and the summary only.
     """
     since_ns = time.time_ns()  # files changed after this are never remembered as up to date
+    verbosity = _verbosity(ctx, verbose, quiet)
     if changed_since is not None:
         from tpubuild.commands._common import changed_recipes
 
@@ -61,28 +73,39 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry
                        else f"no recipe affected since {changed_since}")
             return 0
     if not (dry_run or relock):
-        code = _noop_fast_path(ctx, recipe_patterns, as_json, check)
+        code = _noop_fast_path(ctx, recipe_patterns, as_json, verbosity, check)
         if code is not None:
             return code
-    from tpubuild.commands._common import recipes_from, remote_setting
+    from tpubuild.commands._common import asked_broken, recipes_from, remote_setting, warn_unmatched_globs
 
-    ws, recipes = recipes_from(ctx, recipe_patterns)
+    # An invalid recipe that was not asked for is a warning; one that was stops the build
+    # before anything runs (bazel's loading phase), unless -k builds the others (exit 2).
+    ws, recipes = recipes_from(ctx, recipe_patterns, keep_going=keep_going)
+    if not recipes:  # say why nothing is built, as validate does
+        warn_unmatched_globs(ws)
+    invalid = 2 if asked_broken(ctx) else 0  # reported already; the valid recipes asked for still build
     remote = remote_setting(ws, remote_cache, remote_cache_read_only)  # checked even where unused
     ws.executor = executor or ws.executor
     ws.ray_address = ray_address or ws.ray_address
     if check:
-        return _check(ws, recipes)
+        return _check(ws, recipes) or invalid
     if dry_run:
-        return _dry_run(ws, recipes, as_json)
+        return _dry_run(ws, recipes, as_json, verbosity) or invalid
+    from tpubuild.commands.build_output import BuildOutput
     from tpubuild.config.recipe import discover
     from tpubuild.engine.build import build
     from tpubuild.engine.noop import NoopMemo
 
     memo = NoopMemo(ws, discover(ws))
     out = click.get_text_stream("stdout")
-    progress = _Progress(out, tty=out.isatty() and not as_json, quiet=as_json)
-    runs, engine = build(ws, recipes, jobs, printer=progress.row, errors=progress.error, started=progress.started,
-                         memo=memo, since_ns=since_ns, remote=remote, keep_going=keep_going, relock=relock)
+    output = BuildOutput(out, QUIET if as_json else verbosity, tty=out.isatty() and not as_json,
+                         colour=wants_colour(out) and not as_json, display=ws.display)
+    try:
+        runs, engine = build(ws, recipes, jobs, printer=output.row, errors=output.error, started=output.started,
+                             memo=memo, since_ns=since_ns, remote=remote, keep_going=keep_going, relock=relock,
+                             planned=output.planned)
+    finally:
+        output.close()  # the live line goes, also on Ctrl-C or an error
     memo.save(ws)
     rows = [row for run in runs for row in run.rows]
     failed = [run for run in runs if not run.succeeded]
@@ -91,20 +114,31 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry
             "rows": [row.to_json() for row in rows],
             "versions": {run.name: run.version for run in runs},
             "hashed": {"files": engine.stat.files_hashed, "bytes": engine.stat.bytes_hashed},
-            "exit_code": 1 if failed else 0,
+            "exit_code": 1 if failed else invalid,
         }
         if engine.remote is not None:
             document["remote"] = engine.remote.stats.to_json(engine.remote.url)
         click.echo(json.dumps(document, indent=2))
     else:
-        progress.summary(runs)
+        output.summary(runs)
         if engine.remote is not None:
             click.echo(engine.remote.stats.line(engine.remote.url))
-    return 1 if failed else 0
+    return 1 if failed else invalid
+
+
+def _verbosity(ctx: click.Context, verbose: bool, quiet: bool) -> int:
+    """-q/-v given to `build` or to `tpubuild` itself (`tpubuild -v build` = `tpubuild build -v`)."""
+    verbose = verbose or bool(ctx.obj and ctx.obj.verbose)
+    quiet = quiet or bool(ctx.obj and ctx.obj.quiet)
+    if verbose and quiet:
+        from tpubuild.errors import UsageError
+
+        raise UsageError("-q/--quiet and -v/--verbose cannot be used together")
+    return VERBOSE if verbose else QUIET if quiet else NORMAL
 
 
 def _noop_fast_path(ctx: click.Context, recipe_patterns: tuple[str, ...], as_json: bool,
-                    check: bool = False) -> int | None:
+                    verbosity: int = NORMAL, check: bool = False) -> int | None:
     """A build with nothing to do, proven from stats alone (engine/noop.py): no recipe is
     loaded, no record read. None when anything may have changed: the full path decides.
     It answers `--check` too: a build with nothing to do changes no lock file."""
@@ -118,6 +152,8 @@ def _noop_fast_path(ctx: click.Context, recipe_patterns: tuple[str, ...], as_jso
     if found is None:
         return None
     _, entries = found
+    if not entries:
+        return None  # the full path says why there is no recipe
     if recipe_patterns:
         names = [e["name"] for e in entries]
         wanted = set()
@@ -132,7 +168,7 @@ def _noop_fast_path(ctx: click.Context, recipe_patterns: tuple[str, ...], as_jso
     elif as_json:
         document = {
             "rows": [{"recipe": e["name"], "stage": stage, "status": "cached", "key": key, "seconds": 0.0,
-                      "remote": False}
+                      "remote": False, "peak_rss_bytes": None, "worker_startup_seconds": None}
                      for e in entries for stage, key in e["rows"]],
             "versions": {e["name"]: e["version"] for e in entries},
             "hashed": {"files": 0, "bytes": 0},
@@ -140,81 +176,16 @@ def _noop_fast_path(ctx: click.Context, recipe_patterns: tuple[str, ...], as_jso
         }
         click.echo(json.dumps(document, indent=2))
     else:
+        from tpubuild.commands.build_output import stage_line
+
+        colour = wants_colour(click.get_text_stream("stdout"))
+        if verbosity >= VERBOSE:  # the rows a full no-op build prints with -v
+            for e in entries:
+                for stage, _ in e["rows"]:
+                    click.echo(stage_line(e["name"], stage, "cached", "0.00 s", colour))
         count = sum(len(e["rows"]) for e in entries)
-        click.echo(f"{len(entries)} recipe{'s' if len(entries) != 1 else ''}: {count} cached")
+        click.echo(summary_line(len(entries), {"cached": count}, ("cached",), colour))
     return 0
-
-
-class _Progress:
-    """Per-stage lines (all of them on a terminal, only work done when piped), and on a
-    terminal a live line with the running stages and their elapsed time."""
-
-    def __init__(self, out, tty: bool, quiet: bool):
-        self.out, self.tty, self.quiet = out, tty, quiet
-        self.lock = threading.Lock()
-        self.running: dict[tuple[str, str], float] = {}
-        self.live = False
-        self.stop = threading.Event()
-        self.ticker: threading.Thread | None = None
-
-    def started(self, run, stage: str) -> None:
-        if self.quiet or not self.tty:
-            return
-        with self.lock:
-            self.running[(run.name, stage)] = time.monotonic()
-            if self.ticker is None:
-                self.ticker = threading.Thread(target=self._tick, daemon=True)
-                self.ticker.start()
-
-    def _tick(self) -> None:
-        while not self.stop.wait(0.25):
-            with self.lock:
-                self._draw()
-
-    def _draw(self) -> None:
-        now = time.monotonic()
-        parts = [f"{recipe}: {stage} {now - start:.0f} s" for (recipe, stage), start in sorted(self.running.items())]
-        self._clear()
-        if parts:
-            self.out.write(("running " + ", ".join(parts))[:200])
-            self.out.flush()
-            self.live = True
-
-    def _clear(self) -> None:
-        if self.live:
-            self.out.write("\r\033[K")
-            self.live = False
-
-    def row(self, run, row) -> None:
-        if self.quiet or (not self.tty and row.status == "cached"):
-            return
-        with self.lock:
-            self.running.pop((row.recipe, row.stage), None)
-            self._clear()
-            where = " from the remote cache" if getattr(row, "remote", False) else ""
-            self.out.write(f"{row.recipe}: {row.stage}: {row.status}{where} ({row.seconds:.2f} s)\n")
-            self.out.flush()
-
-    def error(self, message: str) -> None:
-        with self.lock:
-            self._clear()
-            self.out.flush()
-            sys.stderr.write(message + "\n")
-            sys.stderr.flush()
-
-    def summary(self, runs) -> None:
-        self.stop.set()
-        with self.lock:
-            self._clear()
-        counts: dict[str, int] = {}
-        for run in runs:
-            for row in run.rows:
-                counts[row.status] = counts.get(row.status, 0) + 1
-        parts = ", ".join(f"{counts[s]} {s}" for s in ("built", "cached", "failed", "skipped") if counts.get(s))
-        published = [f"{run.name} {run.version}" for run in runs if run.version is not None]
-        self.out.write(f"{len(runs)} recipe{'s' if len(runs) != 1 else ''}: {parts or 'nothing to do'}\n")
-        if self.tty and published:
-            self.out.write(f"published: {', '.join(published)}\n")
 
 
 def _check(ws, recipes) -> int:
@@ -232,19 +203,28 @@ def _say_up_to_date(count: int) -> None:
     click.echo(f"{count} lock file{'s' if count != 1 else ''} up to date")
 
 
-def _dry_run(ws, recipes, as_json: bool) -> int:
+def _dry_run(ws, recipes, as_json: bool, verbosity: int = NORMAL) -> int:
+    """What a build would do, in `explain`'s words (stage_words) and with its reasons:
+    a row per stage that would run or cannot run (-v: cached ones too), then the summary."""
+    from tpubuild.commands.build_output import stage_line
     from tpubuild.engine.build import Engine
-    from tpubuild.engine.explain import resolve
+    from tpubuild.engine.explain import DRY_RUN_ORDER, resolve, stage_words, state_word
 
     engine = Engine(ws)
     rows = []
+    counts: dict[str, int] = {}
     for recipe in recipes:
         for stage in resolve(ws, recipe, engine):
-            rows.append({"recipe": recipe.name, "stage": stage.name, "status": stage.status, "key": stage.key})
+            rows.append({"recipe": recipe.name, "stage": stage.name, "status": stage.status, "key": stage.key,
+                         "state": stage_words(stage), "reasons": list(stage.reasons)})
+            counts[state_word(stage)] = counts.get(state_word(stage), 0) + 1
     engine.stat.save()
     if as_json:
-        click.echo(json.dumps({"rows": rows}, indent=2))
-    else:
-        for row in rows:
-            click.echo(f"{row['recipe']}: {row['stage']}: {row['status']}")
+        click.echo(json.dumps({"rows": rows, "summary": counts}, indent=2))
+        return 0
+    colour = wants_colour(click.get_text_stream("stdout"))
+    for row in rows:
+        if verbosity >= VERBOSE or (verbosity >= NORMAL and row["status"] != "cached"):
+            click.echo(stage_line(row["recipe"], row["stage"], row["state"], "; ".join(row["reasons"]), colour))
+    click.echo(summary_line(len(recipes), counts, DRY_RUN_ORDER, colour))
     return 0

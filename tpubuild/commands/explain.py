@@ -17,7 +17,9 @@ def command(ctx: click.Context, recipe_pattern: str) -> int:
     """Explain why stages of RECIPE (a recipe name or glob) would rerun.
 
     For each stage: cached, or would run and exactly which option, input file or
-    earlier stage output changed since the run recorded in the lock file. Builds
+    imported module changed since the build recorded in the lock file; a stage after
+    one that would run is "cached if <that stage>'s output is unchanged" when the
+    build will find it cached should that stage write the same output again. Builds
     nothing and never imports TensorFlow.
     """
     from tpubuild.engine.explain import explain_lines

@@ -66,7 +66,7 @@ def _remote_gc(ws, url: str | None, referenced: set[str], keep_days: float | Non
     setting = remote_setting(ws, url, False)
     if setting is None:
         raise UsageError(f"gc --remote: no remote cache (give --remote-cache URL or remote_cache: in {ws.display(ws.file)})")
-    remote = RemoteCache(setting[0])
+    remote = RemoteCache(setting[0], timeouts=ws.remote_timeouts)
     result = collect_remote(remote, referenced, keep_days, limit, notify)
     click.echo(
         f"remote cache {remote.url}: removed {result.entries_removed} stage records and {result.objects_removed} "

@@ -16,7 +16,10 @@ import click
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def command(path: Path, tags: str | None, as_json: bool) -> int:
     """Tags, signatures with input/output specs, function aliases, concrete functions with
-    their callers, which functions XLA can compile, and TPU / batch ops already present."""
+    their callers, which functions XLA can compile, and TPU / batch ops already present.
+    In a converted model, the functions that hold the TPUPartitionedCall or BatchFunction
+    run on the host by design and are said to, not judged for XLA."""
+    _check_saved_model_dir(path)  # before TensorFlow's import: a wrong path is a usage error (exit 2)
     from tpubuild.savedmodel.inspect import inspect, to_text
 
     info = inspect(path, tags.split(",") if tags else None)
@@ -25,3 +28,17 @@ def command(path: Path, tags: str | None, as_json: bool) -> int:
     else:
         click.echo(to_text(info), nl=False)
     return 0
+
+
+def _check_saved_model_dir(path: Path) -> None:
+    from tpubuild.errors import UsageError
+
+    try:
+        if not path.exists():
+            raise UsageError(f"{path}: no such directory (give a SavedModel directory)")
+        if not path.is_dir():
+            raise UsageError(f"{path}: is a file, not a directory (give a SavedModel directory)")
+        if not (path / "saved_model.pb").is_file():
+            raise UsageError(f"{path}: not a SavedModel directory (no saved_model.pb)")
+    except (OSError, ValueError) as exc:  # a name too long, a null byte
+        raise UsageError(f"{str(path)!r}: {getattr(exc, 'strerror', None) or exc}") from None

@@ -4,7 +4,7 @@ import json
 
 import click
 
-from tpubuild.commands._common import changed_recipes, recipes_from
+from tpubuild.commands._common import asked_broken, changed_recipes, recipes_from, warn_unmatched_globs
 
 
 @click.command(
@@ -17,15 +17,20 @@ from tpubuild.commands._common import changed_recipes, recipes_from
 @click.option("--changed-since", metavar="REV", help="Only the recipes `tpubuild diff REV` reports as affected.")
 @click.pass_context
 def command(ctx: click.Context, recipe_patterns: tuple[str, ...], as_json: bool, changed_since: str | None) -> int:
-    """List the workspace's recipes: name, file, model, the pipeline stages and the
-    serving targets (`targets:`; shown when there is more than the TPU SavedModel)."""
+    """List the workspace's recipes (or those named: names, globs or recipe files): name,
+    file, model, the pipeline stages and the serving targets (`targets:`; shown when
+    there is more than the TPU SavedModel). An invalid recipe is reported and the others
+    are listed (exit 2 if it was among those asked for)."""
     from tpubuild.pipeline import stage_names
     from tpubuild.stages.slices import MAIN_TARGET
     from tpubuild.stages.slices import targets as recipe_targets
 
     if changed_since is not None:
         recipe_patterns = changed_recipes(ctx, recipe_patterns, changed_since)
-    _, recipes = recipes_from(ctx, recipe_patterns) if recipe_patterns or changed_since is None else (None, [])
+    ws, recipes = (recipes_from(ctx, recipe_patterns, keep_going=True) if recipe_patterns or changed_since is None
+                   else (None, []))
+    if ws is not None and not recipes:
+        warn_unmatched_globs(ws)
     rows = [
         {
             "name": r.name,
@@ -36,15 +41,16 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], as_json: bool,
         }
         for r in recipes
     ]
+    code = 2 if asked_broken(ctx) else 0  # listed the others; the invalid ones were reported
     if as_json:
         click.echo(json.dumps(rows, indent=2))
-        return 0
+        return code
     width = max((len(row["name"]) for row in rows), default=0)
     for row in rows:
         # The default target (the TPU SavedModel alone) goes without saying.
         shown = f"  targets: {', '.join(row['targets'])}" if row["targets"] != [MAIN_TARGET] else ""
         click.echo(f"{row['name']:<{width}}  {row['model']}  [{' > '.join(row['stages'])}]{shown}")
-    return 0
+    return code
 
 
 def _model(model: dict) -> str:

@@ -21,6 +21,24 @@ EXPERIMENTAL_KINDS = ("function_alias", "concrete_function_name", "signature_nam
 DATASET_KINDS = ("tfrecord_file_path", "npz", "generator")
 DEFAULT_SIGNATURE_KEYS = ["serving_default"]
 
+# Bounds of batch_options. TensorFlow's BatchFunction reads these attributes into int32
+# and checks only their order and the final allowed size
+# (tensorflow/core/kernels/batch_kernels.cc, BatchFunctionKernel and
+# ValidateAllowedBatchSizes), so the schema's int32 maximum is all the op itself refuses.
+# What it does with them is the bound: every batch is concatenated and padded up to its
+# allowed size in host memory (batching_util/batch_resource_base.cc), the queue holds up
+# to max_enqueued_batches of them, and tpubuild's warmup and verify stages build one
+# request of each allowed size. A size of 2^31 rows is 8 GiB per float32 feature: no
+# server forms such batches, and the warmup stage would tile its samples to that many
+# rows. TF's own batch-size metrics stop at 2^14 (batch_resource_base.cc
+# RecordInputBatchSizeV2, "Largest bucket ... 2^14"); MAX_BATCH_SIZE leaves 4x room.
+MAX_BATCH_SIZE = 1 << 16
+# A non-adaptive BatchFunction starts num_batch_threads threads of its own
+# (batching_util/shared_batch_scheduler.h, `batch_threads_`); the adaptive scheduler
+# caps in-flight batches at its pool of kBatchThreadPoolSize = 128 (batch_kernels.cc).
+MAX_BATCH_THREADS = 1024
+INT32_MAX = 2**31 - 1
+
 
 class Checker:
     def __init__(self, data: dict[str, Any], marks: Marks, root: Path):
@@ -155,6 +173,7 @@ class Checker:
                 kinds = [k for k in EXPERIMENTAL_KINDS if k in experimental]
                 if len(kinds) > 1:
                     self.error(path + ("experimental",), _oneof_message(EXPERIMENTAL_KINDS, kinds))
+            self.check_batch_bounds(path, entry)
             sizes = entry.get("allowed_batch_sizes") or []
             decreasing = [i for i in range(1, len(sizes)) if sizes[i] <= sizes[i - 1]]
             if decreasing:
@@ -179,6 +198,18 @@ class Checker:
                         last_path,
                         f"allowed_batch_sizes must end at max_batch_size ({largest}) or below, got {last}",
                     )
+
+    def check_batch_bounds(self, path: tuple, entry: dict[str, Any]) -> None:
+        """Sizes and threads the runtime can serve (MAX_BATCH_SIZE, MAX_BATCH_THREADS)."""
+        rows = ("rows", "TensorFlow's BatchFunction pads every batch to its size in host memory")
+        threads = ("threads", "TensorFlow's BatchFunction starts one thread each")
+        bounds = [(("max_batch_size",), entry.get("max_batch_size"), MAX_BATCH_SIZE, rows),
+                  (("num_batch_threads",), entry.get("num_batch_threads"), MAX_BATCH_THREADS, threads)]
+        bounds += [(("allowed_batch_sizes", i), size, MAX_BATCH_SIZE, rows)
+                   for i, size in enumerate(entry.get("allowed_batch_sizes") or [])]
+        for where, value, limit, (unit, why) in bounds:
+            if isinstance(value, int) and limit < value <= INT32_MAX:  # beyond int32: the schema says so
+                self.error(path + where, f"must be at most {limit} {unit}, got {value} ({why})")
 
     def check_xla_sharding(self, options: dict[str, Any] | None) -> None:
         if not options:

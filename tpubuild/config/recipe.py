@@ -14,7 +14,7 @@ from typing import Any
 from tpubuild.config.canonical import canonical_json, canonicalize, digest
 from tpubuild.config.checks import Checker
 from tpubuild.config.finding import LOCK_SUFFIX
-from tpubuild.config.merge import deep_merge
+from tpubuild.config.merge import ReplacedList, deep_merge
 from tpubuild.config.names import invalid_name_message, name_from_file_message, valid_name
 from tpubuild.config.paths import boundary_problem, rebase
 from tpubuild.config.schema import schema_diagnostics
@@ -32,6 +32,10 @@ class Recipe:
     canonical: dict[str, Any] = field(repr=False)
     # The recipe file and its `extends` bases: what the canonical form was read from.
     files: list[Path] = field(default_factory=list, repr=False)
+    # Where the name was written (its `name:` key), else the file: what a duplicate points at.
+    name_loc: Location | None = field(default=None, repr=False)
+    # Problems that do not stop a build, which validate reports (a list an extends replaced).
+    warnings: list[Diagnostic] = field(default_factory=list, repr=False)
 
     @cached_property
     def canonical_json(self) -> str:
@@ -86,49 +90,155 @@ def unmatched_globs(ws: Workspace) -> list[str]:
     return [p for p in ws.recipe_globs if not any(not m.endswith(LOCK_SUFFIX) for m in _glob_files(ws, p))]
 
 
-def load_recipes(ws: Workspace, targets: list[str] | tuple[str, ...] | None = None) -> list[Recipe]:
-    """All recipes of the workspace (or those matching `targets`: names or globs)."""
-    problems: list[Diagnostic] = []
+@dataclass
+class BrokenRecipe:
+    """A recipe file that does not load: reported, never built."""
+
+    name: str  # its `name:` when that much is readable, else the file's stem: what targets match
+    file: Path  # absolute
+    rel_file: str
+    diagnostics: list[Diagnostic]
+
+    def summary(self) -> str:
+        """One line: where its first problem is, what it is, and how many more there are."""
+        first, more = sorted(self.diagnostics)[0], len(self.diagnostics) - 1
+        what = f"{first.json_path}: {first.message}" if first.json_path else first.message
+        rest = f" (+{more} more: tpubuild validate {self.rel_file})" if more else ""
+        return f"{first.loc}: invalid recipe {self.name!r} skipped: {what}{rest}"
+
+
+@dataclass
+class Selection:
+    """What targets select among the workspace's recipes (`tpubuild build TARGET...`)."""
+
+    recipes: list[Recipe]  # asked for, valid
+    broken: list[BrokenRecipe]  # asked for, not loadable
+    others: list[BrokenRecipe]  # not asked for, not loadable: worth a warning, never fatal
+
+
+def load_all(ws: Workspace, deep: bool = False) -> tuple[list[Recipe], list[BrokenRecipe]]:
+    """(the recipes that load, the files that do not), in file order. Of two recipes with
+    one name, the second is broken (pointing at its `name:` line). `deep`: also the checks
+    that read the model's files (config.model_checks), as `validate` does."""
     recipes: list[Recipe] = []
+    broken: list[BrokenRecipe] = []
+    by_name: dict[str, Recipe] = {}
     for path in discover(ws):
         try:
-            recipes.append(_load(path, ws))
+            recipe = _load(path, ws, deep)
         except ConfigError as exc:
-            problems.extend(exc.diagnostics)
-    by_name: dict[str, Recipe] = {}
-    for recipe in recipes:
+            broken.append(BrokenRecipe(_readable_name(path, ws), path, display_path(path, ws.root), exc.diagnostics))
+            continue
         other = by_name.get(recipe.name)
         if other is not None:
-            problems.append(
-                Diagnostic(
-                    Location(recipe.rel_file),
-                    "name",
-                    f"recipe name {recipe.name!r} is also used by {other.rel_file}",
-                )
-            )
-        else:
-            by_name[recipe.name] = recipe
-    if problems:
-        raise ConfigError(problems)
+            message = f"recipe name {recipe.name!r} is also used by {other.rel_file}"
+            where = recipe.name_loc or Location(recipe.rel_file)
+            broken.append(BrokenRecipe(recipe.name, recipe.file, recipe.rel_file, [Diagnostic(where, "name", message)]))
+            continue
+        by_name[recipe.name] = recipe
+        recipes.append(recipe)
+    return recipes, broken
+
+
+def _readable_name(path: Path, ws: Workspace) -> str:
+    """A broken recipe's name as far as it can be read: a target naming it must find it."""
+    try:
+        data, _ = read_yaml_file(path, display_path(path, ws.root))
+    except ConfigError:
+        data = None
+    name = data.get("name") if isinstance(data, dict) else None
+    return name if isinstance(name, str) else _stem(path)
+
+
+def load_recipes(ws: Workspace, targets: list[str] | tuple[str, ...] | None = None) -> list[Recipe]:
+    """All recipes of the workspace (or those matching `targets`: names or globs). Any
+    recipe that does not load is an error, asked for or not (what `diff` compares)."""
+    recipes, broken = load_all(ws)
+    if broken:
+        raise ConfigError([d for b in broken for d in b.diagnostics])
     if not targets:
         return recipes
     return select(recipes, targets)
 
 
-def select(recipes: list[Recipe], targets: list[str] | tuple[str, ...]) -> list[Recipe]:
-    """Recipes named by `targets` (names or shell globs), in workspace order."""
-    wanted: set[str] = set()
+def load_selection(ws: Workspace, targets: list[str] | tuple[str, ...] | None, cwd: Path | None = None,
+                   deep: bool = False) -> Selection:
+    """The recipes `targets` ask for (names, globs or recipe files; none: all), split into
+    valid and broken; the broken ones not asked for are set apart, so one bad recipe does
+    not stop the work on another (like make, which reads only what a target needs)."""
+    recipes, broken = load_all(ws, deep)
+    if not targets:
+        return Selection(recipes, broken, [])
+    wanted = {id(r) for r in select([*recipes, *broken], targets, ws, cwd)}
+    return Selection([r for r in recipes if id(r) in wanted], [b for b in broken if id(b) in wanted],
+                     [b for b in broken if id(b) not in wanted])
+
+
+def select(recipes: list, targets: list[str] | tuple[str, ...], ws: Workspace | None = None,
+           cwd: Path | None = None) -> list:
+    """Recipes named by `targets`, in workspace order: names or shell globs of names, or
+    recipe files (a path relative to `cwd`, or absolute; globs too), like make's targets."""
+    wanted: set[int] = set()
     names = [r.name for r in recipes]
     for target in targets:
-        matched = fnmatch.filter(names, target)
+        if ws is not None and is_path_target(target, names):
+            files = _target_files(target, ws, cwd or Path.cwd())
+            matched_ids = {id(r) for r in recipes if r.file in files}
+            if not matched_ids:
+                raise UsageError(_not_a_recipe_message(target, files, ws, names))
+            wanted.update(matched_ids)
+            continue
+        matched = set(fnmatch.filter(names, target))
         if not matched:
             import difflib
 
             close = difflib.get_close_matches(target, names, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else f" (recipes: {', '.join(names) or 'none'})"
             raise UsageError(f"no recipe matches {target!r}{hint}")
-        wanted.update(matched)
-    return [r for r in recipes if r.name in wanted]
+        wanted.update(id(r) for r in recipes if r.name in matched)
+    return [r for r in recipes if id(r) in wanted]
+
+
+def is_path_target(target: str, names: list[str]) -> bool:
+    """A target with a slash is a file; so is `x.yaml` when no recipe is named that (a
+    name may hold dots)."""
+    if "/" in target or os.sep in target:
+        return True
+    return target.endswith((".yaml", ".yml")) and not fnmatch.filter(names, target)
+
+
+def _target_files(target: str, ws: Workspace, cwd: Path) -> set[Path]:
+    """The files a path target names, resolved (so symlinks and `..` compare equal)."""
+    pattern = os.path.join(cwd, target)
+    try:
+        if glob.has_magic(target):
+            return {Path(m).resolve() for m in glob.glob(pattern, recursive=True) if os.path.isfile(m)}
+        return {Path(pattern).resolve()}
+    except ValueError:  # a null byte: names no file
+        return set()
+
+
+def _not_a_recipe_message(target: str, files: set[Path], ws: Workspace, names: list[str]) -> str:
+    missing = _missing_reason(target, files)
+    if missing:
+        return f"no recipe matches {target!r}: {missing} (recipes: {', '.join(names) or 'none'})"
+    if any(str(f).endswith(LOCK_SUFFIX) for f in files):
+        return f"{target!r} is a lock file, not a recipe (its recipe is {target[: -len(LOCK_SUFFIX)]}.yaml)"
+    return (f"{target!r} is not a recipe of the workspace {ws.root} "
+            f"(its recipes: {', '.join(ws.recipe_globs)} in {display_path(ws.file, ws.root)})")
+
+
+def _missing_reason(target: str, files: set[Path]) -> str | None:
+    """Why a path target names no file (the OS's words), else None."""
+    if not files:
+        return "no such file"
+    for path in files:
+        try:
+            os.stat(path)
+            return None
+        except (OSError, ValueError) as exc:
+            reason = getattr(exc, "strerror", None) or str(exc)
+    return reason
 
 
 def load_recipe_file(path: Path, workspace: Workspace | None = None) -> Recipe:
@@ -163,21 +273,23 @@ def load_converter_options_file(path: Path, saved_model: Path, workspace: Worksp
     return _finish(data, marks, path, display, ws)
 
 
-def _load(path: Path, ws: Workspace) -> Recipe:
+def _load(path: Path, ws: Workspace, deep: bool = False) -> Recipe:
     display = display_path(path, ws.root)
     read: list[Path] = []
-    data, marks = _read_layered(path, ws, display, chain=(), read=read)
+    replaced: list[ReplacedList] = []
+    data, marks = _read_layered(path, ws, display, chain=(), read=read, replaced=replaced)
     if ws.defaults:  # deep_merge copies: the workspace's defaults stay untouched
-        data, marks = deep_merge(ws.defaults, ws.defaults_marks, data, marks)
-    recipe = _finish(data, marks, path, display, ws)
+        data, marks = deep_merge(ws.defaults, ws.defaults_marks, data, marks, replaced)
+    recipe = _finish(data, marks, path, display, ws, deep)
     recipe.files = read
+    recipe.warnings = [r.warning() for r in replaced]
     return recipe
 
 
 def _read_layered(path: Path, ws: Workspace, display: str, chain: tuple[Path, ...],
-                  read: list[Path] | None = None) -> tuple[dict, Marks]:
+                  read: list[Path] | None = None, replaced: list[ReplacedList] | None = None) -> tuple[dict, Marks]:
     """The recipe at `path` with its `extends` chain applied, paths rebased to the root;
-    every file read is appended to `read`."""
+    every file read is appended to `read`, every list that lost fields to `replaced`."""
     if read is not None:
         read.append(path)
     data, marks = read_yaml_file(path, display)
@@ -204,11 +316,11 @@ def _read_layered(path: Path, ws: Workspace, display: str, chain: tuple[Path, ..
         raise ConfigError([Diagnostic(where, "extends", f"{written!r} cannot be used: {exc.strerror}")]) from None
     if not is_file:
         raise ConfigError([Diagnostic(where, "extends", f"{written!r} does not exist")])
-    base, base_marks = _read_layered(base_path, ws, display_path(base_path, ws.root), chain + (path,), read)
+    base, base_marks = _read_layered(base_path, ws, display_path(base_path, ws.root), chain + (path,), read, replaced)
     base.pop("extends", None)
     base.pop("name", None)  # a name belongs to the recipe that states it, not to its children
     base_marks.drop(("name",))
-    merged, merged_marks = deep_merge(base, base_marks, data, marks)
+    merged, merged_marks = deep_merge(base, base_marks, data, marks, replaced)
     merged_marks.values[()] = marks.value(())
     return merged, merged_marks
 
@@ -225,12 +337,18 @@ def _name_problems(data: dict, marks: Marks, path: Path, display: str, reported:
     return [Diagnostic(marks.value(("name",)), "name", invalid_name_message(name))]
 
 
-def _finish(data: dict, marks: Marks, path: Path, display: str, ws: Workspace) -> Recipe:
-    problems = schema_diagnostics("recipe", data, marks) + Checker(data, marks, ws.root).run()
+def _finish(data: dict, marks: Marks, path: Path, display: str, ws: Workspace, deep: bool = False) -> Recipe:
+    problems = schema_diagnostics("recipe", data, marks)
+    problems += Checker(data, marks, ws.root).run()
+    if deep and not problems:  # on a recipe whose shape is right: the model's files are read
+        from tpubuild.config.model_checks import model_problems
+
+        problems += model_problems(data, marks, ws.root)
     problems += _name_problems(data, marks, path, display, reported=any(d.json_path == "name" for d in problems))
     if problems:
         raise ConfigError(problems)
     data.pop("extends", None)
     data.pop("$schema", None)
     name = data.get("name") or _stem(path)
-    return Recipe(name, path, display, ws.root, canonicalize(data, name, ws.root))
+    name_loc = marks.key(("name",)) if "name" in data else Location(display)
+    return Recipe(name, path, display, ws.root, canonicalize(data, name, ws.root), name_loc=name_loc)

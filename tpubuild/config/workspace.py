@@ -11,6 +11,7 @@ from tpubuild.config.finding import WORKSPACE_FILE, find_workspace_file
 from tpubuild.config.paths import leaves_root, name_problem, rebase, to_root_relative
 from tpubuild.config.schema import schema_diagnostics
 from tpubuild.config.yamlload import Marks, format_path, read_yaml_file
+from tpubuild.engine.remote_url import TIMEOUT_KEYS, Timeouts
 from tpubuild.errors import ConfigError, Diagnostic, TpubuildError, UsageError
 
 STATE_DIR = ".tpubuild"  # tpubuild's own files (dep file, stat cache, locks) live here
@@ -27,10 +28,12 @@ class Workspace:
     keep_versions: int | None = None
     link_type: str = "copy"  # how versions are published: copy (reflink or copy) | hardlink
     stage_timeout: float = 3600.0  # seconds before a stage's worker is killed
+    worker_memory_limit: int | None = None  # bytes of address space per worker (engine/workers.py)
     remote_cache: str | None = None  # an fsspec URL (engine/remote.py)
     remote_push: bool = True  # upload stages built here to the remote cache
     # Public keys whose signed remote records are accepted (absolute paths); empty: any record.
     remote_trusted_keys: list[Path] = field(default_factory=list)
+    remote_timeouts: Timeouts = field(default_factory=Timeouts)  # deadlines of remote calls
     # The private key that signs every published version (provenance/signature.py), if any.
     signing_key: Path | None = None
     signing_certificate: Path | None = None  # sign with this certificate (and its chain) instead of a bare key
@@ -86,7 +89,7 @@ def load_workspace(start: Path | None = None, override: Path | None = None) -> W
     problems = schema_diagnostics("workspace", data, marks) + _recipe_glob_problems(data, marks, root)
     problems += _directory_problems(data, marks, root) + _remote_problems(data, marks)
     if not problems:
-        problems += _trusted_key_problems(data, marks, root)
+        problems += _layout_problems(data, marks, root) + _trusted_key_problems(data, marks, root)
     if problems:
         raise ConfigError(problems)
     defaults_marks = _sub_marks(marks, ("defaults",))
@@ -102,9 +105,11 @@ def load_workspace(start: Path | None = None, override: Path | None = None) -> W
         keep_versions=data.get("keep_versions"),
         link_type=data.get("link_type", "copy"),
         stage_timeout=float(data.get("stage_timeout", 3600.0)),
+        worker_memory_limit=_size(data.get("worker_memory_limit")),
         remote_cache=_remote_setting(data)[0],
         remote_push=_remote_setting(data)[1],
         remote_trusted_keys=[root / key for key in _trusted_keys(data)],
+        remote_timeouts=_remote_timeouts(data),
         signing_key=root / data["signing"]["key"] if "signing" in data else None,
         signing_certificate=root / data["signing"]["certificate"] if "certificate" in data.get("signing", {}) else None,
         signing_chain=[root / c for c in data.get("signing", {}).get("certificate_chain", [])],
@@ -146,12 +151,77 @@ def _directory_problems(data: dict, marks: Marks, root: Path) -> list[Diagnostic
     return problems
 
 
+def _layout_problems(data: dict, marks: Marks, root: Path) -> list[Diagnostic]:
+    """output_dir, cache_dir and the recipe tree must not contain one another: tpubuild
+    deletes what it finds in its own directories (a build's temp-session cleanup in the
+    cache, pruning in the output), so an output_dir inside the cache lost published
+    versions. A recipe glob's tree is its fixed directory; a directory below it counts
+    only when the glob descends (`**`, or a wildcard in a directory part), since only then
+    would it read tpubuild's files as recipes. Compared after symlinks are resolved."""
+    def real(value: str) -> Path:
+        return Path(os.path.realpath(os.path.join(root, value)))
+
+    owned = [("output_dir", data.get("output_dir", "out")), ("cache_dir", data.get("cache_dir", f"{STATE_DIR}/cache"))]
+    # (key, value, real path, whether what is below it matters): always for tpubuild's own
+    # directories; for a recipe tree only when its glob descends.
+    places = [(key, value, real(value), True) for key, value in owned]
+    for index, pattern in enumerate(data.get("recipes", DEFAULT_RECIPE_GLOBS)):
+        fixed = pattern.split("*", 1)[0].split("?", 1)[0].split("[", 1)[0]
+        tree = os.path.dirname(fixed) if fixed != pattern else os.path.dirname(pattern)
+        descends = "**" in pattern or "/" in pattern[len(fixed):]
+        places.append((f"recipes[{index}]", pattern, real(tree or "."), descends))
+    problems = []
+    for i, first in enumerate(places[:2]):
+        for second in places[i + 1:]:
+            # Said from the side of the line that moved a directory: the first one the file writes.
+            (key, value, path, holds), (other_key, other_value, other, other_holds) = \
+                (second, first) if first[0] not in data and second[0].split("[")[0] in data else (first, second)
+            if path == other:
+                relation = "is the same directory as"
+            elif other in path.parents and other_holds:  # what is below `other` matters to it
+                relation = "is inside"
+            elif path in other.parents and holds:
+                relation = "contains"
+            else:
+                continue
+            node = _node(key)
+            problems.append(Diagnostic(
+                marks.value(node), format_path(node), f"{_what(key, value)} {relation} {_what(other_key, other_value)}:"
+                " tpubuild deletes what it finds in its own directories, so they must not contain one another"))
+    return problems
+
+
+def _node(key: str) -> tuple:
+    """The JSON path of a `_layout_problems` place name (`output_dir`, `recipes[2]`)."""
+    return ("recipes", int(key[8:-1])) if key.startswith("recipes[") else (key,)
+
+
+def _what(key: str, value: str) -> str:
+    return f"the recipe tree of {value!r}" if key.startswith("recipes") else f"{key} {value!r}"
+
+
 def _remote_setting(data: dict) -> tuple[str | None, bool]:
     """`remote_cache:` as (url, push): a URL string, or {url, push}."""
     value = data.get("remote_cache")
     if isinstance(value, dict):
         return value.get("url"), bool(value.get("push", True))
     return value, True
+
+
+def _size(value: int | str | None) -> int | None:
+    """`worker_memory_limit:` in bytes: an integer, or a number with a unit (8GiB, 512MiB)."""
+    if value is None or isinstance(value, int):
+        return value
+    from tpubuild.engine.gc import parse_size
+
+    return parse_size(value)
+
+
+def _remote_timeouts(data: dict) -> Timeouts:
+    value = data.get("remote_cache")
+    if not isinstance(value, dict):
+        return Timeouts()
+    return Timeouts(**{field: float(value[key]) for key, field in TIMEOUT_KEYS.items() if key in value})
 
 
 def _trusted_keys(data: dict) -> list[str]:

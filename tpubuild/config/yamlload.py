@@ -109,6 +109,11 @@ def load_yaml(text: str, display: str) -> tuple[Any, Marks]:
         data = loader.construct_document(node)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
+        tab = _tab_at(text, mark) if mark else None
+        if tab is not None:
+            # PyYAML's words ("found character that cannot start any token") hide the cause.
+            message = "a tab character in the indentation: YAML indents with spaces, never tabs"
+            raise ConfigError([Diagnostic(Location(display, tab[0], tab[1]), "", f"YAML syntax error: {message}")]) from None
         message = exc.problem or "invalid YAML"
         if exc.context:
             message = f"{exc.context}, {message}" if exc.problem else exc.context
@@ -131,6 +136,21 @@ def load_yaml(text: str, display: str) -> tuple[Any, Marks]:
     if problems:
         raise ConfigError(problems)
     return data, marks
+
+
+def _tab_at(text: str, mark: yaml.Mark) -> tuple[int, int] | None:
+    """(line, column), 1-based, of the tab that an error marked at `mark` is about: a tab
+    in the marked line's leading whitespace, or at the mark itself. None: no tab there."""
+    lines = text.split("\n")
+    if not 0 <= mark.line < len(lines):
+        return None
+    line = lines[mark.line]
+    indent = line[: len(line) - len(line.lstrip(" \t"))]
+    if "\t" in indent:
+        return mark.line + 1, indent.index("\t") + 1
+    if line[mark.column: mark.column + 1] == "\t":
+        return mark.line + 1, mark.column + 1
+    return None
 
 
 def _too_big(loc: Location, what: str) -> ConfigError:

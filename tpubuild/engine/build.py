@@ -35,6 +35,7 @@ from tpubuild.engine.resolve import (
 from tpubuild.engine.statcache import StatCache
 from tpubuild.engine.store import StageEntry, Store
 from tpubuild.errors import StageError
+from tpubuild.provenance.digests import dependency_digests
 from tpubuild.pipeline import ENGINE_STEPS, TARGET_STAGES, PlannedStage, entry, spec
 from tpubuild.report.formats import human_bytes
 
@@ -53,10 +54,35 @@ class Row:
     seconds: float
     remote: bool = False  # a `cached` stage whose record came from the remote cache
     peak_rss_bytes: int | None = None  # a `built` stage's worker: its peak resident set size in that stage
+    # A stage run by a worker: `seconds` is its own work, timed in the worker; this is the
+    # rest of the wait for its reply: a free slot (-j), a new worker's process start and
+    # TensorFlow import (engine/import_clock.py), on Ray the task's scheduling and transfers.
+    worker_startup_seconds: float | None = None
 
     def to_json(self) -> dict[str, Any]:
+        startup = self.worker_startup_seconds
         return {"recipe": self.recipe, "stage": self.stage, "status": self.status, "key": self.key,
-                "seconds": round(self.seconds, 3), "remote": self.remote, "peak_rss_bytes": self.peak_rss_bytes}
+                "seconds": round(self.seconds, 3), "remote": self.remote, "peak_rss_bytes": self.peak_rss_bytes,
+                "worker_startup_seconds": None if startup is None else round(startup, 3)}
+
+
+@dataclass
+class WorkerTime:
+    """A stage's time as its worker measured it, and what waiting for that worker added."""
+
+    seconds: float | None = None  # the stage's own work; None: no worker reply (Ray failures, old workers)
+    startup: float | None = None
+
+    @classmethod
+    def of(cls, reply: dict[str, Any], waited: float) -> WorkerTime:
+        own = reply.get("seconds")
+        if not isinstance(own, (int, float)):
+            return cls(None, None)
+        return cls(float(own), max(0.0, waited - own))
+
+    def or_since(self, start: float) -> float:
+        """The stage's own seconds, else the engine's clock since `start`."""
+        return self.seconds if self.seconds is not None else time.monotonic() - start
 
 
 class Engine:
@@ -98,7 +124,8 @@ class Engine:
         keys = [load_public_key(path, "remote_cache.trusted_keys") for path in getattr(self.ws, "remote_trusted_keys", [])]
         signing = signing_key_from_environment() if push else None
         self.remote = RemoteCache(url, push, report=self.errors, signing_key=signing,
-                                  trusted={key_id(key): key for key in keys})
+                                  trusted={key_id(key): key for key in keys},
+                                  timeouts=getattr(self.ws, "remote_timeouts", None))
         self.remote.connect()
 
     def _from_remote(self, run: RecipeRun, planned: PlannedStage, pending: Pending) -> StageEntry | None:
@@ -107,7 +134,7 @@ class Engine:
         only the stat-cache and resolver steps take it."""
         candidate = None
         key = pending.key
-        if planned.name not in ENGINE_STEPS and spec(planned.name).runs_user_code:
+        if planned.name not in ENGINE_STEPS and spec(planned.name).discovers:
             candidates = self.remote.fetch_discovered(pending.key)
             with self.state_lock:
                 candidate = self.resolver.matching_candidate(run, candidates)
@@ -175,9 +202,9 @@ class Engine:
             except StageError as exc:  # an input is missing: the action reports it
                 self.pending[(run.name, planned.name)] = Pending(None, None, error=str(exc))
                 return False
-            except Exception as exc:  # a bug in tpubuild: this recipe fails, the build goes on
-                self.pending[(run.name, planned.name)] = Pending(
-                    None, None, error=f"internal error: {type(exc).__name__}: {exc}", detail=traceback.format_exc())
+            except Exception as exc:  # a bug in tpubuild or a full disk: this recipe fails, the build goes on
+                self.pending[(run.name, planned.name)] = Pending(None, None, error=_unexpected(exc),
+                                                                 detail=traceback.format_exc())
                 return False
         fetched = False
         if entry is None and self.remote is not None:
@@ -207,8 +234,9 @@ class Engine:
         if pending.error:
             return self._fail(run, planned, pending.error, start, pending.detail)
         self.started(run, planned.name)
+        timing = WorkerTime()  # the source snapshot and publish run in this process
         try:
-            peak_rss = None  # the source snapshot runs in this process
+            peak_rss = None
             if planned.name == "source":
                 entry = self._snapshot_source(run, planned, pending)
             elif planned.name == "publish":
@@ -217,30 +245,32 @@ class Engine:
                                    time.monotonic() - start))
                 return True
             else:
-                entry, peak_rss = self._execute(run, planned, pending)
+                entry, peak_rss, timing = self._execute(run, planned, pending)
         except StageError as exc:
-            return self._fail(run, planned, str(exc), start, getattr(exc, "detail", None))
-        except Exception as exc:  # a bug in tpubuild: the recipe fails, the build goes on
-            return self._fail(run, planned, f"internal error: {type(exc).__name__}: {exc}", start,
-                              traceback.format_exc())
+            return self._fail(run, planned, str(exc), start, getattr(exc, "detail", None),
+                              getattr(exc, "timing", timing))
+        except Exception as exc:  # a bug in tpubuild or a full disk: the recipe fails, the build goes on
+            return self._fail(run, planned, _unexpected(exc), start, traceback.format_exc())
         self._push(entry)
         directory = self.store.checkout(entry)
         run.outputs[planned.name] = self.resolver.output_of(planned, entry, directory)
         for warning in entry.warnings:
             self.errors(f"{run.recipe.rel_file}: stage {planned.name}: warning: {warning}")
-        self.row(run, Row(run.name, planned.name, "built", entry.key, time.monotonic() - start,
-                          peak_rss_bytes=peak_rss))
+        self.row(run, Row(run.name, planned.name, "built", entry.key, timing.or_since(start),
+                          peak_rss_bytes=peak_rss, worker_startup_seconds=timing.startup))
         return True
 
     def _fail(self, run: RecipeRun, planned: PlannedStage, message: str, start: float,
-              detail: str | None = None) -> bool:
+              detail: str | None = None, timing: WorkerTime | None = None) -> bool:
         """Record a failed stage; returns what doit is told (False: its dependents stop).
         With --keep-going a target chain's failure is that target's alone: doit goes on,
         the chain's other stage is skipped and publish leaves the target out."""
         line = f"{run.recipe.rel_file}: stage {planned.name}: {message}"
         target = next((t for t, chain in TARGET_STAGES.items() if chain and planned.name in chain), None)
         self.errors(line + (f"\n{detail.rstrip()}" if detail and os.environ.get("TPUBUILD_DEBUG") else ""))
-        self.row(run, Row(run.name, planned.name, "failed", None, time.monotonic() - start))
+        timing = timing or WorkerTime()
+        self.row(run, Row(run.name, planned.name, "failed", None, timing.or_since(start),
+                          worker_startup_seconds=timing.startup))
         if self.keep_going and target is not None:
             run.failed_targets[target] = line
             return True
@@ -264,8 +294,10 @@ class Engine:
         with self.state_lock:
             return self.store.put_files(pending.key, "source", files, directory, pending.record, self.stat)
 
-    def _execute(self, run: RecipeRun, planned: PlannedStage, pending: Pending) -> tuple[StageEntry, int | None]:
-        """Run the stage in a worker and store its output; (entry, the worker's peak RSS in it)."""
+    def _execute(self, run: RecipeRun, planned: PlannedStage,
+                 pending: Pending) -> tuple[StageEntry, int | None, WorkerTime]:
+        """Run the stage in a worker and store its output; (entry, the worker's peak RSS in
+        it, its time). A StageError raised after the worker replied carries the time too."""
         stage = spec(planned.name)
         work = self.store.new_workdir(planned.name)
         out_dir = work / "out"
@@ -292,30 +324,36 @@ class Engine:
             request["keyed"] = {field: pending.record[field] for field in ("code", "toolchain", "env")}
             request["declared"] = {k[5:]: v for k, v in pending.record["inputs"].items() if k.startswith("file:")}
         try:
+            asked = time.monotonic()
             reply = self.workers().run(request, self.timeout, Path(run.recipe.root) if stage.runs_user_code else None,
                                        spare=spare)
+            timing = WorkerTime.of(reply, time.monotonic() - asked)
             if not reply["ok"]:
                 message = reply["error"]
                 if reply.get("bug"):
-                    message = f"internal error: {message} (traceback in {self.ws.state_dir / 'logs'})"
+                    where = self.ws.display(Path(reply.get("log") or self.ws.state_dir / "logs"))
+                    message = f"internal error: {message} (traceback in {where})"
                 error = StageError(message)
                 error.detail = reply.get("detail")
+                error.timing = timing
                 raise error
             changed = changed_inputs(Path(run.recipe.root), pending.file_stats, pending.record["inputs"], self.stat)
             if changed:
-                raise StageError(
+                error = StageError(
                     f"input {', '.join(changed)} changed while the stage ran; its result was not recorded "
                     "(build again)"
                 )
+                error.timing = timing
+                raise error
             key, record = pending.key, pending.record
-            if stage.runs_user_code:
+            if stage.discovers:
                 discovered = reply.get("discovered", {})
                 with self.state_lock:
                     key = self.resolver.add_discovered(pending.key, discovered)
                 record = dict(record, discovered=discovered)
             with self.state_lock:
                 stored = self.store.put(key, planned.name, out_dir, reply["summary"], reply["warnings"], record, self.stat)
-            return stored, reply.get("peak_rss_bytes")
+            return stored, reply.get("peak_rss_bytes"), timing
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
@@ -329,7 +367,11 @@ class Engine:
             if self.pool is None:
                 from tpubuild.engine.workers import WorkerPool
 
-                self.pool = WorkerPool(self.jobs, self.ws.state_dir / "logs", worker_env())
+                from tpubuild.engine.buildlogs import next_index
+
+                logs = self.ws.state_dir / "logs"
+                self.pool = WorkerPool(self.jobs, logs, worker_env(), getattr(self.ws, "worker_memory_limit", None),
+                                       first=next_index(logs))
             return self.pool
 
     # --- publish and lock -----------------------------------------------------------
@@ -356,7 +398,8 @@ class Engine:
             paths = [(f, self.store.object_path(f.hash)) for f in out.files]
             run.version = versions.publish(out.directory, paths, manifest, self.ws.keep_versions, self.stat,
                                            link_type=self.link_type,
-                                           warn=lambda m: self.errors(f"warning: {m}"), finish=self._attest)
+                                           warn=lambda m: self.errors(f"warning: {m}"), finish=self._attest,
+                                           reservation=versions.reservation_file(self.ws.state_dir, out.directory))
 
     def _attest(self, version_dir: Path, manifest: dict[str, Any], target: str | None = None) -> None:
         """The provenance statement of a version (the main one, or a target version when
@@ -402,6 +445,10 @@ class Engine:
             "stages": [{"stage": name, "key": out.key, "output": out.tree}
                        for name, out in run.outputs.items() if name != "publish"],
             "inputs": run_inputs(run),
+            # The same inputs by the digests in-toto consumers read (provenance/digests.py).
+            "input_digests": dependency_digests(Path(run.recipe.root), run_inputs(run),
+                                                {out.tree: out.files for out in run.outputs.values()},
+                                                self.store.object_path),
             "toolchain": toolchain(),
             "tpubuild": __version__,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -421,11 +468,12 @@ def lock_for(run: RecipeRun) -> dict[str, Any]:
         out = run.outputs[planned.name]
         if output_measured:
             measured.add(planned.name)
-        # What the code of a stage that runs user code imported: with it, `build --check`
-        # recomputes the stage's key without the dep file of a cache (engine/lockcheck.py).
+        # What a discovering stage found (its user code's imports, the installed packages
+        # it used): with it, `build --check` recomputes the stage's key without the dep
+        # file of a cache (engine/lockcheck.py). Nothing found is not written.
         discovered = out.record.get("discovered")
         stages.append({"stage": planned.name, "key": out.key, "output": out.tree, "key_measured": key_measured,
-                       "measured": output_measured, **({"discovered": discovered} if discovered is not None else {})})
+                       "measured": output_measured, **({"discovered": discovered} if discovered else {})})
     model_measured = run.plan[-1].consumes["model"] in measured
     return lock_document(run.name, run.recipe.digest, toolchain(), run_inputs(run), stages, run.version,
                          artifact_facts(run, model_measured))
@@ -487,7 +535,7 @@ def git_commit(root: Path) -> str | None:
 def lock_problem(engine: Engine, run: RecipeRun, states: list[Any]) -> str | None:
     """Given a resolution whose every stage is cached: None when the lock file already
     records it, else why not. The no-op path and `build --check` share this."""
-    from tpubuild.engine.lockfile import lock_text, read_lock_keys, same_keys
+    from tpubuild.engine.lockfile import lock_text, parse_lock_keys, same_keys
 
     publish = states[-1]
     run.outputs["publish"] = Output("publish", publish.key, publish.output, Path(engine.ws.output_dir) / run.name, [])
@@ -498,7 +546,7 @@ def lock_problem(engine: Engine, run: RecipeRun, states: list[Any]) -> str | Non
     document = lock_for(run)
     if engine.relock:  # every byte, measured figures included
         return None if current == lock_text(document) else "the lock file does not record this machine's build"
-    if not same_keys(read_lock_keys(run.recipe.lock_file), document):
+    if not same_keys(parse_lock_keys(current), document):
         return "the lock file does not record the current build"
     return None
 
@@ -582,17 +630,21 @@ def build(
     remote: tuple[str, bool] | None = None,
     keep_going: bool = False,
     relock: bool = False,
+    planned: Callable[[list[RecipeRun]], None] | None = None,
 ) -> tuple[list[RecipeRun], Engine]:
     """Build `recipes` under the workspace lock. With a NoopMemo, every recipe the full
     check finds up to date is remembered (if its files are older than `since_ns`). With
     `remote` (url, push), stages missing locally are looked up in that remote cache and
-    stages built here are uploaded to it; a build with nothing to do never contacts it."""
+    stages built here are uploaded to it; a build with nothing to do never contacts it.
+    `planned` is told the runs (each with its plan) before any stage is looked at."""
     from tpubuild.engine.wslock import WorkspaceLock
 
     engine = Engine(ws, jobs, printer, errors, started)
     engine.keep_going = keep_going
     engine.relock = relock
     runs = new_runs(recipes)
+    if planned is not None:
+        planned(runs)
     lock = WorkspaceLock(ws.state_dir)
     lock.acquire(lock_wait, notify=engine.errors)
     try:
@@ -618,12 +670,17 @@ def build(
                 engine.workers()
             clean = False
             try:
-                run_tasks(engine, todo, jobs, ws.state_dir / "doit-deps.json")
+                run_tasks(engine, todo, jobs)
                 clean = True
             finally:
                 if engine.pool is not None:
                     engine.pool.close(kill=not clean)  # Ctrl-C: stop the stages now, not in 10 s
                 engine.finish_uploads(wait=clean)
+                if not clean and engine.pool is not None:  # what the lines printed so far point to
+                    try:
+                        _settle_logs(engine, todo)
+                    except OSError:
+                        pass  # the error on its way out is the one to say
             for run in todo:
                 if run.failed or run.failed_targets:  # no lock file: it would describe a build that did not happen
                     _skip_rest(engine, run)
@@ -633,12 +690,35 @@ def build(
                     _skip_rest(engine, run)
                 else:
                     engine.write_lock(run)
+            if engine.pool is not None:
+                _settle_logs(engine, todo)
             _register(engine, todo)  # a no-op build never opens the store's index
         engine.stat.save()
     finally:
         engine.store.close()
         lock.release()
     return runs, engine
+
+
+def _unexpected(exc: Exception) -> str:
+    """An exception no stage expected: the machine's (a full disk, an I/O error: one line
+    naming the path), else a bug in tpubuild."""
+    from tpubuild.errors import environment_fault, fault_line
+
+    fault = environment_fault(exc)
+    return fault_line(fault) if fault is not None else f"internal error: {type(exc).__name__}: {exc}"
+
+
+def _settle_logs(engine: Engine, runs: list[RecipeRun]) -> None:
+    """Keep the worker logs failure messages of this build point to (engine/buildlogs.py)."""
+    from tpubuild.engine.buildlogs import settle
+    from tpubuild.engine.workers import WorkerPool
+
+    pool = engine.pool
+    written = [worker.log_path for worker in pool.all] if isinstance(pool, WorkerPool) else []
+    failed = {run.name for run in runs if run.failed or run.failed_targets}
+    succeeded = {run.name for run in runs if run.name not in failed and len(run.outputs) == len(run.plan)}
+    settle(engine.ws.state_dir / "logs", written, failed, succeeded)
 
 
 def _skip_rest(engine: Engine, run: RecipeRun) -> None:

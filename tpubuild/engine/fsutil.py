@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 from pathlib import Path
 
 from tpubuild.atomic import fsync_path
@@ -30,10 +31,12 @@ def fsync_tree(root: Path | str) -> None:
         fsync_path(dirpath)
 
 
-def clone_or_copy(src: Path | str, dst: Path | str) -> str:
-    """Write `dst` as a reflink of `src` where the file system can, else as a copy.
-    Either way `dst` is its own inode: writing it never changes `src`. Returns how."""
-    with open(src, "rb") as fsrc, open(dst, "wb") as fdst:
+def clone_or_copy(fsrc, dst: Path | str) -> str:
+    """Write `dst` as a reflink of the open file `fsrc` where the file system can, else as
+    a copy (from the open file: the one whose kind and owner were checked, not whatever its
+    name is now). Either way `dst` is its own inode: writing it never changes the source.
+    Returns how."""
+    with open(dst, "wb") as fdst:
         try:
             fcntl.ioctl(fdst.fileno(), FICLONE, fsrc.fileno())
             return "reflink"
@@ -65,19 +68,50 @@ def _copy_range(fsrc, fdst) -> None:
         offset += n
 
 
-def place_file(src: Path | str, dst: Path | str, link_type: str = "copy", durable: bool = True) -> str:
+def open_regular(src: Path | str, follow: bool = False) -> tuple[int, os.stat_result]:
+    """An fd of `src` and its fstat, when `src` is a regular file. Opened without following
+    a final symbolic link unless `follow`, and without blocking (a FIFO would block a
+    plain open until a writer comes); anything else is a StageError naming it."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(src, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow:
+            raise StageError(f"{src}: a symbolic link, not a regular file; not linked or copied through") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise StageError(f"{src}: not a regular file; not linked or copied")
+    return fd, st
+
+
+def place_file(src: Path | str, dst: Path | str, link_type: str = "copy", durable: bool = True,
+               follow: bool = False) -> str:
     """Create `dst` (which must not exist) with the content of `src`: a hard link when
     `link_type` is "hardlink" (falling back to a copy across file systems), else a
-    reflink or copy. The file is read-only (0444) and fsynced when `durable`."""
+    reflink or copy. The file is read-only (0444) and fsynced when `durable`.
+
+    `src` (a store object) must be a regular file, never reached through a final symbolic
+    link (`follow` is for a user's own source files): `os.link` on a symlink links the
+    symlink itself, and a copy through it copies whatever it points to now. A hard link is
+    made only to a file this user owns and only when the name still is the inode that was
+    checked: another user's file in a shared cache can be rewritten by its owner later,
+    so it is copied."""
+    fd, st = open_regular(src, follow)
     try:
-        if link_type == "hardlink":
+        if link_type == "hardlink" and st.st_uid == os.getuid():
             try:
                 os.link(src, dst)
-                return "hardlink"
+                linked = os.lstat(dst)
+                if (linked.st_dev, linked.st_ino) == (st.st_dev, st.st_ino):
+                    return "hardlink"
+                os.unlink(dst)  # the name was swapped after the check: copy what was checked
             except OSError as exc:
                 if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
                     raise
-        how = clone_or_copy(src, dst)
+        with os.fdopen(os.dup(fd), "rb") as fsrc:
+            how = clone_or_copy(fsrc, dst)
         os.chmod(dst, 0o444)
         if durable:
             fsync_path(dst)
@@ -86,6 +120,8 @@ def place_file(src: Path | str, dst: Path | str, link_type: str = "copy", durabl
         if exc.errno == errno.ENOSPC:
             raise StageError(f"no space left on device while writing {dst}") from None
         raise
+    finally:
+        os.close(fd)
 
 
 def replace_file(src: Path | str, dst: Path | str, link_type: str = "copy") -> None:

@@ -99,14 +99,15 @@ def walk_files(root: Path | str, symlinks: str = "inside") -> list[tuple[str, os
             elif stat.S_ISREG(st.st_mode):
                 out.append((rel, st))
             else:
-                raise StageError(f"{full}: {_kind(st.st_mode)}, not a regular file")
+                raise StageError(f"{full}: {file_kind(st.st_mode)}, not a regular file")
 
     visit(root_str, "")
     out.sort()
     return out
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file that is not regular is, in words ("a FIFO (named pipe)")."""
     if stat.S_ISFIFO(mode):
         return "a FIFO (named pipe)"
     if stat.S_ISSOCK(mode):

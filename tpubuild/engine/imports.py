@@ -183,7 +183,8 @@ def _imported_distributions(sources: list[str]) -> dict[str, str]:
     found: dict[str, str] = {}
     for name in sorted(named):
         module = sys.modules.get(name)
-        path = getattr(module, "__file__", None)
+        # A namespace package (orbax, google) has no __file__, only its directories.
+        path = getattr(module, "__file__", None) or next(iter(getattr(module, "__path__", None) or []), None)
         if not path or not _installed(os.path.realpath(path)):
             continue  # not imported, or the workspace's own module of that name
         for dist in owners.get(name, []):

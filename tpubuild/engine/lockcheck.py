@@ -8,14 +8,15 @@ each stage's key is computed the way the resolver computes it (engine/resolve.py
 hashes of its input files (through the stat cache), and, for an output of an earlier
 stage it consumes, the output digest the lock file records for that stage, trusted the
 way DVC trusts dvc.lock: when the earlier stage's key matches, building it again makes
-that output. A stage that runs user code is keyed on what its code imported, which the
-lock file records (`discovered`), each file compared with its content now, as the
-resolver does with a dep file. A stage whose key hashes a measured output
+that output. A stage that discovers inputs (user code's imports, the packages the bfloat16 stage used
+to rewrite a jax2tf module) is keyed on what it found, which the lock file records
+(`discovered`; nothing found is not written), each compared with what is there now, as
+the resolver does with a dep file. A stage whose key hashes a measured output
 (`key_measured`: it differs between machines) is compared by name, as same_keys does.
 
 Where the lock file cannot say (a key that hashes an unmeasured stage's summary, a lock
-file written before it recorded `discovered`), that recipe is checked the full way, from
-the cache (engine/explain.py `_stale`).
+file of another layout), that recipe is checked the full way, from the cache
+(engine/explain.py `stale_line`).
 """
 
 from __future__ import annotations
@@ -23,14 +24,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tpubuild.engine.imports import ABSENT
 from tpubuild.engine.lockfile import read_lock_keys, same_keys
+from tpubuild.engine.records import discovered_final_key
 from tpubuild.engine.resolve import (
     Output,
     Resolved,
     RecipeRun,
     Resolver,
-    final_key,
     measured_flags,
     new_runs,
     run_inputs,
@@ -63,19 +63,24 @@ class LockCheck:
             self._engine = Engine(self.ws)
         return self._engine
 
-    def problem(self, run: RecipeRun) -> str | None:
-        """None when building would leave the recipe's lock file as it is, else why not."""
+    def line(self, run: RecipeRun) -> str | None:
+        """None when building would leave the recipe's lock file as it is, else one line
+        saying why not (or why it cannot be told)."""
         lock = read_lock_keys(run.recipe.lock_file)
         if lock is None:
-            return "no lock file" if not run.recipe.lock_file.exists() else \
+            problem = "no lock file" if not run.recipe.lock_file.exists() else \
                 "the lock file does not record the current build"
-        try:
-            return self._problem(run, lock)
-        except _FullCheck:
-            from tpubuild.engine.explain import _stale
+        else:
+            try:
+                problem = self._problem(run, lock)
+            except _FullCheck:
+                from tpubuild.engine.explain import stale_line
 
-            run.outputs.clear()
-            return "; ".join(_stale(self.engine, run)) or None
+                run.outputs.clear()
+                return stale_line(self.engine, run)
+        if problem is None:
+            return None
+        return f"{run.recipe.rel_file}: building would change {self.ws.display(run.recipe.lock_file)}: {problem}"
 
     def _problem(self, run: RecipeRun, lock: dict[str, Any]) -> str | None:
         recorded = {s.get("stage"): s for s in lock.get("stages") or []}
@@ -95,7 +100,13 @@ class LockCheck:
                 message = str(exc) if isinstance(exc, StageError) else f"{exc.strerror}: {exc.filename}"
                 return f"stage {planned.name} cannot run ({message})"
             if reasons or not (key_measured or key == old.get("key")):
-                return f"stage {planned.name} would run ({'; '.join(self._reasons(run, old, key, record, reasons))})"
+                if not discovered and spec(planned.name).runs_user_code:
+                    # User code always imports its own script: nothing recorded is a lock
+                    # file written before lock files recorded imports.
+                    return (f"stage {planned.name}: the lock file does not record what its code imported "
+                            "(written by an older tpubuild); build to rewrite it")
+                why = self._reasons(run, lock, old, key, record, reasons)
+                return f"stage {planned.name} would run ({'; '.join(why)})"
             # Later keys hash this output as the lock file records it (trusted: the key matches).
             run.outputs[planned.name] = Output(planned.name, old.get("key"), old.get("output"), Path(), [],
                                                record={**record, **({"discovered": discovered}
@@ -111,52 +122,55 @@ class LockCheck:
     def _key(self, run: RecipeRun, planned: Any, old: dict[str, Any], key_measured: bool):
         """(key, key record, discovered, reasons it changed) of the stage as building would
         key it now; a key_measured stage gets only its input files (the lock's `inputs`)."""
-        user_code = planned.name not in ENGINE_STEPS and spec(planned.name).runs_user_code
-        discovered = old.get("discovered") if user_code else None
-        if user_code and not isinstance(discovered, dict):
-            raise _FullCheck  # written before lock files recorded imports
-        reasons = self._imports_changed(run, discovered or {})
+        discovers = planned.name not in ENGINE_STEPS and spec(planned.name).discovers
+        discovered = (old.get("discovered") or {}) if discovers else None
+        if not isinstance(discovered, (dict, type(None))):
+            raise _FullCheck  # not a layout lock_text writes
         if key_measured:
             hashes, _ = self.resolver.file_inputs(run, planned)
-            return None, {"inputs": hashes}, discovered, reasons
-        if planned.summaries:  # the lock file holds outputs, not summaries
-            raise _FullCheck
-        pending = self.resolver.record_for(run, planned)
-        key = final_key(pending.key, discovered) if user_code else pending.key
-        return key, pending.record, discovered, reasons
+            record: dict[str, Any] = {"inputs": hashes}
+            key = None
+        else:
+            if planned.summaries:  # the lock file holds outputs, not summaries
+                raise _FullCheck
+            pending = self.resolver.record_for(run, planned)
+            record = pending.record
+            key = discovered_final_key(pending.key, discovered) if discovers else pending.key
+        reasons = self.resolver.discovered_changes(run, discovered or {}, set(record.get("inputs", {})))
+        return key, record, discovered, reasons
 
-    def _imports_changed(self, run: RecipeRun, discovered: dict[str, str]) -> list[str]:
-        """What changed among the files the stage's code imported (as explain says it)."""
-        changes = []
-        for rel, digest in sorted(discovered.items()):
-            now = self.resolver.current_hash(run, rel) or ABSENT
-            if now != digest:
-                changes.append(f"imported module {rel}: " + ("removed" if now == ABSENT else
-                                                              f"content changed ({digest[:12]} -> {now[:12]})"))
-        return changes
-
-    def _reasons(self, run: RecipeRun, old: dict[str, Any], key: str | None, record: dict[str, Any],
-                 imports: list[str]) -> list[str]:
+    def _reasons(self, run: RecipeRun, lock: dict[str, Any], old: dict[str, Any], key: str | None,
+                 record: dict[str, Any], imports: list[str]) -> list[str]:
         """Why the key changed: the difference of the key records when the cache still has
         the old one (a built workspace), else what the lock file lets us name."""
-        from tpubuild.engine.explain import _reasons
+        from tpubuild.engine.explain import change_reasons
 
-        engine = self.engine
-        if not imports or (old.get("key") and engine.store.get(old["key"]) is not None):
-            return _reasons(engine, run, old.get("key"), Resolved(old["stage"], "pending", key, record))
-        return imports
+        if imports and not (old.get("key") and self.engine.resolver.entry(old["key"]) is not None):
+            return imports
+        return change_reasons(self.engine, run, lock, Resolved(old["stage"], "pending", key, record))
 
     def save(self) -> None:
         self.stat.save()
 
 
 def check_lines(ws: Any, recipes: list[Any]) -> list[str]:
-    """`build --check`: why building would change each stale lock file (empty: none)."""
+    """`build --check`: why building would change each stale lock file, or why one cannot
+    be checked (empty: every one is up to date)."""
+    from tpubuild.engine.explain import EMPTY_CACHE
+
     check = LockCheck(ws)
-    stale = []
+    lines, unknown = [], 0
     for run in new_runs(recipes):
-        problem = check.problem(run)
-        if problem:
-            stale.append(f"{run.recipe.rel_file}: building would change {ws.display(run.recipe.lock_file)}: {problem}")
+        line = check.line(run)
+        if line is None:
+            continue
+        if line.endswith(EMPTY_CACHE):
+            unknown += 1
+        else:
+            lines.append(line)
+    if unknown:  # said once: every other recipe in that case is in the same one
+        count = f"{unknown} lock file{'s' if unknown != 1 else ''}"
+        lines.append(f"cannot check {count}: {EMPTY_CACHE}; build, or restore the cache of the build that wrote "
+                     + ("them" if unknown != 1 else "it"))
     check.save()
-    return stale
+    return lines

@@ -57,7 +57,7 @@ def lock_document(
         "stages": [
             {"stage": s["stage"], "key": s["key"], "output": s["output"], "measured": bool(s.get("measured")),
              "key_measured": bool(s.get("key_measured")),
-             **({"discovered": dict(sorted(s["discovered"].items()))} if s.get("discovered") is not None else {})}
+             **({"discovered": dict(sorted(s["discovered"].items()))} if s.get("discovered") else {})}
             for s in stages
         ],
         "published_version": version,
@@ -101,8 +101,8 @@ def lock_text(document: dict[str, Any]) -> str:
         lines.append(f"  output: {_scalar(stage['output'])}" + (f"  {MEASURED}" if stage["measured"] else ""))
         if stage["measured"]:
             lines.append("  measured: true")
-        if "discovered" in stage:  # what its user code imported, or looked for and found absent
-            lines.append("  discovered:" if stage["discovered"] else "  discovered: {}")
+        if stage.get("discovered"):  # what its user code imported or looked for and found absent; packages it used
+            lines.append("  discovered:  # what its code imported or used, and where an import looked and found nothing")
             lines.extend(f"    {_scalar(k)}: {_scalar(v)}" for k, v in stage["discovered"].items())
     lines.append(f"published_version: {_scalar(document['published_version'])}")
     if document.get("artifact"):
@@ -126,8 +126,17 @@ def _number(value: Any) -> str:
 def read_lock(path: Path) -> dict[str, Any] | None:
     """The lock document, or None when absent, unreadable or of another schema."""
     try:
-        data = yaml.load(path.read_text(), Loader=_Loader)
-    except (OSError, yaml.YAMLError, ValueError):
+        return parse_lock(path.read_text())
+    except OSError:
+        return None
+
+
+def parse_lock(text: str) -> dict[str, Any] | None:
+    """The lock document in `text` (a lock file already read), or None when it is not one
+    of this schema."""
+    try:
+        data = yaml.load(text, Loader=_Loader)
+    except (yaml.YAMLError, ValueError):
         return None
     return _with_defaults(data)
 
@@ -138,13 +147,17 @@ def read_lock_keys(path: Path) -> dict[str, Any] | None:
     parser (`build --check` reads every lock file); any other layout, hand-edited or
     merged, is read by read_lock."""
     try:
-        text = path.read_text()
+        return parse_lock_keys(path.read_text())
     except OSError:
         return None
+
+
+def parse_lock_keys(text: str) -> dict[str, Any] | None:
+    """read_lock_keys of a lock file's text already read."""
     try:
         return _with_defaults(_parse_layout(text))
     except _OtherLayout:
-        return read_lock(path)
+        return parse_lock(text)
 
 
 def _with_defaults(data: Any) -> dict[str, Any] | None:
@@ -262,8 +275,8 @@ def same_keys(recorded: dict[str, Any] | None, document: dict[str, Any]) -> bool
     new = document["stages"]
     if [s.get("stage") for s in old] != [s["stage"] for s in new]:
         return False
-    return all((n["key_measured"] or o.get("key") == n["key"]) and o.get("discovered") == n.get("discovered")
-               for o, n in zip(old, new))
+    return all((n["key_measured"] or o.get("key") == n["key"])
+               and (o.get("discovered") or {}) == (n.get("discovered") or {}) for o, n in zip(old, new))
 
 
 def write_lock(path: Path, document: dict[str, Any], force: bool = False) -> bool:
@@ -271,11 +284,12 @@ def write_lock(path: Path, document: dict[str, Any], force: bool = False) -> boo
     would); False, and no write, otherwise."""
     text = lock_text(document)
     try:
-        if path.read_text() == text:
-            return False
+        current = path.read_text()
     except OSError:
-        pass
-    if not force and same_keys(read_lock_keys(path), document):
+        current = None
+    if current == text:
+        return False
+    if not force and current is not None and same_keys(parse_lock_keys(current), document):
         return False
     write_text_atomic(path, text)
     return True

@@ -5,6 +5,8 @@ A record names the files a checkout writes; whoever can write the cache director
 write a record. So a record is used only when it names its own key, hashes to it (its key
 record), lists safe relative paths and well-formed digests, and its tree hash is its
 files'. Each file's content is then checked against its digest when it is materialized.
+A local record must also carry a MAC made with this user's key (engine/record_mac.py,
+checked by Store.get): that is what ties its output to the key it is stored under.
 """
 
 from __future__ import annotations
@@ -76,9 +78,9 @@ def parse_entry(key: str, raw: bytes, hash_record: bool = True) -> tuple[StageEn
     """The StageEntry in a record, or (None, what is wrong with it). The record must name
     `key`, list safe relative paths and well-formed digests, its tree hash must be its
     files', and (`hash_record`, for downloaded records) its key record must hash to `key`.
-    A local record skips that last check only: its writer was this machine's tpubuild, and
-    whoever could forge one could as well forge a record that hashes right; what keeps a
-    forged record harmless is that it can name no path outside its tree."""
+    A local record skips that last check only: whoever could forge one could as well forge
+    a record that hashes right; what keeps a forged record out is its MAC (Store.get), and
+    what keeps even a trusted one harmless is that it can name no path outside its tree."""
     try:
         data = json.loads(raw)
         if not isinstance(data, dict):

@@ -25,7 +25,9 @@ record without its objects.
 Failures are said, never silent (Turborepo's lesson): each one is a line in `stats` and
 reported as it happens. A server that cannot be reached, or refuses our credentials, is
 reported once and the remote is disabled for the rest of the command: the build goes on
-locally. fsspec and the backends are imported only when a build first uses the remote,
+locally. So is one that answers too slowly: every call has connect, first-byte and total
+deadlines (engine/remote_url.py Timeouts, set in tpubuild.yaml), and no download reads
+more than the size its record states (a record, more than remote_backends.RECORD_LIMIT). fsspec and the backends are imported only when a build first uses the remote,
 never by planning commands.
 """
 
@@ -42,7 +44,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 from tpubuild.engine.hashing import FileEntry, hash_file
 from tpubuild.engine.keys import canonical_dumps, stage_key
 from tpubuild.engine.records import DIGEST, StageEntry, discovered_final_key, parse_entry
-from tpubuild.engine.remote_backends import Backend, RemoteSetupError, open_backend
+from tpubuild.engine.remote_backends import Backend, ObjectTooLarge, RemoteSetupError, open_backend
+from tpubuild.engine.remote_url import Timeouts
 
 if TYPE_CHECKING:
     from tpubuild.engine.statcache import StatCache
@@ -83,8 +86,10 @@ class RemoteCache:
     """
 
     def __init__(self, url: str, push: bool = True, report: Callable[[str], None] | None = None,
-                 signing_key: Any = None, trusted: dict[str, Any] | None = None):
+                 signing_key: Any = None, trusted: dict[str, Any] | None = None,
+                 timeouts: Timeouts | None = None):
         self.url = url.rstrip("/")
+        self.timeouts = timeouts or Timeouts()
         self.push = push
         self.report = report or (lambda message: None)
         # engine/record_signing.py: this builder signs what it uploads; readers with
@@ -112,7 +117,7 @@ class RemoteCache:
         package is a RemoteSetupError naming the extra to install."""
         with self._lock:
             if self._io is None:
-                self._io = open_backend(self.url)
+                self._io = open_backend(self.url, self.timeouts)
 
     def backend(self) -> Backend:
         """The storage itself (paths relative to `<url>/v1/`), for `gc --remote`."""
@@ -148,11 +153,12 @@ class RemoteCache:
         self._fail(message)
 
     def _read(self, call: Callable[[Backend], Any]) -> Any:
-        """A read: FileNotFoundError is an answer (absent); any other error disables."""
+        """A read: FileNotFoundError (absent) and ObjectTooLarge are answers; any other
+        error disables."""
         io = self._backend()
         try:
             return call(io)
-        except FileNotFoundError:
+        except (FileNotFoundError, ObjectTooLarge):
             raise
         except Exception as exc:  # the SDKs raise their own types (botocore, aiohttp, google.auth)
             self._disable(exc, writing=False)
@@ -196,6 +202,10 @@ class RemoteCache:
         except FileNotFoundError:
             self.note_miss()
             return None
+        except ObjectTooLarge as exc:
+            self._fail(f"remote cache {self.url}: stage record {key} is too large ({exc}); not read")
+            self.note_miss()
+            return None
         except _Off:
             return None
         self.count(bytes_down=len(raw))
@@ -224,7 +234,7 @@ class RemoteCache:
                 record, signature = document["record"].encode(), document["signature"].encode()
             except FileNotFoundError:
                 continue
-            except (ValueError, TypeError, KeyError, AttributeError):
+            except (ValueError, TypeError, KeyError, AttributeError, ObjectTooLarge):
                 self._fail(f"remote cache {self.url}: signed record {key} (key {keyid[:12]}) is malformed; not used")
                 continue
             why = problem(record, signature, {keyid: self.trusted[keyid]})
@@ -255,7 +265,7 @@ class RemoteCache:
             trusted = {keyid: self.signing_key.public_key()}
             if problem(existing["record"].encode(), existing["signature"].encode(), trusted) is None:
                 return  # we (or a twin of this builder) signed it already
-        except (ValueError, TypeError, KeyError, AttributeError, FileNotFoundError):
+        except (ValueError, TypeError, KeyError, AttributeError, FileNotFoundError, ObjectTooLarge):
             pass
         except _Off:
             return
@@ -306,21 +316,24 @@ class RemoteCache:
         tmp = os.path.join(work, f.hash)
         of = f" of {owner}" if owner else ""
         try:
-            self._read(lambda io: io.download(_object_rel(f.hash), tmp))
+            # Never more than the record says: a larger object is refused unread.
+            size = self._read(lambda io: io.download(_object_rel(f.hash), tmp, f.size))
         except FileNotFoundError:
             self._fail(f"remote cache {self.url}: object {f.hash}{of} is missing; not used")
             return False
+        except ObjectTooLarge as exc:
+            problem = f"is padded ({exc.size} bytes, expected {f.size}; not read)"
         except _Off:
             return False
-        size = os.path.getsize(tmp)
-        self.count(bytes_down=size)
-        if size != f.size:
-            problem = f"is truncated or padded ({size} bytes, expected {f.size})"
-        elif hash_file(tmp, size) != f.hash:
-            problem = "is corrupted (its BLAKE3 hash does not match its name)"
         else:
-            store.adopt_object(tmp, f.hash)
-            return True
+            self.count(bytes_down=size)
+            if size != f.size:
+                problem = f"is truncated ({size} bytes, expected {f.size})"
+            elif hash_file(tmp, size) != f.hash:
+                problem = "is corrupted (its BLAKE3 hash does not match its name)"
+            else:
+                store.adopt_object(tmp, f.hash)
+                return True
         with self._lock:
             self._bad.add(f.hash)
         self._fail(f"remote cache {self.url}: object {f.hash}{of} {problem}; not used")
@@ -340,8 +353,8 @@ class RemoteCache:
         for rel, _size, mtime in sorted(listing, key=lambda item: -item[2]):  # newest first
             try:
                 raw = self._read(lambda io, rel=rel: io.read(rel))
-            except FileNotFoundError:
-                continue  # collected meanwhile
+            except (FileNotFoundError, ObjectTooLarge):
+                continue  # collected meanwhile, or not a candidate
             except _Off:
                 return []
             self.count(bytes_down=len(raw))

@@ -14,13 +14,28 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
-from tpubuild.engine.remote_url import BACKENDS, EXTRA, url_problem
+from tpubuild.engine.remote_url import BACKENDS, EXTRA, Timeouts, url_problem
 from tpubuild.engine.store import LAYOUT
 from tpubuild.errors import TpubuildError
 
-# An unreachable server must cost seconds, not the SDKs' default minutes of retries.
-CONNECT_TIMEOUT = 5
-READ_TIMEOUT = 60
+# A download is read in requests of this many bytes (S3/GCS range reads), each under
+# the total deadline: a trickling server is cut off, and no more than the size the
+# record states is ever read (a replaced 200 MiB object costs a HEAD, not 200 MiB).
+CHUNK = 16 << 20
+# A stage record or discovered-input candidate is JSON naming files: far below this.
+RECORD_LIMIT = 64 << 20
+
+
+class ObjectTooLarge(Exception):
+    """An answer, like FileNotFoundError: the object holds more bytes than may be read."""
+
+    def __init__(self, size: int, limit: int):
+        super().__init__(f"{size} bytes, more than the {limit} expected")
+        self.size, self.limit = size, limit
+
+
+class RemoteTimeout(TimeoutError):
+    """A call got no (complete) answer within its deadline."""
 
 
 class RemoteSetupError(TpubuildError):
@@ -31,20 +46,23 @@ class RemoteSetupError(TpubuildError):
 
 class Backend:
     """Paths are relative to `<url>/v1/`. `read`, `download` and `size` raise
-    FileNotFoundError for an absent name; `upload` replaces a name atomically; `create`
+    FileNotFoundError for an absent name, and `read` and `download` ObjectTooLarge for
+    one of more than `limit` bytes, having read none of them; `download` returns the
+    bytes it wrote; `upload` replaces a name atomically; `create`
     writes a new name and returns False, changing nothing, when it exists; `list` gives
-    (relative path, size, modification time) of the files below a prefix."""
+    (relative path, size, modification time) of the files below a prefix (within
+    `deadline` seconds when given, else the total timeout)."""
 
-    def read(self, rel: str) -> bytes: ...
-    def download(self, rel: str, local: str) -> None: ...
+    def read(self, rel: str, limit: int = RECORD_LIMIT) -> bytes: ...
+    def download(self, rel: str, local: str, limit: int) -> int: ...
     def size(self, rel: str) -> int: ...
     def upload(self, local: str, rel: str) -> None: ...
     def create(self, rel: str, data: bytes) -> bool: ...
-    def list(self, rel_prefix: str) -> list[tuple[str, int, float]]: ...
+    def list(self, rel_prefix: str, deadline: float | None = None) -> list[tuple[str, int, float]]: ...
     def delete(self, rels: list[str]) -> None: ...
 
 
-def open_backend(url: str) -> Backend:
+def open_backend(url: str, timeouts: Timeouts | None = None) -> Backend:
     problem = url_problem(url)
     if problem:
         raise TpubuildError(f"remote cache: {problem}")
@@ -63,15 +81,20 @@ def open_backend(url: str) -> Backend:
     if scheme == "file":
         fs, root = fsspec.core.url_to_fs(url)
         return _LocalBackend(Path(root) / LAYOUT)
+    timeouts = timeouts or Timeouts()
     options: dict[str, Any] = {"skip_instance_cache": True, "use_listings_cache": False}
     if package == "s3fs":
-        # Short connect timeout and few retries: an unreachable endpoint costs seconds.
-        options["config_kwargs"] = {"connect_timeout": CONNECT_TIMEOUT, "read_timeout": READ_TIMEOUT,
+        # Few retries (botocore's and s3fs's own, which are outside botocore's): with
+        # their defaults an endpoint that never answers held a build ~930 s. The total
+        # deadline of each call (_FsspecBackend) bounds them whatever they are.
+        options["config_kwargs"] = {"connect_timeout": timeouts.connect, "read_timeout": timeouts.first_byte,
                                     "retries": {"max_attempts": 2, "mode": "standard"}}
     elif package == "gcsfs":
-        options["requests_timeout"] = READ_TIMEOUT
+        options["requests_timeout"] = timeouts.first_byte
     fs, root = fsspec.core.url_to_fs(url, **options)
-    return _FsspecBackend(fs, f"{root.rstrip('/')}/{LAYOUT}")
+    if package == "s3fs":
+        fs.retries = 2  # a class attribute of S3FileSystem (5), not a constructor argument
+    return _FsspecBackend(fs, f"{root.rstrip('/')}/{LAYOUT}", timeouts)
 
 
 class _FsspecBackend(Backend):
@@ -83,36 +106,64 @@ class _FsspecBackend(Backend):
     (gcsfs/core.py `_pipe_file`, its 412 -> FileExistsError in gcsfs/retry.py). A server
     that ignores the condition degrades to last writer wins; hence the trust model:
     only trusted builders push (README). An object store's PUT (or multipart upload)
-    is atomic: an object appears whole or not at all, so no temp name is needed."""
+    is atomic: an object appears whole or not at all, so no temp name is needed.
 
-    def __init__(self, fs: Any, root: str):
-        self.fs, self.root = fs, root
+    Every call goes through `_call`, under a deadline: fsspec's `timeout=` (fsspec/asyn.py
+    `sync`) wraps the call, its retries included, in `asyncio.wait_for`, which cancels it."""
+
+    def __init__(self, fs: Any, root: str, timeouts: Timeouts):
+        self.fs, self.root, self.timeouts = fs, root, timeouts
 
     def _path(self, rel: str) -> str:
         return f"{self.root}/{rel}"
 
-    def read(self, rel: str) -> bytes:
-        return self.fs.cat_file(self._path(rel))
+    def _call(self, method: str, *args: Any, deadline: float | None = None, **kwargs: Any) -> Any:
+        from fsspec.exceptions import FSTimeoutError
 
-    def download(self, rel: str, local: str) -> None:
-        self.fs.get_file(self._path(rel), local)
+        deadline = deadline or self.timeouts.total
+        try:
+            return getattr(self.fs, method)(*args, timeout=deadline, **kwargs)
+        except FSTimeoutError:
+            raise RemoteTimeout(f"no complete answer within {deadline:g} s (remote_cache: total_timeout)") from None
+
+    def read(self, rel: str, limit: int = RECORD_LIMIT) -> bytes:
+        size = self.size(rel)
+        if size > limit:
+            raise ObjectTooLarge(size, limit)
+        # A range read of the size just seen: an object replaced meanwhile by a larger
+        # one is still read only this far (and then fails its checks).
+        return self._call("cat_file", self._path(rel), start=0, end=size) if size else b""
+
+    def download(self, rel: str, local: str, limit: int) -> int:
+        size = self.size(rel)
+        if size > limit:
+            raise ObjectTooLarge(size, limit)
+        done = 0
+        with open(local, "wb") as out:
+            while done < size:
+                data = self._call("cat_file", self._path(rel), start=done, end=min(size, done + CHUNK))
+                if not data:
+                    break  # shorter than it said: the hash check says so
+                out.write(data)
+                done += len(data)
+        return done
 
     def size(self, rel: str) -> int:
-        return int(self.fs.info(self._path(rel))["size"])
+        return int(self._call("info", self._path(rel))["size"])
 
     def upload(self, local: str, rel: str) -> None:
-        self.fs.put_file(local, self._path(rel))
+        self._call("put_file", local, self._path(rel), deadline=self.timeouts.upload_deadline(os.path.getsize(local)))
 
     def create(self, rel: str, data: bytes) -> bool:
         try:
-            self.fs.pipe_file(self._path(rel), data, mode="create")
+            self._call("pipe_file", self._path(rel), data, mode="create")
         except FileExistsError:
             return False
         return True
 
-    def list(self, rel_prefix: str) -> list[tuple[str, int, float]]:
+    def list(self, rel_prefix: str, deadline: float | None = None) -> list[tuple[str, int, float]]:
         try:
-            found = self.fs.find(self._path(rel_prefix), detail=True)
+            found = self._call("find", self._path(rel_prefix), detail=True, deadline=deadline)
         except FileNotFoundError:
             return []
         out = []
@@ -127,7 +178,7 @@ class _FsspecBackend(Backend):
 
     def delete(self, rels: list[str]) -> None:
         for start in range(0, len(rels), 500):
-            self.fs.rm([self._path(r) for r in rels[start:start + 500]])
+            self._call("rm", [self._path(r) for r in rels[start:start + 500]])
 
 
 def _mtime(info: dict[str, Any]) -> float:
@@ -157,11 +208,23 @@ class _LocalBackend(Backend):
     def __init__(self, root: Path):
         self.root = root
 
-    def read(self, rel: str) -> bytes:
-        return (self.root / rel).read_bytes()
+    def read(self, rel: str, limit: int = RECORD_LIMIT) -> bytes:
+        with open(self.root / rel, "rb") as src:
+            size = os.fstat(src.fileno()).st_size
+            if size > limit:
+                raise ObjectTooLarge(size, limit)
+            return src.read(limit)
 
-    def download(self, rel: str, local: str) -> None:
-        shutil.copyfile(self.root / rel, local)
+    def download(self, rel: str, local: str, limit: int) -> int:
+        with open(self.root / rel, "rb") as src, open(local, "wb") as out:
+            size = os.fstat(src.fileno()).st_size
+            if size > limit:
+                raise ObjectTooLarge(size, limit)
+            done = 0
+            while done < limit and (data := src.read(min(CHUNK, limit - done))):
+                out.write(data)
+                done += len(data)
+        return done
 
     def size(self, rel: str) -> int:
         return os.stat(self.root / rel).st_size
@@ -201,7 +264,7 @@ class _LocalBackend(Backend):
         fsync_path(target.parent)
         return True
 
-    def list(self, rel_prefix: str) -> list[tuple[str, int, float]]:
+    def list(self, rel_prefix: str, deadline: float | None = None) -> list[tuple[str, int, float]]:
         out = []
         for dirpath, _dirs, names in os.walk(self.root / rel_prefix):
             for name in names:

@@ -25,6 +25,9 @@ from tpubuild.engine.remote import RemoteCache
 from tpubuild.errors import TpubuildError
 
 GRACE_SECONDS = 3600.0  # an upload in progress: objects first, then (within minutes) its record
+# A whole layer of the remote is listed at once (one paginated call per prefix): longer
+# than one request's total_timeout, still bounded.
+LIST_DEADLINE = 600.0
 
 
 class RemoteGcError(TpubuildError):
@@ -46,8 +49,8 @@ def _collect(io: Any, referenced: set[str], keep_days: float | None, max_size: i
     records = []  # (created, key, rel, object hashes)
     # A signed record (engine/record_signing.py) is the same record with a signature: its
     # key is kept or removed with the unsigned one, and its objects count as named.
-    listed = [(rel, mtime, False) for rel, _size, mtime in io.list("stages")]
-    listed += [(rel, mtime, True) for rel, _size, mtime in io.list("signed")]
+    listed = [(rel, mtime, False) for rel, _size, mtime in io.list("stages", LIST_DEADLINE)]
+    listed += [(rel, mtime, True) for rel, _size, mtime in io.list("signed", LIST_DEADLINE)]
     for rel, mtime, signed in listed:
         if not rel.endswith(".json"):
             continue
@@ -61,13 +64,14 @@ def _collect(io: Any, referenced: set[str], keep_days: float | None, max_size: i
             notify(f"remote stage record {rel} is malformed; it is removed when unreferenced and old")
             hashes = set()
         records.append((mtime, key, rel, hashes))
-    objects = {"".join(rel.split("/")[1:3]): (size, mtime) for rel, size, mtime in io.list("objects")}
+    objects = {"".join(rel.split("/")[1:3]): (size, mtime)
+               for rel, size, mtime in io.list("objects", LIST_DEADLINE)}
     sizes = {digest: size for digest, (size, _) in objects.items()}
     removed = choose_removals([(r[0], r[1], r[3]) for r in records], sizes, referenced, keep_days, max_size, now)
     io.delete([r[2] for r in records if r[1] in removed])
     kept_keys = {r[1] for r in records if r[1] not in removed}
     grace = min(GRACE_SECONDS, (keep_days if keep_days is not None else 30) * 86400)
-    stale_candidates = [rel for rel, _size, mtime in io.list("discovered")
+    stale_candidates = [rel for rel, _size, mtime in io.list("discovered", LIST_DEADLINE)
                         if rel.rsplit("/", 1)[-1].removesuffix(".json") not in kept_keys and mtime < now - grace]
     io.delete(stale_candidates)
     live = {h for r in records if r[1] not in removed for h in r[3]}

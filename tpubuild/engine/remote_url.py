@@ -4,6 +4,7 @@ file's check uses it, and planning commands load the workspace."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlsplit
 
 # URL scheme -> the package fsspec needs for it (None: fsspec alone).
@@ -13,6 +14,35 @@ EXTRA = "tpubuild[remote]"
 _SECRET_PARAMS = re.compile(r"key|secret|token|signature|credential|password|sig", re.IGNORECASE)
 CREDENTIALS_FROM = ("credentials come only from the backend's environment (AWS_*, GOOGLE_APPLICATION_CREDENTIALS) "
                     "or its config files (~/.aws)")
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Deadlines of every call to a network remote (s3://, gs://), in seconds: an endpoint
+    that accepts connections and never answers, or trickles its answer a byte at a time,
+    must cost a build seconds, then the build goes on locally (engine/remote.py).
+
+    - connect: to open a connection (botocore `connect_timeout`, aiohttp `sock_connect`);
+    - first_byte: to wait for the first byte of an answer, and between two reads of it
+      (botocore `read_timeout`, aiohttp `sock_read`);
+    - total: for one whole call, retries included (fsspec's `timeout=`, which cancels
+      the call); an upload gets one more second per MiB it sends, a download is read
+      in CHUNK-sized requests, each with this deadline.
+    A file:// remote is a mount: its I/O is the kernel's, these do not apply.
+    """
+
+    connect: float = 5.0
+    first_byte: float = 10.0
+    total: float = 30.0
+
+    def upload_deadline(self, size: int) -> float:
+        return self.total + size / UPLOAD_FLOOR_BYTES_PER_SECOND
+
+
+# The slowest upload rate a remote must sustain: below it an upload is cut off.
+UPLOAD_FLOOR_BYTES_PER_SECOND = 1 << 20
+# The remote_cache: keys that set Timeouts' fields.
+TIMEOUT_KEYS = {"connect_timeout": "connect", "first_byte_timeout": "first_byte", "total_timeout": "total"}
 
 
 def url_problem(url: str) -> str | None:

@@ -27,6 +27,7 @@ from tpubuild.engine.code import code_digests
 from tpubuild.engine.hashing import FileEntry, hash_bytes, tree_digest
 from tpubuild.engine.imports import ABSENT
 from tpubuild.engine.keys import canonical_dumps, installed_dist, key_record, stage_key, summary_digest
+from tpubuild.engine.records import discovered_final_key
 from tpubuild.engine.statcache import StatCache
 from tpubuild.engine.target_versions import MANIFEST
 from tpubuild.errors import StageError
@@ -34,7 +35,8 @@ from tpubuild.pipeline import ENGINE_STEPS, STAGE_ORDER, TARGET_STAGES, PlannedS
 from tpubuild.pipeline import target as target_spec
 
 if TYPE_CHECKING:  # the store's module (sqlite, file locks) is not imported to compute keys: `build --check`
-    from tpubuild.engine.store import StageEntry, Store
+    from tpubuild.engine.records import StageEntry
+    from tpubuild.engine.store import Store
 
 
 @dataclass
@@ -161,7 +163,7 @@ class Resolver:
         discovered) all match; its objects are verified (a damaged one is a miss)."""
         assert pending.key is not None
         key = pending.key
-        if planned.name not in ENGINE_STEPS and spec(planned.name).runs_user_code:
+        if planned.name not in ENGINE_STEPS and spec(planned.name).discovers:
             key = self.discovered_key(run, pending.key)
             if key is None:
                 return None
@@ -200,6 +202,31 @@ class Resolver:
         """A record that entered the store from elsewhere (the remote cache)."""
         self._entries[entry.key] = entry
 
+    def discovered_changes(self, run: RecipeRun, discovered: dict[str, str], declared: set[str]) -> list[str]:
+        """What changed among the inputs a stage discovered last time (engine/imports.py):
+        modules its user code imported, installed packages it named, and the paths where an
+        import looked and found nothing, which matter only if a file appears there. A file
+        that is also a declared input (`declared`: key-record input names) is left to the
+        records' difference, which names it once. `explain` and `build --check` say these."""
+        changes = []
+        for rel, then in sorted(discovered.items()):
+            if f"file:{rel}" in declared:
+                continue
+            now = self.current_hash(run, rel) or ABSENT
+            if now == then:
+                continue
+            if rel.startswith("dist:"):
+                package = rel[len("dist:"):]
+                change = "uninstalled" if now == ABSENT else f"{then} -> {now}"
+                changes.append(f"installed package {package}: {change}")
+            elif then == ABSENT:
+                changes.append(f"module {rel}: created where an import looked last time and found nothing")
+            elif now == ABSENT:
+                changes.append(f"imported module {rel}: removed")
+            else:
+                changes.append(f"imported module {rel}: content changed ({then[:12]} -> {now[:12]})")
+        return changes
+
     def current_hash(self, run: RecipeRun, rel: str) -> str | None:
         """The hash a key-record input has now (a file, a directory's tree, an installed
         distribution's version): what `explain` compares with the recorded one."""
@@ -213,7 +240,7 @@ class Resolver:
 
     def add_discovered(self, key: str, discovered: dict[str, str]) -> str:
         """Record a candidate (files -> hashes) for `key`; returns the final key."""
-        final = final_key(key, discovered)
+        final = discovered_final_key(key, discovered)
         path = self.depfile(key)
         try:
             candidates = json.loads(path.read_text())
@@ -282,6 +309,15 @@ class Resolver:
                                           repair, link_type or "copy", restored)
         return files, content, number
 
+    def why_publish(self, run: RecipeRun) -> str:
+        """Why the publish step would write a new version (the newest one does not hold the result)."""
+        from tpubuild.engine import versions
+
+        foreign = versions.foreign_in_newest(Path(self.ws.output_dir) / run.name)
+        return (f"the newest published version holds what tpubuild did not write ({', '.join(foreign[:3])}); "
+                "a new version is published beside it" if foreign else
+                "the newest published version has other content (or none exists)")
+
     # --- planning -----------------------------------------------------------------
     def resolve(self, run: RecipeRun) -> list[Resolved]:
         """Each stage's state without running anything: a stage whose consumed outputs or
@@ -300,13 +336,7 @@ class Resolver:
                 _, content, number = self.published(run)
                 key = self.publish_key(run, content)
                 if number is None:
-                    from tpubuild.engine import versions
-
-                    foreign = versions.foreign_in_newest(Path(self.ws.output_dir) / run.name)
-                    why = (f"the newest published version holds what tpubuild did not write ({', '.join(foreign[:3])}); "
-                           "a new version is published beside it" if foreign else
-                           "the newest published version has other content (or none exists)")
-                    out.append(Resolved("publish", "pending", key, None, [why], content))
+                    out.append(Resolved("publish", "pending", key, None, [self.why_publish(run)], content))
                 else:
                     run.version = number
                     out.append(Resolved("publish", "cached", key, None, [], content))
@@ -342,12 +372,6 @@ def run_inputs(run: RecipeRun) -> dict[str, str]:
             if digest != ABSENT and not os.path.isabs(rel) and not rel.startswith("dist:"):
                 inputs[f"import:{rel}"] = digest
     return dict(sorted(inputs.items()))
-
-
-def final_key(key: str, discovered: dict[str, str]) -> str:
-    """The key a stage that runs user code is stored under: its declared key and the
-    files (with their hashes) its code imported."""
-    return hash_bytes(canonical_dumps({"key": key, "discovered": discovered}).encode())
 
 
 def measured_flags(stages: list[PlannedStage]) -> list[tuple[bool, bool]]:
@@ -389,6 +413,14 @@ class Resolved:
     record: dict[str, Any] | None
     reasons: list[str] = field(default_factory=list)
     output: str | None = None
+    # What engine/explain.py adds for `explain` and `build --check`. A stage waiting for
+    # one that would run: cached if these stages' outputs come out unchanged (early
+    # cutoff), or skipped because this earlier stage cannot run.
+    cached_if_unchanged: tuple[str, ...] = ()
+    stopped_by: str | None = None
+    # The lock file's record of the stage is not in the cache (a fresh clone, gc): what
+    # changed since then, if anything, cannot be told from keys.
+    unknown: bool = False
 
 
 def expand_inputs(root: Path, patterns: list[str], keep_missing: bool = False) -> list[str]:

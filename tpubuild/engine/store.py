@@ -1,9 +1,13 @@
 """The content-addressed store under `cache_dir` (layout `v1/`), safe to share by several
 workspaces and concurrent builds on one machine.
 
-- `v1/objects/ab/cdef...`: file contents by BLAKE3 hash, read-only.
+- `v1/objects/ab/cdef...`: file contents by BLAKE3 hash, read-only regular files (a link,
+  a special file, or in a private cache another user's file, is damage: `_object_problem`).
 - `v1/stages/ab/<key>.json`: per stage key, the output tree (path -> object), the stage's
-  summary and warnings, and the key record (what `explain` diffs).
+  summary and warnings, the key record (what `explain` diffs), and a MAC under the
+  writer's key: only records whose MAC verifies with this user's key are used.
+- `v1/keys/<uid>`: each user's secret record key, mode 0600 (engine/record_mac.py).
+  docs/shared-cache.md: what a co-user of a shared cache can and cannot make you publish.
 - `v1/trees/<tree hash>/`: a checkout of a tree as hardlinks to objects: the input
   directory of the next stage. Never trusted because it exists: each use compares every
   file with its (verified) object and replaces a wrong one by a temp link + rename, so a
@@ -25,9 +29,11 @@ holding the new name after it; a killed process leaves no half entry, object or 
 from __future__ import annotations
 
 import atexit
+import errno
 import json
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import threading
@@ -38,8 +44,9 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from tpubuild.atomic import fsync_path, write_text_atomic
 from tpubuild.config.finding import WORKSPACE_FILE
+from tpubuild.engine import record_mac
 from tpubuild.engine.fsutil import fsync_tree, place_file, replace_file
-from tpubuild.engine.hashing import FileEntry, hash_file, tree_digest, walk_files
+from tpubuild.engine.hashing import FileEntry, file_kind, hash_file, tree_digest, walk_files
 from tpubuild.engine.records import StageEntry, parse_entry
 from tpubuild.engine.statcache import StatCache, stat_key
 from tpubuild.errors import StageError, UsageError
@@ -50,6 +57,8 @@ if TYPE_CHECKING:
     from filelock import FileLock
 
 LAYOUT = "v1"
+# sqlite's primary result codes that are the machine's, as the errno they stand for.
+_SQLITE_ERRNO = {13: errno.ENOSPC, 10: errno.EIO, 8: errno.EROFS}  # SQLITE_FULL, SQLITE_IOERR, SQLITE_READONLY
 
 
 class Store:
@@ -70,6 +79,10 @@ class Store:
         # Objects this process hashed itself, with the stat they had: trusted while the
         # stat is unchanged (the stat cache cannot keep them: they are too fresh).
         self._verified: dict[str, list[int]] = {}
+        self._private: bool | None = None  # private(): computed once
+        self._warned: set[str | Path] = set()  # damaged objects and untrusted records already reported
+        self._key: bytes | None = None  # this user's record key (_mac_key)
+        self._key_refused = False
 
     # --- the store lock and per-process sessions -------------------------------------
     def _store_lock(self) -> FileLock:
@@ -212,7 +225,25 @@ class Store:
             lock.release()
 
     # --- the index ---------------------------------------------------------------------
-    def _index(self) -> sqlite3.Connection:
+    @contextmanager
+    def _index_faults(self) -> Iterator[None]:
+        """The index's own faults as the OSError they are, naming its file: sqlite says
+        "database or disk is full" or "disk I/O error" and no path (the CLI then prints
+        one line, engine/build.py fails the stage without a traceback)."""
+        import sqlite3
+
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF  # the primary result code
+            if code not in _SQLITE_ERRNO:
+                raise
+            number = _SQLITE_ERRNO[code]
+            if number == errno.EIO and _no_space(self.index_path.parent):
+                number = errno.ENOSPC  # WAL and journal files fail to grow as "disk I/O error"
+            raise OSError(number, f"{os.strerror(number)} ({exc})", os.fspath(self.index_path)) from exc
+
+    def _open_index(self) -> sqlite3.Connection:
         if self._db is None:
             self.root.mkdir(parents=True, exist_ok=True)
             import sqlite3  # here: planning commands never open the index
@@ -231,13 +262,18 @@ class Store:
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._guard:
-            db = self._index()
+        import sqlite3
+
+        with self._guard, self._index_faults():
+            db = self._open_index()
             db.execute("BEGIN IMMEDIATE")
             try:
                 yield db
             except BaseException:
-                db.execute("ROLLBACK")
+                try:
+                    db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass  # a failed write (a full disk) already rolled the transaction back
                 raise
             db.execute("COMMIT")
 
@@ -311,6 +347,21 @@ class Store:
     def has(self, key: str) -> bool:
         return os.path.exists(self.entry_path(key))
 
+    def is_empty(self) -> bool:
+        """No stage record at all: nothing was built with this cache yet (a fresh clone),
+        which `explain` and `build --check` say rather than guess what changed."""
+        try:
+            shards = [entry.path for entry in os.scandir(self.stages) if entry.is_dir()]
+        except OSError:
+            return True
+        for shard in shards:
+            try:
+                if any(name.endswith(".json") for name in os.listdir(shard)):
+                    return False
+            except OSError:
+                continue
+        return True
+
     def get(self, key: str) -> StageEntry | None:
         """The record stored under `key`, validated like a downloaded one (records.py):
         a cache directory others can write is not trusted more than a remote."""
@@ -326,7 +377,34 @@ class Store:
                 path.unlink()  # a record is tpubuild's own file; the stage writes a good one
             except OSError:
                 pass
+            return None
+        data = json.loads(raw)
+        if not record_mac.verifies(data, self._mac_key(create=False)):
+            # Another user's record in a shared cache, or one someone rewrote: not ours to
+            # trust (engine/record_mac.py). Left in place; the rebuilt stage replaces it.
+            if path not in self._warned:
+                self._warned.add(path)
+                why = "it has no MAC" if record_mac.FIELD not in data else \
+                    f"its MAC does not verify with your key {record_mac.key_path(self.root)}"
+                self.report(f"warning: cache record {path} was not written by your tpubuild ({why}); "
+                            "ignored, the stage rebuilds")
+            return None
         return entry
+
+    def _mac_key(self, create: bool) -> bytes | None:
+        """This user's record key (engine/record_mac.py), made on the first record written
+        (`create`); None when there is none, or when the file there cannot be trusted (said
+        once: then no record of this cache is trusted by this process)."""
+        with self._guard:
+            if self._key is None and not self._key_refused:
+                try:
+                    self._key = record_mac.create_key(self.root, not self.private()) if create \
+                        else record_mac.read_key(self.root)
+                except (record_mac.KeyProblem, OSError) as exc:
+                    self._key_refused = True
+                    self.report(f"warning: {exc}: no stage record of the cache {self.root.parent} is trusted "
+                                "by this build (every stage rebuilds); remove that file to make a new key")
+            return self._key
 
     def touch(self, key: str) -> None:
         """Mark an entry as used now (gc keeps recently used entries)."""
@@ -393,7 +471,9 @@ class Store:
         entry = StageEntry(key, stage, tree_digest(files), files, summary, warnings, record)
         path = self.entry_path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps(entry.to_json(), sort_keys=True))
+        data = entry.to_json()
+        mac_key = self._mac_key(create=True)
+        write_text_atomic(path, json.dumps(record_mac.seal(data, mac_key) if mac_key else data, sort_keys=True))
         fsync_path(path.parent)
         self._index_entry(entry)
         return entry
@@ -402,13 +482,61 @@ class Store:
     def object_path(self, digest: str) -> Path:
         return self.objects / digest[:2] / digest[2:]
 
+    def private(self) -> bool:
+        """Whether only this user can write the cache (its `v1/` and `objects/` are this
+        user's, writable by no group or other): then nothing in it is another user's.
+        A cache several users share is group- or world-writable (docs/shared-cache.md)."""
+        if self._private is None:
+            self._private = True
+            for directory in (self.root, self.objects):
+                try:
+                    st = os.stat(directory)
+                except OSError:
+                    continue
+                if st.st_uid != os.getuid() or st.st_mode & 0o022:
+                    self._private = False
+        return self._private
+
+    def _object_problem(self, obj: str, st: os.stat_result) -> tuple[str, str] | None:
+        """(why, what to remove) when the object at `obj` (lstat `st`) is damage whatever its
+        content: objects are regular files in real directories (a symbolic link would make a
+        hard-link publish link the link, a copy read whatever it points to; a FIFO blocks a
+        read, a device never ends), and in a private cache they are this user's."""
+        parent = os.path.dirname(obj)
+        if os.path.islink(parent):
+            return f"in {parent}, a symbolic link", parent
+        if stat.S_ISLNK(st.st_mode):
+            return "a symbolic link", obj
+        if not stat.S_ISREG(st.st_mode):
+            return file_kind(st.st_mode), obj
+        if st.st_uid != os.getuid() and self.private():
+            return f"owned by uid {st.st_uid}, in a cache only uid {os.getuid()} can write", obj
+        return None
+
+    def _remove_damage(self, digest: str, obj: str, damage: tuple[str, str]) -> None:
+        """Remove a damaged object (the link itself, never what it points to), one warning."""
+        problem, target = damage
+        self._verified.pop(digest, None)
+        if digest not in self._warned:
+            self._warned.add(digest)
+            self.report(f"warning: cache object {obj} is {problem}; removed, its stage rebuilds")
+        try:
+            os.unlink(target)
+        except FileNotFoundError:
+            pass
+
     def _object_ok(self, digest: str, stat_cache: StatCache | None) -> bool:
-        """Whether the object exists with the right content (trusted when this process
-        verified it and its stat did not change since; else hashed via the stat cache)."""
+        """Whether the object exists, is a regular file of the cache (`_object_problem`;
+        damage is removed) and has the right content (trusted when this process verified it
+        and its stat did not change since; else hashed via the stat cache)."""
         obj = os.fspath(self.object_path(digest))
         try:
-            st = os.stat(obj)
+            st = os.lstat(obj)
         except FileNotFoundError:
+            return False
+        damage = self._object_problem(obj, st)
+        if damage is not None:
+            self._remove_damage(digest, obj, damage)
             return False
         if self._verified.get(digest) == stat_key(st):
             return True
@@ -461,7 +589,11 @@ class Store:
             progress(digest)
             obj = self.object_path(digest)
             try:
-                ok = hash_file(obj) == digest
+                st = os.lstat(obj)
+                damage = self._object_problem(os.fspath(obj), st)
+                if damage is not None:
+                    self._remove_damage(digest, os.fspath(obj), damage)
+                ok = damage is None and hash_file(obj) == digest
             except OSError:
                 ok = False
             if ok:
@@ -492,7 +624,7 @@ class Store:
                 continue
             work = work or self.new_workdir("ingest")
             tmp = os.path.join(work, f.hash)
-            place_file(os.path.join(src_root, f.path), tmp, "copy")
+            place_file(os.path.join(src_root, f.path), tmp, "copy", follow=True)  # links inside the model are allowed
             if hash_file(tmp) != f.hash:
                 raise StageError(f"{os.path.join(src_root, f.path)} changed while it was being read")
             obj.parent.mkdir(parents=True, exist_ok=True)
@@ -596,3 +728,10 @@ def link_or_copy(src: Path | str, dst: str, link_type: str = "hardlink") -> None
     except FileNotFoundError:
         pass
     place_file(src, dst, link_type, durable=False)
+
+
+def _no_space(directory: Path) -> bool:
+    try:
+        return os.statvfs(directory).f_bavail == 0
+    except OSError:
+        return False

@@ -8,16 +8,19 @@ TPU SavedModel's base path, and `out/toy/cpu_savedmodel/` is a base path too.
 The main version's manifest lists every target's files and digests; each target version
 also holds a small `tpubuild-manifest.json` (recipe, target, version, files) so that
 `clean` and pruning can prove a target directory is tpubuild's before deleting it.
-Publishing writes each target version first (temp directory, fsync, rename) and the
-main version last: a build trusts only a main version (engine/versions.py), and a target
-version left by a killed publish (no main version of its number) is removed by the next
-publish. In the publish step's file list a target file is named `<target>/<path>`.
+Publishing (engine/versions.py) reserves the number, renames the main version into place,
+then each target version (temp directory, fsync, rename): a target version's main version
+always exists. A main version whose target version a killed publish left missing is
+completed by the next build; a target version without its main version (an older
+tpubuild's killed publish) is removed, its number never reused. In the publish step's
+file list a target file is named `<target>/<path>`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -29,6 +32,7 @@ from tpubuild.engine.hashing import FileEntry
 from tpubuild.pipeline import TARGET_PACKAGES
 
 MANIFEST = "tpubuild-manifest.json"
+VERSION_NAME = re.compile(r"0|[1-9][0-9]*")
 # Directory names under `<recipe>/` that hold target versions.
 TARGET_NAMES = tuple(TARGET_PACKAGES)
 
@@ -123,12 +127,22 @@ def write_version(target_dir: Path, number: int, files: list[tuple[str, tuple[Fi
     return target_dir / str(number)
 
 
+def is_version_name(name: str) -> bool:
+    """Whether a directory name is a version number tpubuild writes: ASCII digits in their
+    canonical spelling (`str(int(name)) == name`). `str.isdigit()` also accepts `²` (which
+    int() refuses) and `١` (which int() reads as 1), and `01` would alias `1`: such names
+    are the user's, left alone."""
+    return VERSION_NAME.fullmatch(name) is not None
+
+
 def numbers(target_dir: Path) -> list[int]:
+    """The version numbers in `target_dir` (main or target): canonical ASCII-digit
+    directory names (`is_version_name`); anything else there is not a version."""
     try:
         names = os.listdir(target_dir)
-    except OSError:
+    except OSError:  # missing, or not a directory: publish reports it when it writes
         return []
-    return sorted(int(n) for n in names if n.isdigit() and (target_dir / n).is_dir())
+    return sorted(int(n) for n in names if is_version_name(n) and (target_dir / n).is_dir())
 
 
 def target_dirs(recipe_dir: Path) -> list[Path]:

@@ -11,7 +11,6 @@ rely on it (the records in the store decide).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Protocol
 
 from tpubuild.engine.resolve import RecipeRun
@@ -49,7 +48,36 @@ def make_tasks(engine: Engine, runs: list[RecipeRun]) -> list[Any]:
     return tasks
 
 
-def run_tasks(engine: Engine, runs: list[RecipeRun], jobs: int, dep_file: Path) -> int:
+class MemoryDB:
+    """doit's dependency database, kept in memory only. tpubuild's store is the record of
+    what was built (every task's up-to-date check is Engine.uptodate), so doit's own file
+    held nothing a later build reads; and doit wrote it in place, not atomically, at the
+    end of every build: on a full disk that write failed with a traceback."""
+
+    def __init__(self, name: str, codec: Any, *, module_name: str | None = None):
+        self.name = name
+        self._db: dict[str, dict[str, Any]] = {}
+
+    def dump(self) -> None:
+        pass
+
+    def set(self, task_id: str, dependency: str, value: Any) -> None:
+        self._db.setdefault(task_id, {})[dependency] = value
+
+    def get(self, task_id: str, dependency: str) -> Any:
+        return self._db.get(task_id, {}).get(dependency)
+
+    def in_(self, task_id: str) -> bool:
+        return task_id in self._db
+
+    def remove(self, task_id: str) -> None:
+        self._db.pop(task_id, None)
+
+    def remove_all(self) -> None:
+        self._db = {}
+
+
+def run_tasks(engine: Engine, runs: list[RecipeRun], jobs: int) -> int:
     """Run every stage of `runs` through doit; returns doit's exit code."""
     from doit.cmd_base import TaskLoader2
     from doit.doit_cmd import DoitMain
@@ -62,14 +90,14 @@ def run_tasks(engine: Engine, runs: list[RecipeRun], jobs: int, dep_file: Path) 
             pass
 
         def load_doit_config(self) -> dict[str, Any]:
-            return {"dep_file": str(dep_file), "backend": "json", "reporter": ZeroReporter, "verbosity": 2}
+            return {"dep_file": "", "backend": "memory", "reporter": ZeroReporter, "verbosity": 2}
 
         def load_tasks(self, cmd: Any, pos_args: list[str]) -> list[Any]:
             return tasks
 
-    dep_file.parent.mkdir(parents=True, exist_ok=True)
     # --continue: a failed stage stops only the tasks that depend on it (its recipe).
     argv = ["run", "--continue"]
     if jobs > 1:
         argv += ["-n", str(jobs), "-P", "thread"]
-    return DoitMain(Loader(), config_filenames=()).run(argv + [t.name for t in tasks])
+    backends = {"BACKEND": {"memory": f"{__name__}:MemoryDB"}}
+    return DoitMain(Loader(), config_filenames=(), extra_config=backends).run(argv + [t.name for t in tasks])

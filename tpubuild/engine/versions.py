@@ -18,14 +18,25 @@ What tpubuild deletes (`clean`, pruning): only a directory `<recipe>/<N>/` holdi
 `tpubuild-manifest.json` that names that recipe and lists exactly the files there.
 Anything else in the output directory is the user's: it is left and reported.
 
-Targets (recipe `targets:`): each other target of version N is published first at
-`<recipe>/<target>/<N>/` (engine/target_versions.py), the main `<N>/` last; the main manifest
-lists their files too, so the no-op check, repair, pruning and `clean` cover them.
+Version numbers are never reused in a directory: the number is reserved (the highest ever
+used, in `.tpubuild/versions/` of the workspace, written durably) before any directory of
+that number is renamed into place, so a publish killed at any point burns its number, and
+`clean` does not reset it.
+
+Targets (recipe `targets:`): each other target of version N is published at
+`<recipe>/<target>/<N>/` (engine/target_versions.py); the main manifest lists their files
+too, so the no-op check, repair, pruning and `clean` cover them. Order: the main `<N>/`
+is renamed into place first, each target version after it; pruning and `clean` delete in
+the opposite order. So at every instant a target version's main version exists (a TF
+Serving model server watching `<recipe>/<target>/` never loads a version that the main
+base path never had), and what a killed publish leaves is a main version missing a target
+version, which the next build restores (whole, by a rename) before it trusts the version.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -33,7 +44,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from tpubuild.atomic import fsync_path
+from tpubuild.atomic import fsync_path, write_text_atomic
 from tpubuild.engine import target_versions
 from tpubuild.engine.fsutil import place_file, replace_file
 from tpubuild.engine.hashing import FileEntry, hash_file
@@ -45,12 +56,7 @@ from tpubuild.errors import StageError
 # Files of a main version that its manifest does not list because they describe it.
 OWN_FILES = frozenset({MANIFEST, PROVENANCE, SIGNATURE})
 
-def version_numbers(recipe_dir: Path) -> list[int]:
-    try:
-        names = os.listdir(recipe_dir)
-    except OSError:  # missing, or not a directory: publish reports it when it writes
-        return []
-    return sorted(int(n) for n in names if n.isdigit() and (recipe_dir / n).is_dir())
+version_numbers = target_versions.numbers  # the same rule for `<recipe>/N` and `<recipe>/<target>/N`
 
 
 def read_manifest(version_dir: Path) -> dict[str, Any] | None:
@@ -144,7 +150,22 @@ def newest_matching(
     if any(rel not in objects for rel in bad):
         return None
     paths = {name: path for name, path, _ in target_versions.version_files(recipe_dir, numbers[-1], manifest)}
-    for target in stale:  # a target version's own manifest: what `clean` trusts
+    rewritten = set()
+    for target in stale:
+        if os.path.lexists(recipe_dir / target / str(numbers[-1])):
+            continue
+        rewritten.add(target)
+        # A publish killed between the main version and this target version: the target
+        # version appears whole, by a rename, as publish writes it.
+        listed = [(rel, objects[f"{target}/{rel}"]) for rel in manifest["targets"][target].get("files", {})]
+        written = target_versions.write_version(recipe_dir / target, numbers[-1], listed,
+                                                target_versions.target_manifest(manifest, target), link_type)
+        for rel, (entry, _) in listed:
+            stat_cache.record(os.fspath(written / rel), os.stat(written / rel), entry.hash)
+        bad = [name for name in bad if not name.startswith(f"{target}/")]
+        if restored is not None:
+            restored += [written / rel for rel, _ in listed] + [written / MANIFEST]
+    for target in sorted(set(stale) - rewritten):  # a target version's own manifest: what `clean` trusts
         target_versions.write_manifest(recipe_dir, numbers[-1], manifest, target)
         if restored is not None:
             restored.append(recipe_dir / target / str(numbers[-1]) / MANIFEST)
@@ -167,31 +188,30 @@ def publish(
     link_type: str = "copy",
     warn: Callable[[str], None] | None = None,
     finish: Callable[[Path, dict[str, Any], str | None], None] | None = None,
+    reservation: Path | None = None,
 ) -> int:
     """Write a new version from (entry, object path) pairs and the manifest; returns N.
     `link_type`: "copy" (reflink or copy, the default) or "hardlink" (module docstring).
     Files named `<target>/<path>` for a target in `manifest["targets"]` go to the target
-    version `<recipe>/<target>/<N>/`, written before the main version. `finish(dir,
+    version `<recipe>/<target>/<N>/`, written after the main version. `finish(dir,
     manifest, target)` runs on each version's temp directory (the main one's with target
     None) once its files and manifest are written, before the rename: it adds the
-    provenance statement and the signature."""
+    provenance statement and the signature. `reservation` (`reservation_file`) keeps the
+    highest number ever used across crashes; without it only the directories present do."""
     targets = sorted(manifest.get("targets") or {})
     files, target_files = target_versions.split(files, targets)
     try:
         recipe_dir.mkdir(parents=True, exist_ok=True)
+        number = reserve_number(recipe_dir, reservation)  # before anything is renamed, and before orphans go
         remove_orphans(recipe_dir, warn)
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=recipe_dir))
     except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise StageError(f"no space left on device while publishing to {recipe_dir}") from None
         raise StageError(f"cannot write the output directory {recipe_dir}: {exc.strerror}") from None
     written: list[Path] = []
     try:
-        number = max([0, *version_numbers(recipe_dir), *(n for t in targets for n in target_versions.numbers(recipe_dir / t))]) + 1
         manifest = dict(manifest, version=number)
-        for target in targets:
-            sealed = None if finish is None else (lambda d, t=target: finish(d, manifest, t))
-            written.append(target_versions.write_version(recipe_dir / target, number, target_files[target],
-                                                         target_versions.target_manifest(manifest, target),
-                                                         link_type, sealed))
         made = {tmp}
         for entry, obj in files:
             target = tmp / entry.path
@@ -209,8 +229,16 @@ def publish(
         os.chmod(tmp, 0o755)
         for directory in sorted(made, key=lambda p: -len(p.parts)):
             fsync_path(directory)
+        # The main version first, each target version after it (module docstring: a reader
+        # never sees a target version whose main version does not exist).
         os.rename(tmp, recipe_dir / str(number))
         fsync_path(recipe_dir)
+        written.append(recipe_dir / str(number))
+        for target in targets:
+            sealed = None if finish is None else (lambda d, t=target: finish(d, manifest, t))
+            written.append(target_versions.write_version(recipe_dir / target, number, target_files[target],
+                                                         target_versions.target_manifest(manifest, target),
+                                                         link_type, sealed))
         if stat_cache is not None:  # files whose hashes are known
             for entry, _ in files:
                 path = os.path.join(recipe_dir, str(number), entry.path)
@@ -221,7 +249,7 @@ def publish(
                     stat_cache.record(path, os.stat(path), entry.hash)
     except (OSError, StageError) as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        for directory in written:  # target versions of a main version that does not exist
+        for directory in reversed(written):  # target versions, then their main version; the number stays used
             _delete(directory)
         if isinstance(exc, StageError):
             raise
@@ -230,6 +258,38 @@ def publish(
         raise StageError(f"cannot write the output directory {recipe_dir}: {exc.strerror}") from None
     if keep:
         prune(recipe_dir, keep, warn)
+    return number
+
+
+def reservation_file(state_dir: Path, recipe_dir: Path) -> Path:
+    """Where the workspace records the highest version number ever reserved in
+    `recipe_dir`: `<state_dir>/versions/<sha256 of its real path>` (in the workspace, not
+    in the output directory, whose listing is the user's and TF Serving's)."""
+    digest = hashlib.sha256(os.fsencode(os.path.realpath(recipe_dir))).hexdigest()[:32]
+    return Path(state_dir) / "versions" / digest
+
+
+def reserve_number(recipe_dir: Path, reservation: Path | None) -> int:
+    """The next version number of `recipe_dir`: one more than every main or target version
+    present and than the highest number ever reserved there (`reservation`, written
+    durably before any directory of that number appears). A publish killed at any point
+    leaves its number used, so no later publish gives other bytes that number: TF Serving
+    (tensorflow_serving/sources/storage_path/file_system_storage_path_source.cc) polls the
+    base path for numeric child directories and aspires versions by number; a number it
+    has loaded is not loaded again when its directory is replaced."""
+    used = [*version_numbers(recipe_dir), *(n for t in target_versions.target_dirs(recipe_dir)
+                                            for n in target_versions.numbers(t))]
+    if reservation is not None:
+        try:
+            text = reservation.read_text().split("\n", 1)[0].strip()
+            used.append(int(text) if target_versions.is_version_name(text) else 0)
+        except OSError:
+            pass  # never published there, or removed by hand: the directories say what was used
+    number = max([0, *used]) + 1
+    if reservation is not None:
+        reservation.parent.mkdir(parents=True, exist_ok=True)
+        # The number, then the directory it is for (for whoever reads the file). Fsynced, with its directory.
+        write_text_atomic(reservation, f"{number}\n{os.path.realpath(recipe_dir)}\n")
     return number
 
 
@@ -313,7 +373,7 @@ def prune(recipe_dir: Path, keep: int, warn: Callable[[str], None] | None = None
             if warn is not None:
                 warn(f"{version_dir}: {reason}; left in place")
             continue
-        _delete_target_versions(recipe_dir, number, warn)  # target versions first: the main one is what a build trusts
+        _delete_target_versions(recipe_dir, number, warn)  # target versions first: the opposite of publish's order
         _delete(version_dir)
         removed.append(number)
     return removed
@@ -360,7 +420,8 @@ def remove_published(recipe_dir: Path, recipe: str) -> tuple[list[Path], list[tu
             left.append((recipe_dir, "not a directory tpubuild published"))
         return removed, left
     names = sorted(os.listdir(recipe_dir))
-    reasons = {name: not_published_reason(recipe_dir / name, recipe) for name in names if name.isdigit()}
+    reasons = {name: not_published_reason(recipe_dir / name, recipe) for name in names
+               if target_versions.is_version_name(name)}
     target_reasons = {path / str(n): not_published_reason(path / str(n), recipe, path.name)
                       for path in target_versions.target_dirs(recipe_dir) for n in target_versions.numbers(path)}
     if None not in reasons.values() and None not in target_reasons.values():  # nothing here is ours
@@ -368,7 +429,7 @@ def remove_published(recipe_dir: Path, recipe: str) -> tuple[list[Path], list[tu
         return removed, left
     clean_temp(recipe_dir)
     handled = target_versions.target_dirs(recipe_dir)
-    for target_dir in handled:  # target versions first: the main version is what a build trusts
+    for target_dir in handled:  # target versions first: the opposite of publish's order
         gone, kept = _remove_target_dir(target_dir, target_reasons)
         removed += gone
         left += kept

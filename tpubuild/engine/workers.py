@@ -2,6 +2,8 @@
 
 The protocol is one JSON line per request on the worker's stdin and one per reply on a
 private copy of its stdout; what stages print goes to the worker's log file instead.
+A reply's `seconds` is the stage's own work, timed here without TensorFlow's import
+(engine/import_clock.py): the engine reports the rest of its wait as worker start-up.
 A worker exits when its parent dies (stdin EOF, and PR_SET_PDEATHSIG on Linux), so a
 killed build leaves no stage running behind it.
 
@@ -62,6 +64,19 @@ OWN_WORKER_ENV = "TPUBUILD_OWN_WORKER_MIN_BYTES"
 # The module a spare worker imports before it reads its first request (WorkerPool._start_spare).
 PREIMPORT = "TPUBUILD_PREIMPORT"
 
+# The memory limit of a worker (tpubuild.yaml `worker_memory_limit`), as RLIMIT_AS: the
+# address space the process may map. Off by default, because no default is safe: an idle
+# TensorFlow worker maps far more than it uses (measured, TF 2.21 on 2 cores: VmSize
+# 2.0 GiB for 0.67 GiB resident), and what it maps grows with the machine, not the model:
+# glibc gives each thread that allocates its own malloc arena, reserving 64 MiB of
+# address space each (up to 8 per core), and every thread of TF's pools reserves its
+# stack (8 MiB). A limit right for 2 cores kills healthy stages on 96. A cgroup memory
+# limit counts resident memory instead, but needs a delegated cgroup v2 subtree, which an
+# unprivileged build rarely has. So the user who knows the machine sets it: a stage that
+# then allocates past it fails with one line naming the stage (MemoryError, TF's
+# ResourceExhaustedError), instead of swapping the machine to a halt.
+MEMORY_LIMIT_FLAG = "--memory-limit"
+
 
 def own_worker_min_bytes() -> int:
     """OWN_WORKER_MIN_BYTES, or TPUBUILD_OWN_WORKER_MIN_BYTES (a scheduling knob: which
@@ -95,10 +110,13 @@ def loaded_libraries(request: dict[str, Any]) -> tuple[str, ...] | None:
 class WorkerPool:
     """At most `size` workers, started lazily: a build where everything is cached starts none."""
 
-    def __init__(self, size: int, log_dir: Path, env: dict[str, str]):
+    def __init__(self, size: int, log_dir: Path, env: dict[str, str], memory_limit: int | None = None,
+                 first: int = 0):
         self.size = max(1, size)
         self.log_dir = log_dir
+        self.first = first  # the first worker's number: logs of earlier builds are never overwritten
         self.env = env
+        self.memory_limit = memory_limit  # bytes of address space per worker (RLIMIT_AS), None: none
         self.idle: queue.Queue[Worker] = queue.Queue()
         self.slots = threading.Semaphore(self.size)
         self.lock = threading.Lock()
@@ -130,6 +148,7 @@ class WorkerPool:
             except BaseException:
                 worker.kill()
                 raise
+            reply["log"] = str(worker.log_path)  # where a failure's traceback is
             if fresh_in is not None or libraries is None or not reply.get("reusable", True) \
                     or request.get("own_worker"):
                 worker.close()
@@ -140,7 +159,7 @@ class WorkerPool:
 
     def _new(self, env: dict[str, str]) -> Worker:
         with self.lock:
-            worker = Worker(self.log_dir / f"worker-{len(self.all)}.log", env)
+            worker = Worker(self.log_dir / f"worker-{self.first + len(self.all)}.log", env, self.memory_limit)
             self.all.append(worker)
             return worker
 
@@ -216,9 +235,10 @@ def last_words(log_path: Path, stage: str, tail: int = 64 * 1024) -> str | None:
 
 
 class Worker:
-    def __init__(self, log_path: Path, env: dict[str, str]):
+    def __init__(self, log_path: Path, env: dict[str, str], memory_limit: int | None = None):
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = log_path
+        self.memory_limit = memory_limit
         self.cleanup: list[str] = []
         self.libraries: tuple[str, ...] = ()  # the op_libraries this worker has loaded (registered ops stay)
         # A private, empty directory as working directory and HOME, and `-P`: the directory
@@ -233,7 +253,8 @@ class Worker:
         safe_path = ["-P"] if sys.version_info >= (3, 11) else []  # 3.10: the empty cwd is all
         with open(log_path, "wb") as log:  # the log of this build's worker only
             self.proc = subprocess.Popen(
-                [sys.executable, *safe_path, "-m", "tpubuild.engine.workers"],
+                [sys.executable, *safe_path, "-m", "tpubuild.engine.workers",
+                 *([MEMORY_LIMIT_FLAG, str(memory_limit)] if memory_limit else [])],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log,
@@ -269,9 +290,10 @@ class Worker:
         line = self.proc.stdout.readline()
         if not line:
             code = self.proc.wait()
-            cause = last_words(self.log_path, request["stage"])
+            cause = last_words(self.log_path, request["stage"]) or _disk_full(self.log_path.parent)
+            limit = f" (under worker_memory_limit {_gib(self.memory_limit)})" if self.memory_limit else ""
             raise StageError(
-                f"the worker process died (exit code {code}) while running stage {request['stage']}"
+                f"the worker process died (exit code {code}) while running stage {request['stage']}{limit}"
                 + (f": {cause}" if cause else "") + f"; see {self.log_path}"
             )
         return json.loads(line)
@@ -301,6 +323,16 @@ class Worker:
         for path in self.cleanup:
             shutil.rmtree(path, ignore_errors=True)
         self.cleanup = []
+
+
+def _disk_full(directory: Path) -> str | None:
+    """Why a worker that died without last words may have: its log's file system is full
+    (a worker that cannot write its log exits 120, flushing it)."""
+    try:
+        full = os.statvfs(directory).f_bavail == 0
+    except OSError:
+        return None
+    return f"{os.strerror(28)}: {directory}" if full else None
 
 
 # --- the worker side ---------------------------------------------------------------
@@ -408,8 +440,19 @@ def _run_stage(function: Any, request: dict[str, Any], context: Any) -> dict[str
     try:
         result = function(Path(request["input_dir"]), Path(request["output_dir"]), request["options"], context)
     except TpubuildError as exc:
+        if isinstance(exc.__context__, MemoryError):  # user code's (export, dataset) said as theirs
+            return _out_of_memory(exc)
         return {"ok": False, "error": str(exc), "detail": getattr(exc, "detail", None)}
+    except MemoryError as exc:
+        return _out_of_memory(exc)
     except Exception as exc:
+        if type(exc).__name__ == "ResourceExhaustedError" and _MEMORY_LIMIT[0]:
+            return _out_of_memory(exc)
+        from tpubuild.errors import environment_fault, fault_line
+
+        fault = environment_fault(exc)
+        if fault is not None:  # the machine's (a full disk), not a bug: one line, no traceback
+            return {"ok": False, "reusable": False, "error": fault_line(fault), "detail": traceback.format_exc()}
         # TensorFlow's checksums caught corrupted input data (a damaged variables file):
         # the user's file, not a tpubuild bug.
         if type(exc).__name__ == "DataLossError":
@@ -422,17 +465,58 @@ def _run_stage(function: Any, request: dict[str, Any], context: Any) -> dict[str
         json.dumps(result.summary)
     except (TypeError, ValueError) as exc:
         return {"ok": False, "bug": True, "error": f"StageResult.summary is not JSON-serializable: {exc}"}
-    return {"ok": True, "summary": result.summary, "warnings": list(result.warnings)}
+    return {"ok": True, "summary": result.summary, "warnings": list(result.warnings),
+            "discovered": dict(result.discovered)}
+
+
+_MEMORY_LIMIT: list[int | None] = [None]  # this worker's RLIMIT_AS, when it has one
+
+
+def _gib(size: int | None) -> str:
+    return f"{(size or 0) / 2**30:.3g} GiB"
+
+
+def _out_of_memory(exc: BaseException) -> dict[str, Any]:
+    """A stage that allocated past the worker's memory: one line, and the worker is not
+    reused (what failed to allocate may have left it half-built)."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+    limit = f"the worker memory limit ({_gib(_MEMORY_LIMIT[0])}, worker_memory_limit in tpubuild.yaml)" \
+        if _MEMORY_LIMIT[0] else "the memory of this machine"
+    return {"ok": False, "reusable": False, "error": f"out of memory: the stage needed more than {limit}: {first}",
+            "detail": traceback.format_exc()}
+
+
+def _limit_memory(argv: list[str]) -> None:
+    """Apply `--memory-limit BYTES` (WorkerPool's memory_limit) as RLIMIT_AS: a larger
+    allocation fails (MemoryError, TF's ResourceExhaustedError) instead of the machine
+    swapping. The hard limit is left as it is."""
+    if MEMORY_LIMIT_FLAG not in argv:
+        return
+    limit = int(argv[argv.index(MEMORY_LIMIT_FLAG) + 1])
+    try:
+        import resource
+
+        _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
+        _MEMORY_LIMIT[0] = limit
+    except (ImportError, OSError, ValueError) as exc:  # not POSIX: said in the worker's log
+        print(f"--- worker_memory_limit not applied: {exc}", file=sys.stderr, flush=True)
 
 
 def main() -> None:
     _die_with_parent()
+    _limit_memory(sys.argv[1:])
     from tpubuild.quiet import quiet_from_environment
 
     if quiet_from_environment():  # before any stage imports TensorFlow
         # The log is a file the user reads after a failure: TF's C++ errors belong in it
         # (an abort's last words, MLIR diagnostics), its info and warnings do not.
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    from tpubuild.engine import import_clock
+
+    # TensorFlow's import is this worker's start-up, not its first stage's work: timed
+    # apart (before imports.install, whose finder must stay in front of the clock's).
+    clock = import_clock.install()
     record_root = os.environ.get("TPUBUILD_RECORD_IMPORTS")
     if record_root:
         from tpubuild.engine import imports
@@ -454,12 +538,16 @@ def main() -> None:
         print(f"--- stage {request['stage']} (pid {os.getpid()})", file=sys.stderr, flush=True)
         _reset_peak_rss()
         children_before = _rusage_peak("RUSAGE_CHILDREN")
+        clock.take()  # a spare's import happened before any stage
+        started = time.monotonic()
         try:
             reply = handle(request)
         except Exception as exc:  # a bug in a stage: report it with its traceback
             traceback.print_exc()
             reply = {"ok": False, "bug": True, "error": f"{type(exc).__name__}: {exc}",
                      "detail": traceback.format_exc()}
+        # The stage's own work: from this request to its reply, less TensorFlow's import.
+        reply["seconds"] = max(0.0, time.monotonic() - started - clock.take())
         if record_root:
             from tpubuild.engine import imports
 

@@ -6,8 +6,10 @@ version's files with their SHA-256, and whose predicate is SLSA Provenance v1
 parameters are the recipe (path and canonical digest), the resolved dependencies are
 the source and every workspace input the stages hashed, the internal parameters are
 each stage's key, the toolchain and the remote cache, and the builder is this tpubuild
-version. Everything in it comes from the version's manifest: the same build gives the
-same bytes (no timestamps).
+version. Everything in it comes from the version's manifest (a subject too): the same
+manifest gives the same bytes. Each dependency carries `sha256` (a file) or `dirHash` (a
+directory) beside tpubuild's own BLAKE3, the digests in-toto consumers read
+(provenance/digests.py).
 """
 
 from __future__ import annotations
@@ -17,8 +19,6 @@ import json
 import os
 from pathlib import Path
 from typing import Any
-
-from tpubuild.engine.target_versions import MANIFEST
 
 PROVENANCE = "tpubuild-provenance.json"
 SIGNATURE = "model.sig"  # model-signing's conventional name
@@ -54,6 +54,7 @@ def statement(subjects: dict[str, str], manifest: dict[str, Any], remote_url: st
     """The in-toto statement for files `subjects` (path -> sha256) built as `manifest` (the
     main version's) says; `target` names the serving target when they are a target version's."""
     inputs = manifest.get("inputs", {})
+    standard = manifest.get("input_digests", {})  # sha256 / dirHash beside BLAKE3 (provenance/digests.py)
     return {
         "_type": "https://in-toto.io/Statement/v1",
         "subject": [{"name": name, "digest": {"sha256": digest}} for name, digest in sorted(subjects.items())],
@@ -74,7 +75,8 @@ def statement(subjects: dict[str, str], manifest: dict[str, Any], remote_url: st
                     "content": manifest["content"],
                 },
                 "resolvedDependencies": [
-                    {"name": name, "digest": {"blake3": digest}} for name, digest in sorted(inputs.items())
+                    {"name": name, "digest": {"blake3": digest, **standard.get(name, {})}}
+                    for name, digest in sorted(inputs.items())
                 ],
             },
             "runDetails": {
@@ -87,10 +89,11 @@ def statement(subjects: dict[str, str], manifest: dict[str, Any], remote_url: st
 
 
 def write(directory: Path, manifest: dict[str, Any], remote_url: str | None, target: str | None = None) -> None:
-    """Write the statement over the files of `directory` the manifest lists (the manifest
-    itself holds the build time, so it is not a subject: its content is the predicate).
-    `directory` is target `target`'s version when it is given."""
-    subjects = sha256_files(directory, {PROVENANCE, SIGNATURE, MANIFEST})
+    """Write the statement over the files of `directory`: those the manifest lists, and
+    `tpubuild-manifest.json` itself (a consumer that trusts the statement can then trust
+    what the manifest says: verdicts, targets, build facts). `directory` is target
+    `target`'s version when it is given."""
+    subjects = sha256_files(directory, {PROVENANCE, SIGNATURE})
     data = json.dumps(statement(subjects, manifest, remote_url, target), indent=2, sort_keys=True) + "\n"
     with open(directory / PROVENANCE, "w") as f:
         f.write(data)

@@ -42,3 +42,21 @@ def check_something_quantized(
             "weights in the artifact); the artifact would be the float model (set "
             "quantization_options.allow_unquantized: true to accept it)"
         )
+
+
+def refuse_xla_call_modules(where: str, model: Any) -> None:
+    """ConversionError naming the first XlaCallModule the serving graph runs: TF's quantizer
+    rewrites TensorFlow ops (MatMul, Conv2D ...) and sees a jax2tf computation as one opaque
+    op, so nothing inside it would become int8, and the build refuses rather than publish
+    a float model as int8."""
+    from tpubuild.errors import ConversionError
+    from tpubuild.savedmodel.model import GRAPH
+    from tpubuild.savedmodel.xla_call_module import OP
+
+    for fn in sorted(model.reachable(GRAPH)):
+        for node in model.functions[fn].node_def:
+            if node.op == OP:
+                raise ConversionError(
+                    f"{where}: XlaCallModule node {node.name!r} in function {model.describe(fn)} holds a jax2tf "
+                    "StableHLO computation, which TF's quantizer cannot quantize (it rewrites TensorFlow ops); "
+                    "quantize the JAX model before export, or drop quantization_options")

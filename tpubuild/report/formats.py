@@ -143,6 +143,31 @@ def _quantization_lines(quant: dict[str, Any] | None) -> list[str]:
     ]
 
 
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{op} {n}" for op, n in sorted(counts.items()))
+
+
+def bfloat16_line(summary: dict[str, Any]) -> str:
+    """What computes in bfloat16 and what stays float32, as the rewrite recorded it: ops
+    are counted when their dtype changed, a jax2tf XlaCallModule when its StableHLO did."""
+    converted = summary.get("converted_ops", {})
+    line = (f"bfloat16 (scope {summary.get('scope')}): {len(summary.get('variables', []))} variable(s), "
+            f"ops converted: {_counts(converted) or 'none'}")
+    if not converted:
+        line += " (nothing computes in bfloat16)"
+    kept_tf = summary.get("kept_float32", {})
+    kept = [f"{op} {n} ({why})" for key, why in (("filterlist", "filterlist"), ("no_bfloat16_cpu_kernel", "no bfloat16 CPU kernel"))
+            for op, n in sorted(kept_tf.get(key, {}).items())]
+    for module in summary.get("xla_call_modules", []):
+        where = f"XlaCallModule {module['node']} in {module['function']}"
+        if module.get("converted_ops"):
+            line += f"; {where} computes in bfloat16: {_counts(module['converted_ops'])}"
+        for op, k in sorted(module.get("kept_float32", {}).items()):
+            what = f"all of {where}" if op == "module" else f"{op} {k['count']} in {where}"
+            kept.append(f"{what} ({k['reason']})")
+    return line + (f"; kept float32: {', '.join(kept)}" if kept else "")
+
+
 def _stage_line(name: str, summary: dict[str, Any]) -> str:
     """One line per earlier stage: the few facts a reviewer looks for."""
     if name == "batch":
@@ -150,9 +175,7 @@ def _stage_line(name: str, summary: dict[str, Any]) -> str:
         return (f"Batching: {summary.get('mode')}, {len(summary.get('sites', []))} batched call site(s), "
                 f"max_batch_size {opts.get('max_batch_size')}, allowed_batch_sizes {opts.get('allowed_batch_sizes')}")
     if name == "bfloat16":
-        ops = ", ".join(f"{op} {n}" for op, n in sorted(summary.get("converted_ops", {}).items()))
-        return (f"bfloat16 (scope {summary.get('scope')}): {len(summary.get('variables', []))} variable(s), "
-                f"ops converted: {ops or 'none'}")
+        return bfloat16_line(summary)
     if name == "io_shape":
         changed = sum(len(f.get("inputs", [])) + len(f.get("outputs", [])) for f in summary.get("functions", []))
         return f"IO shape: {changed} TPU input/output(s) reshaped in {len(summary.get('functions', []))} function(s)"

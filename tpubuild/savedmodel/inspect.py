@@ -68,11 +68,14 @@ def inspect(path: Path, tags: list[str] | None = None) -> dict[str, Any]:
                 ops[node.op] = ops.get(node.op, 0) + 1
         if name.startswith(SAVER_PREFIXES):
             continue
-        try:
-            check_xla_kernels(model, name, name)
-            xla = {"compilable": True}
-        except ConversionError as exc:
-            xla = {"compilable": False, "reason": str(exc).split(": ", 1)[-1]}
+        host = _host_role(model, name, bodies)
+        xla: dict[str, Any] | None = None  # a host caller's: not a question (see _host_role)
+        if host is None:
+            try:
+                check_xla_kernels(model, name, name)
+                xla = {"compilable": True}
+            except ConversionError as exc:
+                xla = {"compilable": False, "reason": str(exc).split(": ", 1)[-1]}
         functions.append({
             "name": name,
             "alias": model.alias_of(name),
@@ -80,6 +83,7 @@ def inspect(path: Path, tags: list[str] | None = None) -> dict[str, Any]:
             "callers": sorted(model.callers(name)),
             "signatures": sorted(k for k, fn in signature_functions.items() if fn == name),
             "xla": xla,
+            "host": host,
             "tpu": _tpu_placement(model.functions[name], [f for f in findings if f.function == name])
             if name in bodies
             else None,
@@ -100,6 +104,30 @@ def inspect(path: Path, tags: list[str] | None = None) -> dict[str, Any]:
     }
 
 
+def _host_role(model: SavedModel, name: str, bodies: set[str]) -> dict[str, Any] | None:
+    """How a function of a converted model serves its TPU functions (or batches requests)
+    from the host, or None.
+
+    A function that holds a TPUPartitionedCall (or calls one that does) is the host side of
+    the placement, by design: TF Serving runs it on the host CPU, where the
+    TPUPartitionedCall hands the TPU function to the TPU runtime (TensorFlow's
+    tensorflow/core/tpu/kernels/tpu_functional_ops.cc registers its kernel for DEVICE_CPU
+    only); likewise the BatchFunction that batches requests for it. Whether XLA could
+    compile such a function is no question (TPUOrdinalSelector and TPUPartitionedCall have
+    no XLA kernel: they run on the host), so inspect says what it does instead."""
+    inside_tpu = set(bodies) | {fn for body in bodies for fn in model.reachable(body)}
+    tpu_functions: set[str] = set()
+    batching = False
+    for fn in [name, *sorted(model.reachable(name) - inside_tpu)]:
+        for node in model.functions[fn].node_def:
+            if node.op == "TPUPartitionedCall":
+                tpu_functions.add(node.attr["f"].func.name)
+            batching = batching or node.op in BATCH_OPS
+    if name in inside_tpu or not (tpu_functions or batching):
+        return None
+    return {"tpu_functions": sorted(tpu_functions), "batching": batching}
+
+
 def _tpu_placement(fdef: Any, findings: list[Any]) -> dict[str, Any]:
     from tpubuild.tpu.placement import REPLICATE_ATTR
 
@@ -114,6 +142,19 @@ def _tpu_text(tpu: dict[str, Any]) -> list[str]:
     lines = [f"    placed on the TPU (cluster {clusters}); {state}"]
     lines += [f"      {f['severity']}: {f['text']}" for f in tpu["findings"]]
     return lines
+
+
+def _runs_where(fn: dict[str, Any]) -> str:
+    """Where a function runs: the host side of a TPU placement, or whether XLA compiles it."""
+    host = fn.get("host")
+    if host:
+        does = [f"calls {', '.join(host['tpu_functions'])} on the TPU through TPUPartitionedCall"] \
+            if host["tpu_functions"] else []
+        does += ["batches requests with BatchFunction"] if host["batching"] else []
+        return "runs on the host, by design: " + "; ".join(does)
+    if fn["xla"]["compilable"]:
+        return "XLA-compilable"
+    return f"not XLA-compilable: {fn['xla']['reason']}"
 
 
 def to_text(info: dict[str, Any]) -> str:
@@ -132,9 +173,8 @@ def to_text(info: dict[str, Any]) -> str:
         tags = [f"alias {fn['alias']}"] if fn["alias"] else []
         tags += ["jit_compile"] if fn["jit_compile"] else []
         tags += [f"signature {s}" for s in fn["signatures"]]
-        xla = "XLA-compilable" if fn["xla"]["compilable"] else f"not XLA-compilable: {fn['xla']['reason']}"
         lines.append(f"  {fn['name']}" + (f" ({', '.join(tags)})" if tags else ""))
-        lines.append(f"    called by: {', '.join(fn['callers']) or 'the graph / no function'}; {xla}")
+        lines.append(f"    called by: {', '.join(fn['callers']) or 'the graph / no function'}; {_runs_where(fn)}")
         if fn.get("tpu"):
             lines += _tpu_text(fn["tpu"])
     ops = info["tpu_and_batch_ops"]

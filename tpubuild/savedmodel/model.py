@@ -22,7 +22,7 @@ from tpubuild.errors import ConversionError
 
 # make_fingerprint_reproducible is re-exported: callers imported it from here first.
 from tpubuild.savedmodel.reproducible import make_fingerprint_reproducible, write_fingerprint  # noqa: F401
-from tpubuild.savedmodel.variable_handles import merge_duplicate_handles
+from tpubuild.savedmodel.variable_handles import normalize_handles
 
 SAVED_MODEL_PB = "saved_model.pb"
 # Written by TF at save time from the pb's bytes; it goes stale once the pb is edited.
@@ -61,7 +61,8 @@ class SavedModel:
         self.meta_graph = meta_graph
         self._functions: dict[str, FunctionDef] | None = None
         self._callees: dict[str, set[str]] | None = None
-        # Duplicate variable handles merged on load (savedmodel/variable_handles.py).
+        # Duplicate variable handles merged and unused ones removed on load
+        # (savedmodel/variable_handles.py).
         self.merged_handles: list = []
 
     @classmethod
@@ -93,7 +94,7 @@ class SavedModel:
         model = cls(path, proto, meta_graph)
         # Every stage sees, and every stage that writes a model writes, one handle per
         # weight: the one its functions read, restored by the checkpoint.
-        model.merged_handles = merge_duplicate_handles(meta_graph)
+        model.merged_handles = normalize_handles(meta_graph)
         return model
 
     # -- the function library -------------------------------------------------------------

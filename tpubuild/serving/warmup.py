@@ -24,6 +24,13 @@ ASSETS_EXTRA = "assets.extra"
 REQUESTS_FILE = "tf_serving_warmup_requests"
 MAX_RECORDS = 1000  # WarmupConsts::kMaxNumRecords
 MODEL_NAME = "model"  # TF Serving matches requests to the loading model whatever its name
+# What warmup may hold in memory: one request, and all of them (the stage builds them all,
+# then writes the file). Ours, not TF Serving's: it reads each record as one protobuf
+# message, whose hard limit is 2 GiB; a request this large compiles nothing a smaller
+# one of the same shape would not, and validate bounds batch sizes (config/checks.py
+# MAX_BATCH_SIZE), so only very wide inputs reach these.
+MAX_REQUEST_BYTES = 256 << 20
+MAX_TOTAL_BYTES = 1 << 30
 
 
 def warmup_path(saved_model_dir: Path) -> Path:
@@ -33,18 +40,25 @@ def warmup_path(saved_model_dir: Path) -> Path:
 
 def batch_rows(samples: list[dict[str, np.ndarray]], size: int) -> dict[str, np.ndarray]:
     """One batch of `size` rows, taken in order from the samples (cycling), each sample's
-    rows along dimension 0."""
-    rows: dict[str, list[np.ndarray]] = {}
-    count = 0
-    index = 0
-    while count < size:
-        sample = samples[index % len(samples)]
-        take = min(size - count, next(iter(sample.values())).shape[0] if sample else 1)
-        for name, value in sample.items():
-            rows.setdefault(name, []).append(np.asarray(value)[:take])
-        count += take
-        index += 1
-    return {name: np.concatenate(parts, axis=0) for name, parts in rows.items()}
+    rows along dimension 0. Each input is allocated once, at its final size."""
+    pool = _sample_rows(samples)
+    rows = next(iter(pool.values())).shape[0] if pool else 0
+    if pool and rows == 0:
+        raise ValueError("the samples hold no rows")
+    index = np.arange(size) % max(rows, 1)
+    return {name: np.take(value, index, axis=0) for name, value in pool.items()}
+
+
+def _sample_rows(samples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Every sample's rows, in order, per input."""
+    names = list(samples[0]) if samples else []
+    return {name: np.concatenate([np.asarray(sample[name]) for sample in samples], axis=0) for name in names}
+
+
+def request_bytes(samples: list[dict[str, np.ndarray]], size: int) -> int:
+    """What batch_rows(samples, size) will allocate, known before it does."""
+    pool = _sample_rows(samples)
+    return sum(value.nbytes // max(value.shape[0], 1) * size for value in pool.values())
 
 
 def requests(samples_by_key: dict[str, list[dict[str, np.ndarray]]], batch_sizes: dict[str, list[int]],
@@ -56,7 +70,18 @@ def requests(samples_by_key: dict[str, list[dict[str, np.ndarray]]], batch_sizes
     count = sum(len(sizes) for sizes in batch_sizes.values())
     limit = min(max_records, MAX_RECORDS)
     if count > limit:
-        raise ValueError(f"{count} warmup requests (one per signature and batch size) exceed the limit of {limit}")
+        raise ValueError(f"{count} warmup requests (one per signature and batch size) exceed the limit of {limit}; "
+                         "lower the batch sizes or raise warmup.max_records")
+    total = 0
+    for key in sorted(batch_sizes):
+        for size in sorted(batch_sizes[key]):
+            need = request_bytes(samples_by_key[key], size)
+            total += need
+            if need > MAX_REQUEST_BYTES or total > MAX_TOTAL_BYTES:
+                what = (f"the request of signature {key!r} for batch size {size} would hold {need / 2**20:.0f} MiB, "
+                        f"more than {MAX_REQUEST_BYTES >> 20} MiB" if need > MAX_REQUEST_BYTES else
+                        f"the requests would hold more than {MAX_TOTAL_BYTES >> 20} MiB in all")
+                raise ValueError(f"{what}; lower the batch sizes, or `warmup: {{enabled: false}}`")
     logs = []
     for key in sorted(batch_sizes):
         for size in sorted(batch_sizes[key]):

@@ -36,12 +36,24 @@ class StageSpec:
     # Runs user code: a fresh process per run, and every workspace module it imports
     # becomes a discovered input of the stage (like a compiler's dep file).
     runs_user_code: bool = False
+    # Reports what it read beyond its key (StageResult.discovered), e.g. the bfloat16
+    # stage the jax/jaxlib versions it rewrote a jax2tf module with: discovered inputs,
+    # checked before its record is reused, like a user-code stage's imports. Unlike an
+    # option, such an input keys only the outputs that depended on it (a model without
+    # StableHLO does not change with the installed jaxlib).
+    reports_inputs: bool = False
     # Loads and runs models with TensorFlow's runtime (tf.saved_model.load, a Session):
     # on a large model it runs in a worker of its own (engine/workers.py OWN_WORKER_MIN_BYTES).
     runs_models: bool = False
     # Its output may legitimately differ between CPUs (measured floats), for these options:
     # lock files mark it, and everything keyed on it, as measured on the building machine.
     machine_dependent: Callable[[dict[str, Any]], bool] = lambda options: False
+
+    @property
+    def discovers(self) -> bool:
+        """Its record is stored under a final key made of its declared key and the inputs
+        it discovered (engine/resolve.py add_discovered)."""
+        return self.runs_user_code or self.reports_inputs
 
 
 @dataclass(frozen=True)
@@ -87,6 +99,9 @@ class StageResult:
 
     summary: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # A `reports_inputs` stage's discovered inputs: `dist:<name>` -> installed version
+    # (engine/imports.py ABSENT when it is not installed).
+    discovered: dict[str, str] = field(default_factory=dict)
 
 
 class Stage(Protocol):

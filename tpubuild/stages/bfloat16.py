@@ -16,7 +16,28 @@ SPEC = StageSpec(
         "tpu_functions": slices.converter(r)["tpu_functions"],
         "bfloat16_optimization_options": slices.converter(r)["bfloat16_optimization_options"],
     },
+    # XlaCallModule computations are rewritten and serialized with jax's MLIR bindings
+    # (transforms/stablehlo_bfloat16.py): the installed jax and jaxlib can change such an
+    # output, and whether they are installed at all decides whether it is rewritten. They are
+    # discovered inputs of the runs that met an XlaCallModule, not options of every run: a
+    # model without one builds the same with or without jax installed.
+    reports_inputs=True,
 )
+
+# The distributions whose versions key a bfloat16 run that rewrote StableHLO.
+STABLEHLO_DISTRIBUTIONS = ("jax", "jaxlib")
+
+
+def _installed_versions() -> dict[str, str]:
+    """`dist:<name>` -> installed version, or ABSENT (engine/resolve.py compares the same way)."""
+    from tpubuild.engine.imports import ABSENT
+    from tpubuild.engine.keys import installed_dist
+
+    versions = {}
+    for name in STABLEHLO_DISTRIBUTIONS:
+        found = installed_dist(name)
+        versions[f"dist:{name}"] = found[0] if found else ABSENT
+    return versions
 
 
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
@@ -47,7 +68,8 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
         f"bfloat16: {sum(plan.converted_ops.values())} ops and {len(plan.variables)} variables "
         f"in {len(scope)} functions"
     )
-    return StageResult(summary=summary, warnings=rule_warnings)
+    discovered = _installed_versions() if plan.xla_call_modules else {}
+    return StageResult(summary=summary, warnings=plan.warnings + rule_warnings, discovered=discovered)
 
 
 def tpu_scope(model: Any, tpu_functions: list[dict[str, Any]]) -> set[str]:

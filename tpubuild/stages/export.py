@@ -58,15 +58,19 @@ def run(input_dir: Path | None, output_dir: Path, options: dict[str, Any], conte
     if not (output_dir / "saved_model.pb").is_file():
         raise StageError(f"{where}: wrote no SavedModel (no saved_model.pb in its output directory)")
     from tpubuild.savedmodel.reproducible import make_reproducible
-    from tpubuild.savedmodel.variable_handles import normalize_in_place
+    from tpubuild.savedmodel.variable_handles import Duplicate, normalize_in_place
 
     # One graph handle per weight, restored by the checkpoint: Keras 3 models are saved
     # with a duplicate (savedmodel/variable_handles.py says why and what is rewritten).
-    merged = normalize_in_place(output_dir)
+    changed = normalize_in_place(output_dir)
     # The same script gives the same bytes in any process on any machine: function names
     # from content, not TensorFlow's per-process counters (savedmodel/reproducible.py).
     make_reproducible(output_dir)
-    return StageResult(summary={"merged_variable_handles": len(merged)} if merged else {})
+    merged = sum(isinstance(c, Duplicate) for c in changed)
+    summary = {"merged_variable_handles": merged} if merged else {}
+    if len(changed) > merged:
+        summary["removed_unused_variable_handles"] = len(changed) - merged
+    return StageResult(summary=summary)
 
 
 def user_error(prefix: str, exc: BaseException, context: StageContext) -> StageError:

@@ -37,6 +37,9 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     where = f"quantization ({method})"
     paths = datasets.dataset_paths(options, context)
     model = SavedModel.load(input_dir, options["tags"])
+    from tpubuild.quantize.checks import refuse_xla_call_modules
+
+    refuse_xla_call_modules(where, model)
     warnings = []
     sample_counts = {}
     samples: dict[str, list[dict[str, Any]]] = {}

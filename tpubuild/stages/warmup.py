@@ -75,7 +75,7 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     try:
         logs = warmup.requests(samples_by_key, sizes, options["max_records"])
     except ValueError as exc:
-        raise StageError(f"warmup: {exc}; lower the batch sizes or raise warmup.max_records") from None
+        raise StageError(f"warmup: {exc}") from None
     warmup.write(output_dir, logs)
     described = [warmup.describe(log) for log in logs]
     for line in described:

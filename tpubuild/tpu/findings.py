@@ -18,7 +18,7 @@ class Finding:
     """One rule a TPU function breaks (error) or leans on (warning)."""
 
     severity: str  # ERROR or WARNING
-    rule: str  # undeclared-output, one-cluster, metadata, dtype, xla-kernel, resource-argument, nested-tpu-call, mlir-bridge
+    rule: str  # undeclared-output, one-cluster, metadata, dtype, xla-kernel, resource-argument, nested-tpu-call, xla-call-module-platform, mlir-bridge
     function: str  # the TPU body (the function TPUPartitionedCall names)
     node: str | None  # the offending node (in `function`, or "callee/node" in a function it calls)
     message: str

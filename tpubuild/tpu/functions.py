@@ -81,7 +81,14 @@ def _resolve_entry(model: SavedModel, index: int, entry: dict[str, Any]) -> list
 
 
 def _by_alias(model: SavedModel, where: str, index: int, alias: str) -> TpuFunction:
-    by_alias = {a: name for name, a in model.aliases.items()}
+    # TF records an alias for every concrete function the tf.function ever traced
+    # (save.py `_build_meta_graph_impl`: `func._list_all_concrete_functions()`), also those
+    # traced outside the save and never written; its loader skips such names ("is listed
+    # in function alias but it is not found", load.py Loader.__init__), and so does this.
+    # Keras's ExportArchive writes one: its endpoint is traced again when another
+    # endpoint calls it.
+    by_alias = {a: name for name, a in sorted(model.aliases.items()) if name in model.functions}
+    by_alias.update({a: name for name, a in model.aliases.items() if a not in by_alias})
     if alias not in by_alias:
         if not by_alias:
             raise ConversionError(

@@ -15,6 +15,10 @@ source (tensorflow/tensorflow):
   kernels for (REGISTER_XLA_BACKEND(DEVICE_TPU_XLA_JIT, kTpuAllTypes, ...)). An op's TPU
   kernel accepts its XLA kernel's type constraint intersected with these; resource and
   variant handles pass where the XLA kernel allows them (AllowResourceTypes).
+- tensorflow/compiler/tf2xla/kernels/xla_call_module_loader.cc,
+  `XlaCallModuleLoader::SetPlatformIndex`: an XlaCallModule (jax2tf) compiled for a platform
+  not in its `platforms` attr fails ("The current platform TPU is not among the platforms
+  required by the module") unless its `disabled_checks` hold "platform".
 
 Pure: `check_tpu_runtime_rules` reads a model and returns findings; nothing is written.
 """
@@ -57,6 +61,7 @@ def check_tpu_runtime_rules(
         findings += structure_findings(model.functions[fn])
         findings += dtype_findings(model, fn)
         findings += resource_argument_findings(model, fn)
+        findings += platform_findings(model, fn)
     return findings
 
 
@@ -157,6 +162,28 @@ def _node_type_findings(model: SavedModel, fn: str, prefix: str, nodes: list[Nod
                 finding = _dtype_finding(fn, where, node.op, attr.name, dtype, constraints.get(attr.name))
                 if finding is not None:
                     findings.append(finding)
+    return findings
+
+
+def platform_findings(model: SavedModel, fn: str) -> list[Finding]:
+    """Each XlaCallModule of the computation (or its callees) lowered without TPU among its platforms."""
+    from tpubuild.savedmodel.xla_call_module import OP
+
+    fdef = model.functions[fn]
+    holders = [("", [n for n in fdef.node_def if REPLICATE_ATTR in n.attr])]
+    holders += [(f"{c}/", list(model.functions[c].node_def)) for c in sorted(model.reachable(fn)) if c in model.functions]
+    findings = []
+    for prefix, nodes in holders:
+        for node in nodes:
+            if node.op != OP:
+                continue
+            platforms = [p.decode() for p in node.attr["platforms"].list.s]
+            disabled = [c.decode() for c in node.attr["disabled_checks"].list.s] if "disabled_checks" in node.attr else []
+            if platforms and "TPU" not in platforms and "platform" not in disabled:
+                findings.append(Finding(
+                    ERROR, "xla-call-module-platform", fn, prefix + node.name,
+                    f"the jax2tf computation was lowered for {', '.join(platforms)} only and the TPU refuses it; "
+                    "export with jax2tf.convert(..., native_serialization_platforms=('cpu', 'tpu'))"))
     return findings
 
 

@@ -13,6 +13,7 @@ from tensorflow.core.framework.graph_pb2 import GraphDef
 from tensorflow.core.framework.node_def_pb2 import NodeDef
 
 from tpubuild.savedmodel.model import SavedModel
+from tpubuild.savedmodel.xla_call_module import OP as XLA_CALL_MODULE
 from tpubuild.tpu.placement import (
     COMPILATION_RESULT,
     METADATA,
@@ -75,6 +76,8 @@ def _untpu_nodes(holder: GraphDef | FunctionDef, counts: dict[str, int]) -> set[
                 del node.attr[attr]
         if node.op in PASS_THROUGH:
             renamed.update(_to_identity(node))
+        if node.op == XLA_CALL_MODULE:
+            _run_tpu_lowering_on_cpu(node)
         if node.op == TPU_CALL:
             # The device ordinal is the last data input, whatever produces it.
             data = [i for i in node.input if not i.startswith("^")]
@@ -97,6 +100,18 @@ def _untpu_nodes(holder: GraphDef | FunctionDef, counts: dict[str, int]) -> set[
         del nodes[:]
         nodes.extend(kept)
     return dropped
+
+
+def _run_tpu_lowering_on_cpu(node: NodeDef) -> None:
+    """A jax2tf module lowered for TPU and not for CPU runs its TPU lowering on CPU: its
+    platform check, not the computation, is what refuses it (tensorflow/compiler/tf2xla/
+    kernels/xla_call_module_loader.cc, SetPlatformIndex: with "platform" in disabled_checks
+    the first platform's lowering is used). A module lowered for CPU too keeps running its
+    CPU lowering."""
+    platforms = [p.decode() for p in node.attr["platforms"].list.s]
+    checks = node.attr["disabled_checks"].list.s
+    if platforms and "CPU" not in platforms and b"platform" not in checks:
+        checks.append(b"platform")
 
 
 def _to_identity(node: NodeDef) -> dict[str, str]:

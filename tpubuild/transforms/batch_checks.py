@@ -165,7 +165,7 @@ def output_dims(model: SavedModel, fn: str) -> list[list[int] | None]:
         flat = _flatten_specs(functions[fn].output_signature)
         if len(flat) == count:
             return flat
-    return _inferred_output_dims(model.functions[fn], count)
+    return _inferred_output_dims(model, fn, count)
 
 
 def _flatten_specs(value: struct_pb2.StructuredValue) -> list[list[int] | None]:
@@ -183,16 +183,28 @@ def _flatten_specs(value: struct_pb2.StructuredValue) -> list[list[int] | None]:
     return [None]  # composite tensors: one spec for several tensors, not checked
 
 
-def _inferred_output_dims(fdef: FunctionDef, count: int) -> list[list[int] | None]:
+def _inferred_output_dims(model: SavedModel, fn: str, count: int) -> list[list[int] | None]:
+    """Shape inference over `fn` imported as a graph. A function stages made (a TPU body
+    split from a Keras endpoint, an io_shape wrapper) has no object-graph record and calls
+    other library functions: function_def_to_graph looks callees up in the default graph
+    (function_def_to_graph_def in tensorflow/python/framework/function_def_to_graph.py
+    raises "Function ... was not found" otherwise), so the library is imported first."""
+    import tensorflow as tf
+    from tensorflow.core.framework.graph_pb2 import GraphDef
     from tensorflow.python.framework.function_def_to_graph import function_def_to_graph
 
-    shapes = []
-    for i in range(len(fdef.signature.input_arg)):
-        dims = fnedit.dims(fnedit.arg_shape(fdef, i))
-        shapes.append(None if dims is None else [None if d < 0 else d for d in dims])
+    # A copy: function_def_to_graph rewrites the FunctionDef it is given (seen on a jax2tf
+    # XlaCallModule, whose empty `function_list` attr it left without a value, which the
+    # MLIR bridge check then refused: "Failed to bind all placeholders").
+    fdef = FunctionDef()
+    fdef.CopyFrom(model.functions[fn])
+    # Argument shapes as protos (function_def_to_graph wants TensorShape or its proto).
+    shapes = [fnedit.arg_shape(fdef, i) for i in range(len(fdef.signature.input_arg))]
     try:
-        graph = function_def_to_graph(fdef, input_shapes=shapes)
-    except Exception:  # a function TF cannot import on its own (e.g. nested library calls)
+        with tf.Graph().as_default():
+            tf.graph_util.import_graph_def(GraphDef(library=model.meta_graph.graph_def.library), name="")
+            graph = function_def_to_graph(fdef, input_shapes=shapes)
+    except Exception:  # a function TF cannot import (an op this TF does not register)
         return [None] * count
     out = []
     for tensor in graph.outputs:

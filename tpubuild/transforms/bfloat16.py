@@ -12,7 +12,7 @@ from tensorflow.core.framework.node_def_pb2 import NodeDef
 from tensorflow.python.framework import kernels, op_def_registry
 
 from tpubuild.errors import ConversionError
-from tpubuild.savedmodel import casts
+from tpubuild.savedmodel import casts, xla_call_module
 from tpubuild.savedmodel.casts import BF16, F32
 from tpubuild.savedmodel.model import GRAPH, SavedModel, node_functions
 from tpubuild.savedmodel.resources import VariableSources
@@ -37,6 +37,9 @@ class Bf16Plan:
     kept_no_kernel: dict[str, int] = field(default_factory=dict)
     variables: dict[int, str] = field(default_factory=dict)  # object-graph id -> checkpoint name
     casts: int = 0
+    # One entry per XlaCallModule in scope: where it is and what its StableHLO became.
+    xla_call_modules: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -46,6 +49,7 @@ class Bf16Plan:
                 "filterlist": dict(sorted(self.kept_filterlist.items())),
                 "no_bfloat16_cpu_kernel": dict(sorted(self.kept_no_kernel.items())),
             },
+            "xla_call_modules": self.xla_call_modules,
             "variables": sorted(self.variables.values()),
             "casts": self.casts,
         }
@@ -123,7 +127,11 @@ def convert(model: SavedModel, scope: set[str], filterlist: Iterable[str]) -> Bf
         # which the TPU runtime refuses (tpu.py).
         host_side = host_side_nodes(model.functions[fn])
         for node in model.functions[fn].node_def:
-            if node.name not in host_side:
+            if node.name in host_side:
+                continue
+            if node.op == xla_call_module.OP:
+                _convert_xla_call_module(model, fn, node, filtered, plan)
+            else:
                 _convert_node(node, filtered, plan)
     converted = set(plan.variables)
     touched = set(scope)
@@ -160,6 +168,34 @@ def _convert_node(node: NodeDef, filtered: set[str], plan: Bf16Plan) -> None:
     for name in attrs:
         node.attr[name].type = BF16
     plan.converted_ops[node.op] = plan.converted_ops.get(node.op, 0) + 1
+
+
+def _convert_xla_call_module(model: SavedModel, fn: str, node: NodeDef, filtered: set[str], plan: Bf16Plan) -> None:
+    """A jax2tf computation computes in bfloat16 when its StableHLO does
+    (transforms/stablehlo_bfloat16.py); what stays float32 is recorded, and a part that
+    could not be converted is one warning naming the op."""
+    from tpubuild.transforms.stablehlo_bfloat16 import FILTERLIST_REASON, convert_module
+
+    where = f"XlaCallModule node {node.name!r} in function {model.describe(fn)}"
+    entry: dict[str, Any] = {"function": model.alias_of(fn) or fn, "node": node.name}
+    plan.xla_call_modules.append(entry)
+    if node.op in filtered:
+        plan.kept_filterlist[node.op] = plan.kept_filterlist.get(node.op, 0) + 1
+        entry.update(converted_ops={}, kept_float32={"module": {"count": 1, "reason": FILTERLIST_REASON}})
+        return
+    try:
+        rewrite = convert_module(node, filtered)
+    except xla_call_module.ModuleError as exc:
+        entry.update(converted_ops={}, kept_float32={"module": {"count": 1, "reason": str(exc)}})
+        plan.warnings.append(f"bfloat16: {where} stays float32: {exc}")
+        return
+    entry.update(rewrite.summary())
+    if rewrite.converted_ops:
+        plan.converted_ops[node.op] = plan.converted_ops.get(node.op, 0) + 1
+    cannot = {op: kept for op, kept in rewrite.kept.items() if kept["reason"] != FILTERLIST_REASON}
+    if cannot:
+        parts = "; ".join(f"{op} x{kept['count']} ({kept['reason']})" for op, kept in sorted(cannot.items()))
+        plan.warnings.append(f"bfloat16: {where}: stays float32 inside: {parts}")
 
 
 def _resource_input(node: NodeDef) -> str | None:

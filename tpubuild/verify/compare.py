@@ -72,7 +72,15 @@ def run_signature(model: Any, key: str, samples: list[Sample]) -> dict[str, np.n
     function = model.signatures[key]
     outputs: dict[str, list[np.ndarray]] = {}
     for sample in samples:
-        result = function(**{name: tf.constant(value) for name, value in sample.items()})
+        try:
+            result = function(**{name: tf.constant(value) for name, value in sample.items()})
+        except tf.errors.OpError as exc:  # e.g. a random id beyond an embedding's rows
+            from tpubuild.telling import telling_line
+
+            raise ValueError(
+                f"signature {key!r} fails on its verification samples: "
+                f"{telling_line(exc.message) or type(exc).__name__}; if the model cannot take random inputs, give "
+                "verify.representative_datasets") from None
         for name, tensor in result.items():
             outputs.setdefault(name, []).append(tensor.numpy())
     return {name: np.stack(values) for name, values in outputs.items()}

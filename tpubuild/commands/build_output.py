@@ -1,0 +1,183 @@
+"""What `tpubuild build` prints, as the build tools people know print it (Bazel, Cargo).
+
+- A row per stage that did work (built) or failed, never one per cached stage: a build of
+  200 recipes where two changed prints a few rows, not 2000. `-v` lists every stage,
+  cached and skipped ones too, and each built stage's worker start-up; `-q` prints no rows.
+- `published: RECIPE -> out/RECIPE/N` for each recipe that published a new version.
+- The summary line last: `14 recipes: 108 built, 2 cached, 1 failed`.
+- On a terminal, one live line at the bottom, redrawn in place: `[n/N]` stages done of
+  the build's, the stages running and for how long (Bazel's `[n / N]`). Colour for
+  built, cached, failed and skipped, off when NO_COLOR is set (https://no-color.org) or
+  for a dumb terminal. Piped (a CI log, `| tee`), no live line and no colour: the same
+  rows, each written once.
+
+Errors and warnings go to stderr, on every level. `build --dry-run` prints with the same
+functions, in `explain`'s words (engine/explain.py stage_words).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import threading
+import time
+from typing import Any, Callable, TextIO
+
+# How much a build prints: -q, default, -v.
+QUIET, NORMAL, VERBOSE = 0, 1, 2
+
+# ANSI SGR colours of each state's word; dry-run's words are explain's.
+COLOURS = {
+    "built": "32",  # green: work done
+    "cached": "34",  # blue
+    "failed": "1;31",  # bold red
+    "skipped": "33",  # yellow: not run because of a failure
+    "would run": "33",
+    "cached if unchanged": "34",  # the dry-run summary's count of stages waiting for an earlier output
+    "cannot run": "1;31",
+    "published": "32",
+}
+# The summary's order of states.
+BUILD_STATES = ("built", "cached", "failed", "skipped")
+
+
+def wants_colour(stream: TextIO) -> bool:
+    """Colour only on a terminal, and not when the user said no (NO_COLOR set to anything
+    but the empty string, as no-color.org defines it) or the terminal cannot show it."""
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+    return tty and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+
+
+def paint(text: str, word: str, colour: bool) -> str:
+    code = COLOURS.get(word)
+    return f"\033[{code}m{text}\033[0m" if colour and code else text
+
+
+def summary_line(recipes: int, counts: dict[str, int], order: tuple[str, ...], colour: bool) -> str:
+    """`2 recipes: 5 built, 12 cached` (states in `order`, those with a count only)."""
+    parts = ", ".join(paint(f"{counts[s]} {s}", s, colour) for s in order if counts.get(s))
+    return f"{recipes} recipe{'s' if recipes != 1 else ''}: {parts or 'nothing to do'}"
+
+
+def stage_line(recipe: str, stage: str, word: str, detail: str, colour: bool) -> str:
+    """One row: `toy: tpu: built (0.41 s)`, the same shape for build and dry-run."""
+    return f"{recipe}: {stage}: {paint(word, word, colour)}{f' ({detail})' if detail else ''}"
+
+
+class BuildOutput:
+    """The printer, error sink and progress line of one build (the engine's callbacks)."""
+
+    def __init__(self, out: TextIO, verbosity: int, tty: bool, colour: bool, display: Callable[[Any], str]):
+        self.out, self.verbosity, self.tty, self.colour = out, verbosity, tty, colour
+        self.display = display  # a published directory as the user reads it (workspace-relative)
+        self.live = tty and verbosity >= NORMAL
+        self.lock = threading.Lock()
+        self.total = 0
+        self.done = 0
+        self.running: dict[tuple[str, str], float] = {}
+        self.drawn: str | None = None  # the live line on screen now
+        self.stop = threading.Event()
+        self.ticker: threading.Thread | None = None
+
+    # --- the engine's callbacks -------------------------------------------------------
+    def planned(self, runs: list[Any]) -> None:
+        with self.lock:
+            self.total = sum(len(run.plan) for run in runs)
+        if self.live:  # from now on: checking a large model's inputs takes seconds too
+            self.ticker = threading.Thread(target=self._tick, name="tpubuild-progress", daemon=True)
+            self.ticker.start()
+
+    def started(self, run: Any, stage: str) -> None:
+        if not self.live:
+            return
+        with self.lock:
+            self.running[(run.name, stage)] = time.monotonic()
+            if self.ticker is not None:
+                self._draw()
+
+    def row(self, run: Any, row: Any) -> None:
+        with self.lock:
+            self.done += 1
+            self.running.pop((row.recipe, row.stage), None)
+            lines = []
+            if self.verbosity >= VERBOSE or (self.verbosity >= NORMAL and row.status in ("built", "failed")):
+                lines.append(stage_line(row.recipe, row.stage, self._word(row), self._detail(row), self.colour))
+            if self.verbosity >= NORMAL and row.stage == "publish" and row.status == "built" \
+                    and run.version is not None:
+                where = self.display(run.outputs["publish"].directory / str(run.version))
+                lines.append(f"{paint('published', 'published', self.colour)}: {run.name} -> {where}")
+            if lines:
+                self._clear()
+                self.out.write("".join(line + "\n" for line in lines))
+            if self.ticker is not None:
+                self._draw()
+            self.out.flush()
+
+    def error(self, message: str) -> None:
+        with self.lock:
+            self._clear()
+            self.out.flush()
+            sys.stderr.write(message + "\n")
+            sys.stderr.flush()
+            if self.ticker is not None:
+                self._draw()
+
+    # --- the end ------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the live line and erase it (also when the build was interrupted)."""
+        self.stop.set()
+        if self.ticker is not None:
+            self.ticker.join()
+        with self.lock:
+            self._clear()
+            self.out.flush()
+
+    def summary(self, runs: list[Any]) -> None:
+        self.close()
+        counts: dict[str, int] = {}
+        for run in runs:
+            for row in run.rows:
+                counts[row.status] = counts.get(row.status, 0) + 1
+        self.out.write(summary_line(len(runs), counts, BUILD_STATES, self.colour) + "\n")
+        self.out.flush()
+
+    # --- drawing --------------------------------------------------------------------------
+    def _word(self, row: Any) -> str:
+        return row.status
+
+    def _detail(self, row: Any) -> str:
+        detail = f"{row.seconds:.2f} s"
+        if row.status == "cached":
+            return ("from the remote cache, " if row.remote else "") + detail
+        startup = getattr(row, "worker_startup_seconds", None)
+        if self.verbosity >= VERBOSE and startup is not None:
+            detail += f", worker start-up {startup:.2f} s"
+        return detail
+
+    def _tick(self) -> None:
+        while not self.stop.wait(0.25):
+            with self.lock:
+                self._draw()
+
+    def _draw(self) -> None:
+        """The live line (the lock held): `[3/12] running toy: tpu 4 s, other: verify 1 s`."""
+        now = time.monotonic()
+        running = ", ".join(f"{recipe}: {stage} {now - since:.0f} s"
+                            for (recipe, stage), since in sorted(self.running.items(), key=lambda item: item[1]))
+        idle = "finishing" if self.done >= self.total else "checking the cache"  # lock files, workers' exit
+        text = f"[{self.done}/{self.total}] " + (f"running {running}" if running else idle)
+        width = shutil.get_terminal_size((100, 24)).columns - 1  # never wraps: \r would not reach the start
+        text = text[:max(width, 20)]
+        if text != self.drawn:  # a terminal recording gets a change, not four frames a second
+            self.out.write("\r\033[K" + text)
+            self.out.flush()
+            self.drawn = text
+
+    def _clear(self) -> None:
+        if self.drawn is not None:
+            self.out.write("\r\033[K")
+            self.drawn = None
