@@ -12,10 +12,12 @@ than `dvc status` and within 2x of the no-op build, each ratio from the same run
 dvc comes from `pip install -e '.[bench]'` or a `dvc` on PATH (DVC env var: its path).
 Prints the figures; asserts nothing.
 Usage: python3 benchmarks/noop_build.py [MODELS] [RECIPES_PER_MODEL]  (1: the MODELS recipes only)
+       NOOP_BENCH_KEEP=DIR keeps the workspaces in DIR (and reuses what is built there: profiling).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -112,19 +114,22 @@ def find_dvc() -> str | None:
 
 
 def main(models: int = 200, per_model: int = 10, runs: int = 5) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
+    keep = os.environ.get("NOOP_BENCH_KEEP")
+    with (contextlib.nullcontext(keep) if keep else tempfile.TemporaryDirectory()) as tmp:
         base = Path(tmp)
         start = time.perf_counter()
         paths = [str(base / "models" / f"m{m:03d}") for m in range(models)]
-        subprocess.run([sys.executable, "-c", EXPORT, *paths], check=True, capture_output=True)
+        if not all(Path(p).is_dir() for p in paths):
+            subprocess.run([sys.executable, "-c", EXPORT, *paths], check=True, capture_output=True)
         print(f"{models} distinct models exported in {time.perf_counter() - start:.1f} s")
         figures = {}
         sizes = ((models, 1), (models * per_model, per_model)) if per_model > 1 else ((models, 1),)
         for count, per in sizes:
             root = base / f"ws{count}"
-            root.mkdir()
-            shutil.copytree(base / "models", root / "models")
-            workspace(root, models, per)
+            if not (root / "recipes").is_dir():
+                root.mkdir()
+                shutil.copytree(base / "models", root / "models")
+                workspace(root, models, per)
             start = time.perf_counter()
             first = subprocess.run([sys.executable, "-m", "tpubuild", "build", "-j", "2"], cwd=root,
                                    capture_output=True, text=True)
@@ -148,6 +153,7 @@ def main(models: int = 200, per_model: int = 10, runs: int = 5) -> None:
             if count == models:
                 checks = {"built": check_time(runs, root, fresh=False),
                           "built, without the no-op memo": check_time(runs, root, fresh=False, memo=False)}
+                shutil.rmtree(base / "fresh", ignore_errors=True)
                 fresh_clone(root, base / "fresh")
                 checks["fresh clone"] = check_time(runs, base / "fresh", fresh=True)
                 for where, (seconds, cpu) in checks.items():
@@ -160,6 +166,7 @@ def main(models: int = 200, per_model: int = 10, runs: int = 5) -> None:
         if dvc is None:
             print("  dvc: not installed (pip install -e '.[bench]'), no reference")
             return
+        shutil.rmtree(base / "dvc", ignore_errors=True)
         dvc_root = base / "dvc" / "ws"
         dvc_root.mkdir(parents=True)
         shutil.copytree(base / "models", dvc_root.parent / "models")

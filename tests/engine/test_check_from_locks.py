@@ -3,6 +3,7 @@ no-op build: lock files read without a YAML parser, code digests without parsing
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,57 @@ def test_a_lock_file_of_another_layout_is_read_by_the_yaml_parser(tmp_path):
     edited = read_lock_keys(path)
     assert edited["toolchain"] == {"python": "CPython 3.11"}
     assert edited["stages"] == written["stages"]
+
+
+def test_a_fresh_clone_is_checked_from_recorded_hashes_alone(built_workspace, monkeypatch):
+    """CI's fresh clone: no cache, no stat cache, no memo. quick_check proves every lock
+    file current from the hashes it records (no recipe loaded, no key computed); anything
+    that could change a key sends --check down the full path, which names it."""
+    from tests.engine.conftest import build_json, tpubuild
+    from tpubuild.engine.lockcheck import quick_check
+
+    ws = built_workspace
+    # An import of a module not loaded yet looks in the script's folder first: absent there.
+    script = ws / "recipes" / "models" / "copy_export.py"
+    script.write_text(script.read_text().replace("import shutil\n", "import shutil\nimport colorsys\n"))
+    build_json(ws, "cut")
+    shutil.rmtree(ws / ".tpubuild")
+    shutil.rmtree(ws / "out")
+    assert quick_check(ws, None) == 3
+    assert (ws / ".tpubuild" / "statcache.json").is_file()  # the next check hashes by stat
+    assert quick_check(ws, None) == 3
+    check = tpubuild(ws, "build", "--check")
+    assert (check.returncode, check.stdout) == (0, "3 lock files up to date\n"), check.stderr
+
+    # The workspace file decides defaults and layout: the full path decides, and a change
+    # that changes no key changes no lock file.
+    workspace = (ws / "tpubuild.yaml").read_text()
+    (ws / "tpubuild.yaml").write_text(workspace + "# a comment\n")
+    assert quick_check(ws, None) is None
+    assert tpubuild(ws, "build", "--check").returncode == 0
+    (ws / "tpubuild.yaml").write_text(workspace)
+
+    # A key variable set: every key changes.
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+    assert quick_check(ws, None) is None
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS")
+    assert quick_check(ws, None) == 3
+
+    # A module created where the export's import looked and found nothing.
+    lock = (ws / "recipes" / "cut.lock.yaml").read_text()
+    absent = next(line.split('"')[1] for line in lock.splitlines() if line.endswith("colorsys.py\": absent"))
+    (ws / absent).parent.mkdir(parents=True, exist_ok=True)
+    (ws / absent).write_text("")
+    assert quick_check(ws, None) is None
+    check = tpubuild(ws, "build", "--check")
+    assert check.returncode == 1
+    assert f"stage export would run (module {absent}: created where an import looked" in check.stdout
+    (ws / absent).unlink()
+
+    # A recipe's own text, even a comment: a build records the new hash.
+    recipe = ws / "recipes" / "toy.yaml"
+    recipe.write_text(recipe.read_text() + "# reviewed\n")
+    assert quick_check(ws, None) is None
+    check = tpubuild(ws, "build", "--check")
+    assert (check.returncode, check.stdout) == (
+        1, "recipes/toy.yaml: building would change recipes/toy.lock.yaml: input recipe:recipes/toy.yaml changed\n")

@@ -76,6 +76,11 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry
         code = _noop_fast_path(ctx, recipe_patterns, as_json, verbosity, check)
         if code is not None:
             return code
+    if check and not (recipe_patterns or relock or changed_since):
+        count = _quick_check(ctx)
+        if count is not None:
+            _say_up_to_date(count)
+            return 0
     from tpubuild.commands._common import asked_broken, recipes_from, remote_setting, warn_unmatched_globs
 
     # An invalid recipe that was not asked for is a warning; one that was stops the build
@@ -197,6 +202,17 @@ def _check(ws, recipes) -> int:
     if not stale:
         _say_up_to_date(len(recipes))
     return 1 if stale else 0
+
+
+def _quick_check(ctx: click.Context) -> int | None:
+    """`--check` proven from the lock files' recorded hashes alone, with no recipe loaded
+    (engine/lockcheck.py quick_check): what CI's fresh clone runs. None: the full check."""
+    from pathlib import Path
+
+    from tpubuild.engine.lockcheck import quick_check
+
+    override = ctx.obj.workspace if ctx.obj else None
+    return quick_check(Path.cwd(), Path(override) if override else None)
 
 
 def _say_up_to_date(count: int) -> None:

@@ -23,6 +23,15 @@ def find_workspace_file(start: Path) -> Path | None:
     return None
 
 
+def lock_file_of(recipe_file: Path) -> Path:
+    """`recipes/toy.yaml` -> `recipes/toy.lock.yaml`, one per recipe (no merge conflicts)."""
+    name = recipe_file.name
+    for suffix in (".yaml", ".yml"):
+        if name.endswith(suffix):
+            return recipe_file.with_name(name[: -len(suffix)] + LOCK_SUFFIX)
+    return recipe_file.with_name(recipe_file.stem + LOCK_SUFFIX)
+
+
 def discover_files(root: Path, patterns: list[str]) -> list[Path]:
     """Recipe files matched by `patterns` (relative to `root`), resolved and sorted."""
     found = set()

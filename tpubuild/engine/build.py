@@ -26,8 +26,10 @@ from tpubuild.engine.resolve import (
     RecipeRun,
     Resolver,
     changed_inputs,
+    lock_inputs,
     measured_flags,
     new_runs,
+    planning_digest,
     published_targets,
     run_inputs,
     without_targets,
@@ -457,10 +459,10 @@ class Engine:
         }
 
     def write_lock(self, run: RecipeRun) -> None:
-        write_lock(run.recipe.lock_file, lock_for(run), force=self.relock)
+        write_lock(run.recipe.lock_file, lock_for(run, self.stat, self.ws.file), force=self.relock)
 
 
-def lock_for(run: RecipeRun) -> dict[str, Any]:
+def lock_for(run: RecipeRun, stat: StatCache, ws_file: Path) -> dict[str, Any]:
     """The lock document of a fully resolved run (every stage cached or built)."""
     stages = []
     measured: set[str] = set()  # stages whose output may differ between machines
@@ -475,8 +477,8 @@ def lock_for(run: RecipeRun) -> dict[str, Any]:
         stages.append({"stage": planned.name, "key": out.key, "output": out.tree, "key_measured": key_measured,
                        "measured": output_measured, **({"discovered": discovered} if discovered else {})})
     model_measured = run.plan[-1].consumes["model"] in measured
-    return lock_document(run.name, run.recipe.digest, toolchain(), run_inputs(run), stages, run.version,
-                         artifact_facts(run, model_measured))
+    return lock_document(run.name, run.recipe.digest, toolchain(), lock_inputs(run, stat), stages, run.version,
+                         artifact_facts(run, model_measured), planning=planning_digest(ws_file, stat, run.recipe))
 
 
 def artifact_facts(run: RecipeRun, model_measured: bool) -> list[tuple[str, Any, bool]]:
@@ -543,7 +545,7 @@ def lock_problem(engine: Engine, run: RecipeRun, states: list[Any]) -> str | Non
         current = run.recipe.lock_file.read_text()
     except OSError:
         return "no lock file"
-    document = lock_for(run)
+    document = lock_for(run, engine.stat, engine.ws.file)
     if engine.relock:  # every byte, measured figures included
         return None if current == lock_text(document) else "the lock file does not record this machine's build"
     if not same_keys(parse_lock_keys(current), document):

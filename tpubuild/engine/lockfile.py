@@ -37,6 +37,12 @@ except AttributeError:  # PyYAML without libyaml
     _Loader = yaml.SafeLoader
 
 
+# Not compared by same_keys (a build never rewrites a lock file for it alone): a stale one
+# only sends `build --check` down its full path, which computes every key.
+PLANNING_COMMENT = ("# tpubuild's code, the workspace file, the key variables: while they hash the same, "
+                    "build --check trusts the keys below")
+
+
 def lock_document(
     recipe: str,
     digest: str,
@@ -45,6 +51,7 @@ def lock_document(
     stages: list[dict[str, Any]],
     version: int | None,
     artifact: list[tuple[str, Any, bool]] | None = None,
+    planning: str | None = None,
 ) -> dict[str, Any]:
     """The lock file's content; key order is the file's order. `artifact`: (field, value,
     measured) facts a reviewer reads in a diff (size, parameters, cost, error)."""
@@ -53,6 +60,7 @@ def lock_document(
         "recipe": recipe,
         "recipe_digest": digest,
         "toolchain": dict(toolchain),
+        "planning": planning,
         "inputs": dict(sorted(inputs.items())),
         "stages": [
             {"stage": s["stage"], "key": s["key"], "output": s["output"], "measured": bool(s.get("measured")),
@@ -92,6 +100,8 @@ def lock_text(document: dict[str, Any]) -> str:
         lines.append(f"{key}: {_scalar(document[key])}")
     lines.append("toolchain:")
     lines.extend(f"  {k}: {_scalar(v)}" for k, v in document["toolchain"].items())
+    if document.get("planning"):
+        lines.append(f"planning: {document['planning']}  {PLANNING_COMMENT}")
     lines.append("inputs:" if document["inputs"] else "inputs: {}")
     lines.extend(f"  {_scalar(k)}: {_scalar(v)}" for k, v in document["inputs"].items())
     lines.append("stages:")
