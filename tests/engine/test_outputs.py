@@ -19,8 +19,10 @@ def test_lock_file_contents_and_determinism(built_once, built_workspace):
     text = (ws0 / "recipes" / "toy.lock.yaml").read_text()
     lock = yaml.safe_load(text)
     assert text.startswith("# Written by `tpubuild build`; commit it, do not edit it.\nschema: 2\nrecipe: toy\n")
-    assert list(lock) == ["schema", "recipe", "recipe_digest", "toolchain", "inputs", "stages", "published_version",
-                          "artifact"]
+    assert list(lock) == ["schema", "recipe", "recipe_digest", "toolchain", "planning", "inputs", "stages",
+                          "published_version", "artifact"]
+    # What build --check compares before trusting the keys without computing them.
+    assert re.search(r"^planning: [0-9a-f]{64}  # tpubuild's code, the workspace file, the key variables", text, re.M)
     # What a reviewer reads in a pull request's diff, from the published report.
     artifact = lock["artifact"]
     assert list(artifact) == ["converter_options", "size", "size_bytes", "parameters", "cost", "max_abs_error",
@@ -37,7 +39,7 @@ def test_lock_file_contents_and_determinism(built_once, built_workspace):
     # verify's key hashes nothing measured; the report's and publish's keys hash verify's output.
     stages_text = text.split("\npublished_version:")[0]
     assert stages_text.count("# measured on the building machine") == 2 * len(measured) - 1
-    assert list(lock["inputs"]) == ["dir:recipes/models/tiny"]
+    assert list(lock["inputs"]) == ["dir:recipes/models/tiny", "recipe:recipes/toy.yaml"]
     assert [(s["stage"], s["key"]) for s in lock["stages"]] == [
         (row["stage"], row["key"]) for row in first["rows"] if row["recipe"] == "toy"
     ]
@@ -50,7 +52,10 @@ def test_lock_file_contents_and_determinism(built_once, built_workspace):
     cut = yaml.safe_load((ws0 / "recipes" / "cut.lock.yaml").read_text())
     # Declared files, and the modules the export imported (discovered).
     assert list(cut["inputs"]) == ["file:recipes/models/copy_export.py", "file:recipes/models/notes.py",
-                                   "import:recipes/models/copy_export.py", "import:recipes/models/notes.py"]
+                                   "import:recipes/models/copy_export.py", "import:recipes/models/notes.py",
+                                   "recipe:recipes/cut.yaml"]
+    # What the export's code imported, with its hash, as its key hashes it (build --check).
+    assert cut["stages"][0]["discovered"]["recipes/models/notes.py"] == cut["inputs"]["import:recipes/models/notes.py"]
     # Rebuilding changes no lock file, byte for byte.
     build_json(built_workspace)
     assert (built_workspace / "recipes" / "toy.lock.yaml").read_text() == text
@@ -85,13 +90,14 @@ def test_check_in_a_fresh_clone_answers_from_the_lock_files(built_workspace, tmp
     (clone / "recipes" / "models" / "tiny" / "extra.txt").write_text("a file of the model\n")
     stale = tpubuild(clone, "build", "--check")
     assert stale.returncode == 1, stale.stderr
+    assert len(stale.stdout.splitlines()) == 3, (stale.stdout, stale.stderr)
     cut, other, toy = stale.stdout.splitlines()
 
     def says(line: str, name: str, stage: str) -> bool:
         return line.startswith(f"recipes/{name}.yaml: building would change recipes/{name}.lock.yaml: "
                                f"stage {stage} would run (")
 
-    assert says(cut, "cut", "export") and "imported module recipes/models/notes.py: content changed (" in cut
+    assert says(cut, "cut", "export") and "input file:recipes/models/notes.py: content changed (" in cut
     assert says(other, "other", "source") and says(toy, "toy", "source")  # the first changed key is named
     (clone / "recipes" / "models" / "tiny" / "extra.txt").unlink()
     check = tpubuild(clone, "build", "--check", "toy")

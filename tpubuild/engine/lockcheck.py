@@ -101,7 +101,7 @@ class LockCheck:
                 message = str(exc) if isinstance(exc, StageError) else f"{exc.strerror}: {exc.filename}"
                 return f"stage {planned.name} cannot run ({message})"
             if reasons or not (key_measured or key == old.get("key")):
-                if not discovered and spec(planned.name).runs_user_code:
+                if not discovered and planned.name not in ENGINE_STEPS and spec(planned.name).runs_user_code:
                     # User code always imports its own script: nothing recorded is a lock
                     # file written before lock files recorded imports.
                     return (f"stage {planned.name}: the lock file does not record what its code imported "
