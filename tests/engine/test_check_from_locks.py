@@ -110,10 +110,39 @@ def test_a_fresh_clone_is_checked_from_recorded_hashes_alone(built_workspace, mo
     assert f"stage export would run (module {absent}: created where an import looked" in check.stdout
     (ws / absent).unlink()
 
-    # A recipe's own text, even a comment: a build records the new hash.
+    # A recipe's own text, even a comment: the full path decides (a comment changes no key).
     recipe = ws / "recipes" / "toy.yaml"
-    recipe.write_text(recipe.read_text() + "# reviewed\n")
+    text = recipe.read_text()
+    recipe.write_text(text + "# reviewed\n")
     assert quick_check(ws, None) is None
+    assert tpubuild(ws, "build", "--check").returncode == 0
+    recipe.write_text(text.replace("samples: 4", "samples: 5"))
     check = tpubuild(ws, "build", "--check")
     assert (check.returncode, check.stdout) == (
-        1, "recipes/toy.yaml: building would change recipes/toy.lock.yaml: input recipe:recipes/toy.yaml changed\n")
+        1, "recipes/toy.yaml: building would change recipes/toy.lock.yaml: stage verify would run (the recipe changed)\n")
+    recipe.write_text(text)
+    assert quick_check(ws, None) == 3
+
+
+def test_extends_chain_reads_the_bases_as_the_recipe_loader_does(tmp_path):
+    """The quick path's guess of a recipe's files (no YAML parser) equals what the loader
+    reads (Recipe.files) for the ways `extends:` is written: a wrong guess would only send
+    --check down its full path, but a right one is what makes it fast."""
+    from tpubuild.config.finding import extends_chain
+    from tpubuild.config.recipe import load_recipes
+    from tpubuild.config.workspace import load_workspace
+
+    (tmp_path / "tpubuild.yaml").write_text("recipes: [recipes/*.yaml]\n")
+    common = tmp_path / "recipes" / "common"
+    common.mkdir(parents=True)
+    (common / "root.yaml").write_text("verify: {samples: 3}\n")
+    (tmp_path / "recipes" / "m").mkdir()  # a model directory (its content is not read here)
+    (tmp_path / "recipes" / "m" / "saved_model.pb").write_bytes(b"")
+    (common / "mid.yaml").write_text("extends: 'root.yaml'  # quoted\nconverter: {}\n")
+    (tmp_path / "recipes" / "r.yaml").write_text(
+        "# yaml-language-server: $schema=x\nname: r\nextends: \"common/mid.yaml\"\nmodel: {saved_model: m}\n")
+    (tmp_path / "recipes" / "s.yaml").write_text("name: s\nextends: common/root.yaml\nmodel: {saved_model: m}\n")
+    recipes = load_recipes(load_workspace(tmp_path), None)
+    assert [len(r.files) for r in recipes] == [3, 2]
+    for recipe in recipes:
+        assert extends_chain(recipe.file) == [Path(p).resolve() for p in recipe.files]

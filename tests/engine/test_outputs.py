@@ -22,7 +22,7 @@ def test_lock_file_contents_and_determinism(built_once, built_workspace):
     assert list(lock) == ["schema", "recipe", "recipe_digest", "toolchain", "planning", "inputs", "stages",
                           "published_version", "artifact"]
     # What build --check compares before trusting the keys without computing them.
-    assert re.search(r"^planning: [0-9a-f]{64}  # tpubuild's code, the workspace file, the key variables", text, re.M)
+    assert re.search(r"^planning: [0-9a-f]{64}  # tpubuild's code, the workspace file, the key", text, re.M)
     # What a reviewer reads in a pull request's diff, from the published report.
     artifact = lock["artifact"]
     assert list(artifact) == ["converter_options", "size", "size_bytes", "parameters", "cost", "max_abs_error",
@@ -39,7 +39,7 @@ def test_lock_file_contents_and_determinism(built_once, built_workspace):
     # verify's key hashes nothing measured; the report's and publish's keys hash verify's output.
     stages_text = text.split("\npublished_version:")[0]
     assert stages_text.count("# measured on the building machine") == 2 * len(measured) - 1
-    assert list(lock["inputs"]) == ["dir:recipes/models/tiny", "recipe:recipes/toy.yaml"]
+    assert list(lock["inputs"]) == ["dir:recipes/models/tiny"]
     assert [(s["stage"], s["key"]) for s in lock["stages"]] == [
         (row["stage"], row["key"]) for row in first["rows"] if row["recipe"] == "toy"
     ]
@@ -52,8 +52,7 @@ def test_lock_file_contents_and_determinism(built_once, built_workspace):
     cut = yaml.safe_load((ws0 / "recipes" / "cut.lock.yaml").read_text())
     # Declared files, and the modules the export imported (discovered).
     assert list(cut["inputs"]) == ["file:recipes/models/copy_export.py", "file:recipes/models/notes.py",
-                                   "import:recipes/models/copy_export.py", "import:recipes/models/notes.py",
-                                   "recipe:recipes/cut.yaml"]
+                                   "import:recipes/models/copy_export.py", "import:recipes/models/notes.py"]
     # What the export's code imported, with its hash, as its key hashes it (build --check).
     assert cut["stages"][0]["discovered"]["recipes/models/notes.py"] == cut["inputs"]["import:recipes/models/notes.py"]
     # Rebuilding changes no lock file, byte for byte.

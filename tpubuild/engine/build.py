@@ -26,7 +26,6 @@ from tpubuild.engine.resolve import (
     RecipeRun,
     Resolver,
     changed_inputs,
-    lock_inputs,
     measured_flags,
     new_runs,
     planning_digest,
@@ -477,8 +476,10 @@ def lock_for(run: RecipeRun, stat: StatCache, ws_file: Path) -> dict[str, Any]:
         stages.append({"stage": planned.name, "key": out.key, "output": out.tree, "key_measured": key_measured,
                        "measured": output_measured, **({"discovered": discovered} if discovered else {})})
     model_measured = run.plan[-1].consumes["model"] in measured
-    return lock_document(run.name, run.recipe.digest, toolchain(), lock_inputs(run, stat), stages, run.version,
-                         artifact_facts(run, model_measured), planning=planning_digest(ws_file, stat, run.recipe))
+    recipe = run.recipe
+    planning = planning_digest(ws_file, stat, recipe.files or [recipe.file], Path(recipe.root), recipe)
+    return lock_document(run.name, recipe.digest, toolchain(), run_inputs(run), stages, run.version,
+                         artifact_facts(run, model_measured), planning=planning)
 
 
 def artifact_facts(run: RecipeRun, model_measured: bool) -> list[tuple[str, Any, bool]]:

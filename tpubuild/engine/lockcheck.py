@@ -32,9 +32,9 @@ from tpubuild.engine.resolve import (
     Resolved,
     RecipeRun,
     Resolver,
-    lock_inputs,
     measured_flags,
     new_runs,
+    run_inputs,
 )
 from tpubuild.engine.statcache import StatCache
 from tpubuild.errors import StageError
@@ -114,7 +114,7 @@ class LockCheck:
                                                                     if discovered is not None else {})})
             stages.append({"stage": planned.name, "key": key, "key_measured": key_measured,
                            **({"discovered": discovered} if discovered is not None else {})})
-        document = {"recipe": run.name, "recipe_digest": run.recipe.digest, "inputs": lock_inputs(run, self.stat),
+        document = {"recipe": run.name, "recipe_digest": run.recipe.digest, "inputs": run_inputs(run),
                     "stages": stages}
         if not same_keys(lock, document):
             recorded, now = dict(lock.get("inputs") or {}), document["inputs"]
@@ -197,7 +197,7 @@ def quick_check(start: Path, override: Path | None) -> int | None:
     naming the stage and the cause."""
     import yaml
 
-    from tpubuild.config.finding import WORKSPACE_FILE, discover_files, find_workspace_file, lock_file_of
+    from tpubuild.config.finding import WORKSPACE_FILE, discover_files, extends_chain, find_workspace_file, lock_file_of
     from tpubuild.config.workspace import DEFAULT_RECIPE_GLOBS, STATE_DIR
     from tpubuild.engine.keys import toolchain
     from tpubuild.engine.resolve import planning_digest
@@ -220,18 +220,17 @@ def quick_check(start: Path, override: Path | None) -> int | None:
     if not files:
         return None
     stat = StatCache(root / STATE_DIR / "statcache.json")
-    planning = planning_digest(ws_file, stat)
     names: set[str] = set()
     for recipe_file in files:
         lock = read_lock_keys(lock_file_of(recipe_file))
-        if lock is None or lock.get("planning") != planning or lock.get("recipe") in names:
+        if lock is None or lock.get("recipe") in names or \
+                lock.get("planning") != planning_digest(ws_file, stat, extends_chain(recipe_file), root):
             return None
         names.add(lock.get("recipe"))
         if dict(lock.get("toolchain") or {}) != toolchain():
             return None
         inputs = lock.get("inputs") or {}
-        own = f"recipe:{Path(os.path.relpath(recipe_file, root)).as_posix()}"
-        if own not in inputs or not all(_same(root, stat, name, digest) for name, digest in inputs.items()):
+        if not all(_same(root, stat, name, digest) for name, digest in inputs.items()):
             return None
         for stage in lock.get("stages") or []:
             discovered = stage.get("discovered") or {}
@@ -242,7 +241,7 @@ def quick_check(start: Path, override: Path | None) -> int | None:
 
 
 def _same(root: Path, stat: StatCache, name: str, digest: Any) -> bool:
-    """Whether an input of a lock file (`file:`, `import:`, `recipe:`, `dir:` or a
+    """Whether an input of a lock file (`file:`, `import:`, `dir:` or a
     discovered path or `dist:`) hashes now as recorded, the way the resolver hashes it."""
     from tpubuild.engine.imports import ABSENT
     from tpubuild.engine.keys import installed_dist
@@ -254,7 +253,7 @@ def _same(root: Path, stat: StatCache, name: str, digest: Any) -> bool:
     if kind == "dir":
         directory = root / rel
         return directory.is_dir() and stat.tree(directory)[0] == digest
-    if kind not in ("file", "import", "recipe"):  # a discovered path: a file, or absent
+    if kind not in ("file", "import"):  # a discovered path: a file, or absent
         rel = name
     if os.path.isabs(rel):
         return False  # code outside the workspace: the full path compares it

@@ -39,8 +39,8 @@ except AttributeError:  # PyYAML without libyaml
 
 # Not compared by same_keys (a build never rewrites a lock file for it alone): a stale one
 # only sends `build --check` down its full path, which computes every key.
-PLANNING_COMMENT = ("# tpubuild's code, the workspace file, the key variables: while they hash the same, "
-                    "build --check trusts the keys below")
+PLANNING_COMMENT = ("# tpubuild's code, the workspace file, the key variables, the recipe's files: "
+                    "while they hash the same, build --check trusts the keys below")
 
 
 def lock_document(

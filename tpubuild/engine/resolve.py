@@ -374,25 +374,17 @@ def run_inputs(run: RecipeRun) -> dict[str, str]:
     return dict(sorted(inputs.items()))
 
 
-def lock_inputs(run: RecipeRun, stat: StatCache) -> dict[str, str]:
-    """What a lock file records as the recipe's inputs: every input its stages read
-    (run_inputs) and the recipe's own files, the recipe and its `extends` bases
-    (`recipe:<path>`), whose edit rewrites the lock file."""
-    inputs = run_inputs(run)
-    root = Path(run.recipe.root)
-    for path in run.recipe.files or [run.recipe.file]:
-        inputs[f"recipe:{Path(os.path.relpath(path, root)).as_posix()}"] = stat.file_hash(str(path))
-    return dict(sorted(inputs.items()))
-
-
-def planning_digest(ws_file: Path, stat: StatCache, recipe: Any | None = None) -> str | None:
-    """What decides a lock file's keys besides its inputs: tpubuild's code (schemas
-    included), the workspace file (defaults, layout) and the key variables set. None for
-    a recipe that names files by glob, whose meaning depends on the files that match."""
+def planning_digest(ws_file: Path, stat: StatCache, recipe_files: list[Path], root: Path,
+                    recipe: Any | None = None) -> str | None:
+    """What decides a lock file's keys besides the inputs its stages read: tpubuild's code
+    (schemas included), the workspace file (defaults, layout), the key variables set and
+    the recipe's own files (the recipe, then each `extends` base). None for a recipe that
+    names files by glob, whose meaning depends on the files that match."""
     if recipe is not None and recipe.globs:
         return None
+    files = [[Path(os.path.relpath(path, root)).as_posix(), stat.file_hash(str(path))] for path in recipe_files]
     return hash_bytes(canonical_dumps({"code": package_content_digest(), "env": key_env(),
-                                       "workspace": stat.file_hash(str(ws_file))}).encode())
+                                       "workspace": stat.file_hash(str(ws_file)), "recipe": files}).encode())
 
 
 def measured_flags(stages: list[PlannedStage]) -> list[tuple[bool, bool]]:
