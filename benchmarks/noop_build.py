@@ -84,12 +84,13 @@ def dvc_pipeline(root: Path, dvc: str, models: int, per_model: int) -> None:
 
 
 def fresh_clone(root: Path, clone: Path) -> None:
-    """What a fresh clone of the built workspace has: recipes, lock files, models, and a
-    workspace file whose cache is empty (its own)."""
-    clone.mkdir()
+    """What a fresh clone of the built workspace has: recipes, lock files, models and the
+    same workspace file, one directory deeper so that its `cache_dir: ../cache` names an
+    empty cache (its own)."""
+    clone.mkdir(parents=True)
     for part in ("recipes", "models"):
         shutil.copytree(root / part, clone / part)
-    (clone / "tpubuild.yaml").write_text("recipes: [recipes/*.yaml]\ncache_dir: .tpubuild/cache\n")
+    shutil.copy(root / "tpubuild.yaml", clone / "tpubuild.yaml")
 
 
 def check_time(runs: int, root: Path, fresh: bool, memo: bool = True) -> tuple[float, float]:
@@ -100,6 +101,7 @@ def check_time(runs: int, root: Path, fresh: bool, memo: bool = True) -> tuple[f
     def before() -> None:
         if fresh:
             shutil.rmtree(root / ".tpubuild", ignore_errors=True)
+            shutil.rmtree(root.parent / "cache", ignore_errors=True)
         if not memo:
             (root / ".tpubuild" / "noop-memo.json").unlink(missing_ok=True)
 
@@ -154,8 +156,8 @@ def main(models: int = 200, per_model: int = 10, runs: int = 5) -> None:
                 checks = {"built": check_time(runs, root, fresh=False),
                           "built, without the no-op memo": check_time(runs, root, fresh=False, memo=False)}
                 shutil.rmtree(base / "fresh", ignore_errors=True)
-                fresh_clone(root, base / "fresh")
-                checks["fresh clone"] = check_time(runs, base / "fresh", fresh=True)
+                fresh_clone(root, base / "fresh" / "ws")
+                checks["fresh clone"] = check_time(runs, base / "fresh" / "ws", fresh=True)
                 for where, (seconds, cpu) in checks.items():
                     print(f"`build --check`, {count} recipes, {where}: {seconds:.3f} s, CPU {cpu:.3f} s (best of "
                           f"{runs}): {seconds / figures[count]:.2f}x the no-op build's wall time, "

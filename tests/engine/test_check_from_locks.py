@@ -70,7 +70,7 @@ def test_a_fresh_clone_is_checked_from_recorded_hashes_alone(built_workspace, mo
     file current from the hashes it records (no recipe loaded, no key computed); anything
     that could change a key sends --check down the full path, which names it."""
     from tests.engine.conftest import build_json, tpubuild
-    from tpubuild.engine.lockcheck import quick_check
+    from tpubuild.engine.quickcheck import quick_check
 
     ws = built_workspace
     # An import of a module not loaded yet looks in the script's folder first: absent there.

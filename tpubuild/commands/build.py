@@ -209,7 +209,7 @@ def _quick_check(ctx: click.Context) -> int | None:
     (engine/lockcheck.py quick_check): what CI's fresh clone runs. None: the full check."""
     from pathlib import Path
 
-    from tpubuild.engine.lockcheck import quick_check
+    from tpubuild.engine.quickcheck import quick_check
 
     override = ctx.obj.workspace if ctx.obj else None
     return quick_check(Path.cwd(), Path(override) if override else None)

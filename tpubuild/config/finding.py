@@ -12,6 +12,8 @@ from pathlib import Path
 
 LOCK_SUFFIX = ".lock.yaml"
 WORKSPACE_FILE = "tpubuild.yaml"
+STATE_DIR = ".tpubuild"  # tpubuild's own files (dep file, stat cache, locks) live here
+DEFAULT_RECIPE_GLOBS = ("recipes/*.yaml",)
 
 
 def find_workspace_file(start: Path) -> Path | None:

@@ -20,6 +20,7 @@ from tpubuild.engine import target_versions
 from tpubuild.engine.imports import ABSENT
 from tpubuild.engine.keys import installed_dist, toolchain, worker_env
 from tpubuild.engine.lockfile import lock_document, write_lock
+from tpubuild.engine.quickcheck import planning_digest
 from tpubuild.engine.resolve import (
     Output,
     Pending,
@@ -28,7 +29,6 @@ from tpubuild.engine.resolve import (
     changed_inputs,
     measured_flags,
     new_runs,
-    planning_digest,
     published_targets,
     run_inputs,
     without_targets,

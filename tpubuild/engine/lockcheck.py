@@ -21,7 +21,6 @@ file of another layout), that recipe is checked the full way, from the cache
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -180,84 +179,3 @@ def check_lines(ws: Any, recipes: list[Any]) -> list[str]:
                      + ("them" if unknown != 1 else "it"))
     check.save()
     return lines
-
-
-def quick_check(start: Path, override: Path | None) -> int | None:
-    """The number of lock files, when every recipe of the workspace is proven up to date
-    without loading a recipe or computing a key; None sends `--check` down its full path.
-
-    A lock file's keys were computed from its recipe's files, the workspace file,
-    tpubuild's code (schemas included), the toolchain and the key variables, and from the
-    inputs its stages read (the lock file's `inputs`) and what they discovered. When all
-    of these hash as the lock file records them (`planning` covers the first three), every
-    key would come out the same, so building would not change the lock file: the way the
-    no-op memo (engine/noop.py) proves a no-op from stats, proved here from content, which
-    a fresh clone has. Recipes that name files by glob record no `planning` (a new match
-    changes their meaning): any such recipe, or any difference, and the full path decides,
-    naming the stage and the cause."""
-    import yaml
-
-    from tpubuild.config.finding import WORKSPACE_FILE, discover_files, extends_chain, find_workspace_file, lock_file_of
-    from tpubuild.config.workspace import DEFAULT_RECIPE_GLOBS, STATE_DIR
-    from tpubuild.engine.keys import toolchain
-    from tpubuild.engine.resolve import planning_digest
-
-    if override is not None:
-        ws_file = override / WORKSPACE_FILE if override.is_dir() else override
-    else:
-        ws_file = find_workspace_file(start)
-    if ws_file is None or not ws_file.is_file():
-        return None
-    root = ws_file.parent.resolve()
-    try:  # only where the recipes are: a workspace file that hashes as the lock files record was valid
-        data = yaml.load(ws_file.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except (OSError, ValueError, yaml.YAMLError):
-        return None
-    globs = (data or {}).get("recipes", list(DEFAULT_RECIPE_GLOBS)) if isinstance(data, dict) or data is None else None
-    if not isinstance(globs, list) or not all(isinstance(g, str) for g in globs):
-        return None
-    files = discover_files(root, globs)
-    if not files:
-        return None
-    stat = StatCache(root / STATE_DIR / "statcache.json")
-    names: set[str] = set()
-    for recipe_file in files:
-        lock = read_lock_keys(lock_file_of(recipe_file))
-        if lock is None or lock.get("recipe") in names or \
-                lock.get("planning") != planning_digest(ws_file, stat, extends_chain(recipe_file), root):
-            return None
-        names.add(lock.get("recipe"))
-        if dict(lock.get("toolchain") or {}) != toolchain():
-            return None
-        inputs = lock.get("inputs") or {}
-        if not all(_same(root, stat, name, digest) for name, digest in inputs.items()):
-            return None
-        for stage in lock.get("stages") or []:
-            discovered = stage.get("discovered") or {}
-            if not all(_same(root, stat, name, digest) for name, digest in discovered.items()):
-                return None
-    stat.save()
-    return len(files)
-
-
-def _same(root: Path, stat: StatCache, name: str, digest: Any) -> bool:
-    """Whether an input of a lock file (`file:`, `import:`, `dir:` or a
-    discovered path or `dist:`) hashes now as recorded, the way the resolver hashes it."""
-    from tpubuild.engine.imports import ABSENT
-    from tpubuild.engine.keys import installed_dist
-
-    kind, _, rel = name.partition(":")
-    if kind == "dist":
-        installed = installed_dist(rel)
-        return (installed[0] if installed else ABSENT) == digest
-    if kind == "dir":
-        directory = root / rel
-        return directory.is_dir() and stat.tree(directory)[0] == digest
-    if kind not in ("file", "import"):  # a discovered path: a file, or absent
-        rel = name
-    if os.path.isabs(rel):
-        return False  # code outside the workspace: the full path compares it
-    try:
-        return stat.file_hash(str(root / rel)) == digest
-    except OSError:
-        return digest == ABSENT

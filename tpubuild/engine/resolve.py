@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tpubuild.atomic import write_text_atomic
-from tpubuild.engine.code import code_digests, package_content_digest
+from tpubuild.engine.code import code_digests
 from tpubuild.engine.hashing import FileEntry, hash_bytes, tree_digest
 from tpubuild.engine.imports import ABSENT
-from tpubuild.engine.keys import canonical_dumps, installed_dist, key_env, key_record, stage_key, summary_digest
+from tpubuild.engine.keys import canonical_dumps, installed_dist, key_record, stage_key, summary_digest
 from tpubuild.engine.records import discovered_final_key
 from tpubuild.engine.statcache import StatCache
 from tpubuild.engine.target_versions import MANIFEST
@@ -372,19 +372,6 @@ def run_inputs(run: RecipeRun) -> dict[str, str]:
             if digest != ABSENT and not os.path.isabs(rel) and not rel.startswith("dist:"):
                 inputs[f"import:{rel}"] = digest
     return dict(sorted(inputs.items()))
-
-
-def planning_digest(ws_file: Path, stat: StatCache, recipe_files: list[Path], root: Path,
-                    recipe: Any | None = None) -> str | None:
-    """What decides a lock file's keys besides the inputs its stages read: tpubuild's code
-    (schemas included), the workspace file (defaults, layout), the key variables set and
-    the recipe's own files (the recipe, then each `extends` base). None for a recipe that
-    names files by glob, whose meaning depends on the files that match."""
-    if recipe is not None and recipe.globs:
-        return None
-    files = [[Path(os.path.relpath(path, root)).as_posix(), stat.file_hash(str(path))] for path in recipe_files]
-    return hash_bytes(canonical_dumps({"code": package_content_digest(), "env": key_env(),
-                                       "workspace": stat.file_hash(str(ws_file)), "recipe": files}).encode())
 
 
 def measured_flags(stages: list[PlannedStage]) -> list[tuple[bool, bool]]:
