@@ -133,7 +133,7 @@ def main(models: int = 200, per_model: int = 10, runs: int = 5) -> None:
                 shutil.copytree(base / "models", root / "models")
                 workspace(root, models, per)
             start = time.perf_counter()
-            first = subprocess.run([sys.executable, "-m", "tpubuild", "build", "-j", "2"], cwd=root,
+            first = subprocess.run([sys.executable, "-m", "tpubuild", "build", "-j", "2", "--relock"], cwd=root,
                                    capture_output=True, text=True)
             assert first.returncode == 0, first.stderr[-2000:]
             print(f"first build of {count} recipes: {time.perf_counter() - start:.1f} s "
