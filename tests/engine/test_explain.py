@@ -85,6 +85,8 @@ def test_a_later_stage_that_runs_anyway_says_why(built_workspace):
 
 
 def test_a_fresh_clone_says_the_cache_is_empty(built_workspace):
+    """explain reads the cache; build --check answers from the lock files alone (CI's
+    fresh clone: engine/lockcheck.py)."""
     ws = built_workspace
     shutil.rmtree(ws / ".tpubuild")
     shutil.rmtree(ws / "out")
@@ -92,20 +94,17 @@ def test_a_fresh_clone_says_the_cache_is_empty(built_workspace):
     assert _explain(ws, "cut")["export"] == ["would run", empty]
     assert _explain(ws, "toy")["source"] == ["would run", empty]
     check = tpubuild(ws, "build", "--check")
-    assert (check.returncode, check.stdout) == (
-        1, f"cannot check 3 lock files: {empty}; build, or restore the cache of the build that wrote them\n")
+    assert (check.returncode, check.stdout) == (0, "3 lock files up to date\n")
     # An input whose hash differs from the lock file's is a change, cache or not.
     (ws / "recipes" / "models" / "notes.py").write_text('NOTE = "second"\n')
-    stale, unknown = tpubuild(ws, "build", "--check").stdout.splitlines()
+    check = tpubuild(ws, "build", "--check")
+    assert check.returncode == 1
     assert re.fullmatch(r"recipes/cut.yaml: building would change recipes/cut.lock.yaml: stage export would run "
-                        rf"\(input file:recipes/models/notes.py: {CHANGED}; {re.escape(empty)}\)", stale)
-    assert unknown.startswith("cannot check 2 lock files: ")
-    # A cache that lacks some records (toy shares its source with other) says which stage.
+                        rf"\(input file:recipes/models/notes.py: {CHANGED}\)\n", check.stdout)
+    # A cache that lacks some records (toy shares its source with other) changes nothing.
     build_json(ws, "toy")
     check = tpubuild(ws, "build", "--check", "other")
-    assert (check.returncode, check.stdout) == (
-        1, "recipes/other.yaml: cannot check recipes/other.lock.yaml: stage batch: the same key as the last build, "
-           "whose output is no longer (intact) in the cache\n")
+    assert (check.returncode, check.stdout) == (0, "1 lock file up to date\n")
 
 
 def test_a_tensorflow_export_script_edited_in_a_comment(make_workspace):

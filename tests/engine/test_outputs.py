@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -18,8 +19,10 @@ def test_lock_file_contents_and_determinism(built_once, built_workspace):
     text = (ws0 / "recipes" / "toy.lock.yaml").read_text()
     lock = yaml.safe_load(text)
     assert text.startswith("# Written by `tpubuild build`; commit it, do not edit it.\nschema: 2\nrecipe: toy\n")
-    assert list(lock) == ["schema", "recipe", "recipe_digest", "toolchain", "inputs", "stages", "published_version",
-                          "artifact"]
+    assert list(lock) == ["schema", "recipe", "recipe_digest", "toolchain", "planning", "inputs", "stages",
+                          "published_version", "artifact"]
+    # What build --check compares before trusting the keys without computing them.
+    assert re.search(r"^planning: [0-9a-f]{64}  # tpubuild's code, the workspace file, the key", text, re.M)
     # What a reviewer reads in a pull request's diff, from the published report.
     artifact = lock["artifact"]
     assert list(artifact) == ["converter_options", "size", "size_bytes", "parameters", "cost", "max_abs_error",
@@ -50,6 +53,8 @@ def test_lock_file_contents_and_determinism(built_once, built_workspace):
     # Declared files, and the modules the export imported (discovered).
     assert list(cut["inputs"]) == ["file:recipes/models/copy_export.py", "file:recipes/models/notes.py",
                                    "import:recipes/models/copy_export.py", "import:recipes/models/notes.py"]
+    # What the export's code imported, with its hash, as its key hashes it (build --check).
+    assert cut["stages"][0]["discovered"]["recipes/models/notes.py"] == cut["inputs"]["import:recipes/models/notes.py"]
     # Rebuilding changes no lock file, byte for byte.
     build_json(built_workspace)
     assert (built_workspace / "recipes" / "toy.lock.yaml").read_text() == text
@@ -69,6 +74,33 @@ def test_check_lists_the_recipes_whose_lock_would_change(built_workspace):
     assert toy == ("recipes/toy.yaml: building would change recipes/toy.lock.yaml: stage verify would run "
                    "(option samples: 4 -> 9)")
     assert sorted(os.listdir(ws / "out" / "toy")) == ["1"]  # nothing was built
+
+
+def test_check_in_a_fresh_clone_answers_from_the_lock_files(built_workspace, tmp_path):
+    # CI's clone: recipes, models and lock files; no cache, no stat cache, no no-op memo.
+    clone = tmp_path / "clone"
+    shutil.copytree(built_workspace, clone, ignore=shutil.ignore_patterns(".tpubuild", "out"))
+    assert _modules_after(clone, ["build", "--check"]) == (0, False)  # up to date, TensorFlow not imported
+    assert not (clone / ".tpubuild" / "cache").exists()  # no stage record was looked for
+    ok = tpubuild(clone, "build", "--check")
+    assert (ok.returncode, ok.stdout) == (0, "3 lock files up to date\n")
+    (clone / "recipes" / "toy.yaml").write_text(source_recipe("toy", samples=9))
+    (clone / "recipes" / "models" / "notes.py").write_text('NOTE = "second"\n')
+    (clone / "recipes" / "models" / "tiny" / "extra.txt").write_text("a file of the model\n")
+    stale = tpubuild(clone, "build", "--check")
+    assert stale.returncode == 1, stale.stderr
+    assert len(stale.stdout.splitlines()) == 3, (stale.stdout, stale.stderr)
+    cut, other, toy = stale.stdout.splitlines()
+
+    def says(line: str, name: str, stage: str) -> bool:
+        return line.startswith(f"recipes/{name}.yaml: building would change recipes/{name}.lock.yaml: "
+                               f"stage {stage} would run (")
+
+    assert says(cut, "cut", "export") and "input file:recipes/models/notes.py: content changed (" in cut
+    assert says(other, "other", "source") and says(toy, "toy", "source")  # the first changed key is named
+    (clone / "recipes" / "models" / "tiny" / "extra.txt").unlink()
+    check = tpubuild(clone, "build", "--check", "toy")
+    assert check.returncode == 1 and says(check.stdout, "toy", "verify"), check.stdout
 
 
 def test_explain_and_dry_run_name_what_changed(built_workspace):

@@ -215,7 +215,10 @@ def test_a_module_an_import_looked_for_and_did_not_find_is_an_input(make_workspa
     assert statuses(doc, "neg")["export"] == "built"
     assert statuses(build_json(ws), "neg")["export"] == "cached"
     lock = (ws / "recipes" / "neg.lock.yaml").read_text()
-    assert "absent" not in lock  # in the key, not in what a reviewer reads
+    # In the key and in the export's `discovered` (what `build --check` recomputes the key
+    # from without a cache), not among the inputs a reviewer reads.
+    assert "absent" not in lock.split("\nstages:")[0]
+    assert '    "recipes/models/extra.py": absent\n' in lock
     (ws / "recipes" / "models" / "extra.py").write_text("SCALE = 3.0\n")
     doc = build_json(ws)
     assert statuses(doc, "neg")["export"] == "built"

@@ -12,6 +12,7 @@ its weights in bfloat16.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -82,6 +83,31 @@ def test_jax_is_keyed_by_version(jax_built):
     assert bfloat16 and all(r["discovered"] == {"dist:jax": metadata.version("jax"),
                                                 "dist:jaxlib": metadata.version("jaxlib")} for r in bfloat16)
     assert all("jaxlib" not in r["options"] for r in bfloat16)
+
+
+def test_check_keys_the_bfloat16_rewrite_by_the_jax_it_used(jax_built, tmp_path):
+    """build --check in a fresh clone (no cache) recomputes the bfloat16 stage's key from
+    the jax and jaxlib versions its lock file records (engine/lockcheck.py)."""
+    from importlib import metadata
+
+    ws, _, _ = jax_built
+    lock = (ws / "recipes" / "jax_mlp.lock.yaml").read_text()
+    assert f'"dist:jaxlib": "{metadata.version("jaxlib")}"' in lock or \
+        f'"dist:jaxlib": {metadata.version("jaxlib")}' in lock, lock
+    clone = tmp_path / "clone"
+    shutil.copytree(ws, clone, ignore=shutil.ignore_patterns(".tpubuild", "out"))
+    check = tpubuild(clone, "build", "--check", *BUILT)
+    assert (check.returncode, check.stdout) == (0, "2 lock files up to date\n"), check.stderr
+    # Another jaxlib rewrites the module differently: the lock file's key no longer holds.
+    path = clone / "recipes" / "jax_mlp.lock.yaml"
+    stage = lock.index("- stage: bfloat16")
+    jaxlib = lock.index('"dist:jaxlib": ', stage)
+    end = lock.index("\n", jaxlib)
+    path.write_text(lock[:jaxlib] + '"dist:jaxlib": "0.0.1"' + lock[end:])
+    check = tpubuild(clone, "build", "--check", "jax_mlp")
+    assert check.returncode == 1
+    assert f"stage bfloat16 would run (installed package jaxlib: 0.0.1 -> {metadata.version('jaxlib')})" \
+        in check.stdout, check.stdout
 
 
 def _tpu_xla_call_module(path: Path):

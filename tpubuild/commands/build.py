@@ -72,10 +72,15 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry
             click.echo(json.dumps({"rows": [], "versions": {}, "exit_code": 0}) if as_json
                        else f"no recipe affected since {changed_since}")
             return 0
-    if not (check or dry_run or relock):
-        code = _noop_fast_path(ctx, recipe_patterns, as_json, verbosity)
+    if not (dry_run or relock):
+        code = _noop_fast_path(ctx, recipe_patterns, as_json, verbosity, check)
         if code is not None:
             return code
+    if check and not (recipe_patterns or relock or changed_since):
+        count = _quick_check(ctx)
+        if count is not None:
+            _say_up_to_date(count)
+            return 0
     from tpubuild.commands._common import asked_broken, recipes_from, remote_setting, warn_unmatched_globs
 
     # An invalid recipe that was not asked for is a warning; one that was stops the build
@@ -138,9 +143,10 @@ def _verbosity(ctx: click.Context, verbose: bool, quiet: bool) -> int:
 
 
 def _noop_fast_path(ctx: click.Context, recipe_patterns: tuple[str, ...], as_json: bool,
-                    verbosity: int = NORMAL) -> int | None:
+                    verbosity: int = NORMAL, check: bool = False) -> int | None:
     """A build with nothing to do, proven from stats alone (engine/noop.py): no recipe is
-    loaded, no record read. None when anything may have changed: the full path decides."""
+    loaded, no record read. None when anything may have changed: the full path decides.
+    It answers `--check` too: a build with nothing to do changes no lock file."""
     import fnmatch
     from pathlib import Path
 
@@ -162,7 +168,9 @@ def _noop_fast_path(ctx: click.Context, recipe_patterns: tuple[str, ...], as_jso
                 return None  # the full path reports the unknown recipe
             wanted.update(matched)
         entries = [e for e in entries if e["name"] in wanted]
-    if as_json:
+    if check:
+        _say_up_to_date(len(entries))
+    elif as_json:
         document = {
             "rows": [{"recipe": e["name"], "stage": stage, "status": "cached", "key": key, "seconds": 0.0,
                       "remote": False, "peak_rss_bytes": None, "worker_startup_seconds": None}
@@ -186,14 +194,29 @@ def _noop_fast_path(ctx: click.Context, recipe_patterns: tuple[str, ...], as_jso
 
 
 def _check(ws, recipes) -> int:
-    from tpubuild.engine.explain import check_lines
+    from tpubuild.engine.lockcheck import check_lines
 
     stale = check_lines(ws, recipes)
     for line in stale:
         click.echo(line)
     if not stale:
-        click.echo(f"{len(recipes)} lock file{'s' if len(recipes) != 1 else ''} up to date")
+        _say_up_to_date(len(recipes))
     return 1 if stale else 0
+
+
+def _quick_check(ctx: click.Context) -> int | None:
+    """`--check` proven from the lock files' recorded hashes alone, with no recipe loaded
+    (engine/lockcheck.py quick_check): what CI's fresh clone runs. None: the full check."""
+    from pathlib import Path
+
+    from tpubuild.engine.quickcheck import quick_check
+
+    override = ctx.obj.workspace if ctx.obj else None
+    return quick_check(Path.cwd(), Path(override) if override else None)
+
+
+def _say_up_to_date(count: int) -> None:
+    click.echo(f"{count} lock file{'s' if count != 1 else ''} up to date")
 
 
 def _dry_run(ws, recipes, as_json: bool, verbosity: int = NORMAL) -> int:

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from pathlib import Path
 
 LOCK_SUFFIX = ".lock.yaml"
 WORKSPACE_FILE = "tpubuild.yaml"
+STATE_DIR = ".tpubuild"  # tpubuild's own files (dep file, stat cache, locks) live here
+DEFAULT_RECIPE_GLOBS = ("recipes/*.yaml",)
 
 
 def find_workspace_file(start: Path) -> Path | None:
@@ -21,6 +24,38 @@ def find_workspace_file(start: Path) -> Path | None:
         if path.is_file():
             return path
     return None
+
+
+def lock_file_of(recipe_file: Path) -> Path:
+    """`recipes/toy.yaml` -> `recipes/toy.lock.yaml`, one per recipe (no merge conflicts)."""
+    name = recipe_file.name
+    for suffix in (".yaml", ".yml"):
+        if name.endswith(suffix):
+            return recipe_file.with_name(name[: -len(suffix)] + LOCK_SUFFIX)
+    return recipe_file.with_name(recipe_file.stem + LOCK_SUFFIX)
+
+
+_EXTENDS = re.compile(r"""^extends:[ \t]*(?:"([^"\n]*)"|'([^'\n]*)'|([^\s#'"][^#\n]*?))[ \t]*(?:#.*)?$""", re.M)
+
+
+def extends_chain(recipe_file: Path, limit: int = 32) -> list[Path]:
+    """The recipe file and the bases its top-level `extends:` line names, read without a
+    YAML parser (`build --check`'s quick path, engine/lockcheck.py). A guess: where it is
+    wrong (an `extends` written another way), the files hash differently from what the
+    lock file recorded and the full check decides."""
+    chain = [recipe_file]
+    while len(chain) < limit:
+        try:
+            found = _EXTENDS.search(chain[-1].read_text())
+        except (OSError, UnicodeDecodeError):
+            break
+        if found is None:
+            break
+        base = (chain[-1].parent / next(g for g in found.groups() if g is not None).strip()).resolve()
+        if base in chain:
+            break
+        chain.append(base)
+    return chain
 
 
 def discover_files(root: Path, patterns: list[str]) -> list[Path]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from tpubuild.config.canonical import canonical_json, canonicalize, digest
 from tpubuild.config.checks import Checker
-from tpubuild.config.finding import LOCK_SUFFIX
+from tpubuild.config.finding import LOCK_SUFFIX, lock_file_of
 from tpubuild.config.merge import ReplacedList, deep_merge
 from tpubuild.config.names import invalid_name_message, name_from_file_message, valid_name
 from tpubuild.config.paths import boundary_problem, rebase
@@ -36,6 +36,9 @@ class Recipe:
     name_loc: Location | None = field(default=None, repr=False)
     # Problems that do not stop a build, which validate reports (a list an extends replaced).
     warnings: list[Diagnostic] = field(default_factory=list, repr=False)
+    # A value with glob characters (`deps: [models/*.py]`): its canonical form depends on
+    # the files that match now, not only on the recipe's text.
+    globs: bool = field(default=False, repr=False)
 
     @cached_property
     def canonical_json(self) -> str:
@@ -47,8 +50,7 @@ class Recipe:
 
     @property
     def lock_file(self) -> Path:
-        """`recipes/toy.yaml` -> `recipes/toy.lock.yaml`, one per recipe (no merge conflicts)."""
-        return self.file.with_name(_stem(self.file) + LOCK_SUFFIX)
+        return lock_file_of(self.file)
 
 
 def _stem(path: Path) -> str:
@@ -351,4 +353,16 @@ def _finish(data: dict, marks: Marks, path: Path, display: str, ws: Workspace, d
     data.pop("$schema", None)
     name = data.get("name") or _stem(path)
     name_loc = marks.key(("name",)) if "name" in data else Location(display)
-    return Recipe(name, path, display, ws.root, canonicalize(data, name, ws.root), name_loc=name_loc)
+    return Recipe(name, path, display, ws.root, canonicalize(data, name, ws.root), name_loc=name_loc,
+                  globs=_has_glob(data))
+
+
+def _has_glob(value: Any) -> bool:
+    """Whether any string in the recipe is a glob pattern (conservatively: any string)."""
+    if isinstance(value, str):
+        return glob.has_magic(value)
+    if isinstance(value, dict):
+        return any(_has_glob(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_glob(v) for v in value)
+    return False

@@ -7,15 +7,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpubuild.config.finding import WORKSPACE_FILE, find_workspace_file
+from tpubuild.config.finding import DEFAULT_RECIPE_GLOBS, STATE_DIR, WORKSPACE_FILE, find_workspace_file
 from tpubuild.config.paths import leaves_root, name_problem, rebase, to_root_relative
 from tpubuild.config.schema import schema_diagnostics
 from tpubuild.config.yamlload import Marks, format_path, read_yaml_file
 from tpubuild.engine.remote_url import TIMEOUT_KEYS, Timeouts
 from tpubuild.errors import ConfigError, Diagnostic, TpubuildError, UsageError
 
-STATE_DIR = ".tpubuild"  # tpubuild's own files (dep file, stat cache, locks) live here
-DEFAULT_RECIPE_GLOBS = ("recipes/*.yaml",)
 
 
 @dataclass

@@ -20,14 +20,17 @@ from tpubuild.engine import target_versions
 from tpubuild.engine.imports import ABSENT
 from tpubuild.engine.keys import installed_dist, toolchain, worker_env
 from tpubuild.engine.lockfile import lock_document, write_lock
+from tpubuild.engine.quickcheck import planning_digest
 from tpubuild.engine.resolve import (
     Output,
     Pending,
     RecipeRun,
     Resolver,
     changed_inputs,
+    measured_flags,
     new_runs,
     published_targets,
+    run_inputs,
     without_targets,
 )
 from tpubuild.engine.statcache import StatCache
@@ -455,41 +458,28 @@ class Engine:
         }
 
     def write_lock(self, run: RecipeRun) -> None:
-        write_lock(run.recipe.lock_file, lock_for(run), force=self.relock)
+        write_lock(run.recipe.lock_file, lock_for(run, self.stat, self.ws.file), force=self.relock)
 
 
-def run_inputs(run: RecipeRun) -> dict[str, str]:
-    """Every workspace input of the recipe, as its stage records hashed it before running:
-    declared files, the source directory, and discovered imports (`import:<path>`)."""
-    inputs: dict[str, str] = {}
-    for out in run.outputs.values():
-        for name, digest in out.record.get("inputs", {}).items():
-            if name.startswith(("file:", "dir:")):
-                inputs[name] = digest
-        for rel, digest in out.record.get("discovered", {}).items():
-            # Where imports looked and found nothing is in the stage's key, not in the
-            # lock file a reviewer reads; code outside the workspace is named by path.
-            if digest != ABSENT and not os.path.isabs(rel) and not rel.startswith("dist:"):
-                inputs[f"import:{rel}"] = digest
-    return dict(sorted(inputs.items()))
-
-
-def lock_for(run: RecipeRun) -> dict[str, Any]:
+def lock_for(run: RecipeRun, stat: StatCache, ws_file: Path) -> dict[str, Any]:
     """The lock document of a fully resolved run (every stage cached or built)."""
     stages = []
     measured: set[str] = set()  # stages whose output may differ between machines
-    for planned in run.plan:
+    for planned, (key_measured, output_measured) in zip(run.plan, measured_flags(run.plan)):
         out = run.outputs[planned.name]
-        reads = set(planned.consumes.values()) | set(planned.summaries)
-        key_measured = bool(reads & measured)  # a key hashes the outputs it reads
-        own = planned.name not in ("source", "publish") and spec(planned.name).machine_dependent(planned.options)
-        if own or key_measured:
+        if output_measured:
             measured.add(planned.name)
-        stages.append({"stage": planned.name, "key": out.key, "output": out.tree,
-                       "key_measured": key_measured, "measured": planned.name in measured})
+        # What a discovering stage found (its user code's imports, the installed packages
+        # it used): with it, `build --check` recomputes the stage's key without the dep
+        # file of a cache (engine/lockcheck.py). Nothing found is not written.
+        discovered = out.record.get("discovered")
+        stages.append({"stage": planned.name, "key": out.key, "output": out.tree, "key_measured": key_measured,
+                       "measured": output_measured, **({"discovered": discovered} if discovered else {})})
     model_measured = run.plan[-1].consumes["model"] in measured
-    return lock_document(run.name, run.recipe.digest, toolchain(), run_inputs(run), stages, run.version,
-                         artifact_facts(run, model_measured))
+    recipe = run.recipe
+    planning = planning_digest(ws_file, stat, recipe.files or [recipe.file], Path(recipe.root), recipe)
+    return lock_document(run.name, recipe.digest, toolchain(), run_inputs(run), stages, run.version,
+                         artifact_facts(run, model_measured), planning=planning)
 
 
 def artifact_facts(run: RecipeRun, model_measured: bool) -> list[tuple[str, Any, bool]]:
@@ -548,7 +538,7 @@ def git_commit(root: Path) -> str | None:
 def lock_problem(engine: Engine, run: RecipeRun, states: list[Any]) -> str | None:
     """Given a resolution whose every stage is cached: None when the lock file already
     records it, else why not. The no-op path and `build --check` share this."""
-    from tpubuild.engine.lockfile import lock_text, parse_lock, same_keys
+    from tpubuild.engine.lockfile import lock_text, parse_lock_keys, same_keys
 
     publish = states[-1]
     run.outputs["publish"] = Output("publish", publish.key, publish.output, Path(engine.ws.output_dir) / run.name, [])
@@ -556,10 +546,10 @@ def lock_problem(engine: Engine, run: RecipeRun, states: list[Any]) -> str | Non
         current = run.recipe.lock_file.read_text()
     except OSError:
         return "no lock file"
-    document = lock_for(run)
+    document = lock_for(run, engine.stat, engine.ws.file)
     if engine.relock:  # every byte, measured figures included
         return None if current == lock_text(document) else "the lock file does not record this machine's build"
-    if not same_keys(parse_lock(current), document):
+    if not same_keys(parse_lock_keys(current), document):
         return "the lock file does not record the current build"
     return None
 

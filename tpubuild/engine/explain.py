@@ -16,15 +16,14 @@ from __future__ import annotations
 from typing import Any
 
 from tpubuild.engine.build import Engine, lock_problem
-from tpubuild.engine.imports import ABSENT
 from tpubuild.engine.keys import diff_records
 from tpubuild.engine.lockfile import read_lock
 from tpubuild.engine.resolve import RecipeRun, Resolved, new_runs
 from tpubuild.errors import StageError
 from tpubuild.pipeline import ENGINE_STEPS, PlannedStage, spec
 
-__all__ = ["DRY_RUN_ORDER", "STATE_WORDS", "Resolved", "check_lines", "explain_lines", "resolve", "stage_words",
-           "state_word"]
+__all__ = ["DRY_RUN_ORDER", "STATE_WORDS", "Resolved", "change_reasons", "explain_lines", "resolve", "stage_words",
+           "stale_line", "state_word"]
 
 # The words for a stage's state, the same in `explain`, `build --dry-run` and `build --check`
 # (`build` itself says built/cached/failed/skipped of what it did): cached, would run (with
@@ -79,7 +78,8 @@ def _reasons(engine: Engine, run: RecipeRun, last: _LastBuild, state: Resolved) 
     # imported (engine/resolve.py): the declared part is compared as a record, the rest here.
     declared = {k: v for k, v in old.record.items() if k != "discovered"}
     changes = diff_records(declared, state.record or {})
-    changes += _discovered_changes(engine, run, old.record.get("discovered", {}), state.record or {}, declared)
+    named = set((state.record or {}).get("inputs", {})) | set(declared.get("inputs", {}))
+    changes += engine.resolver.discovered_changes(run, old.record.get("discovered", {}), named)
     if not changes:
         return ["the same inputs as the last build, whose output is no longer (intact) in the cache"], True
     return list(dict.fromkeys(changes)), False
@@ -98,31 +98,6 @@ def _without_record(engine: Engine, last: _LastBuild, state: Resolved, last_key:
     where = EMPTY_CACHE if engine.store.is_empty() else (
         f"the lock file's record of it (key {last_key[:12]}) is not in the cache (built elsewhere, or removed by gc)")
     return [*changes, where], not changes
-
-
-def _discovered_changes(engine: Engine, run: RecipeRun, discovered: dict[str, str], record: dict[str, Any],
-                        declared: dict[str, Any]) -> list[str]:
-    """What changed among the inputs the user code discovered last time (engine/imports.py):
-    modules it imported, installed packages it named, and the paths where an import looked
-    and found nothing, which matter only if a file appears there."""
-    named = set(record.get("inputs", {})) | set(declared.get("inputs", {}))
-    changes = []
-    for rel, then in sorted(discovered.items()):
-        if f"file:{rel}" in named:
-            continue  # a declared input too: diff_records names it once
-        now = engine.resolver.current_hash(run, rel) or ABSENT
-        if now == then:
-            continue
-        if rel.startswith("dist:"):
-            package = rel[len("dist:"):]
-            changes.append(f"installed package {package}: " + ("uninstalled" if now == ABSENT else f"{then} -> {now}"))
-        elif then == ABSENT:
-            changes.append(f"module {rel}: created where an import looked last time and found nothing")
-        elif now == ABSENT:
-            changes.append(f"imported module {rel}: removed")
-        else:
-            changes.append(f"imported module {rel}: content changed ({then[:12]} -> {now[:12]})")
-    return changes
 
 
 def _predict_waiting(engine: Engine, run: RecipeRun, states: list[Resolved], last: _LastBuild) -> None:
@@ -195,28 +170,20 @@ def _assume_last_output(engine: Engine, assumed: RecipeRun, stage: PlannedStage,
         unchanged[stage.name] = names
 
 
-def check_lines(ws: Any, recipes: list[Any]) -> list[str]:
-    """`build --check`: why building would change each stale lock file, or why a lock file
-    cannot be checked (empty: every one is up to date)."""
-    engine = Engine(ws)
-    lines, unknown = [], []
-    for run in new_runs(recipes):
-        line = _stale(engine, run)
-        if line is None:
-            continue
-        if line.endswith(EMPTY_CACHE):
-            unknown.append(run)
-        else:
-            lines.append(line)
-    if unknown:  # said once: every other recipe is in the same case
-        them = "them" if len(unknown) != 1 else "it"
-        count = f"{len(unknown)} lock file{'s' if len(unknown) != 1 else ''}"
-        lines.append(f"cannot check {count}: {EMPTY_CACHE}; build, or restore the cache of the build that wrote {them}")
-    engine.stat.save()
-    return lines
+def change_reasons(engine: Engine, run: RecipeRun, lock: dict[str, Any], state: Resolved) -> list[str]:
+    """Why a stage whose key differs from the one its lock file records would run (build
+    --check answers from lock files): the records' difference when the cache holds the old
+    one, else what the lock file's inputs, toolchain and recipe digest show."""
+    last = _LastBuild(lock)
+    reasons, _ = _reasons(engine, run, last, state)
+    known = [r for r in reasons if not r.endswith(EMPTY_CACHE) and not r.startswith("the lock file's record of it")
+             and not r.startswith("the same ")]
+    if not known and lock.get("recipe_digest") != run.recipe.digest:
+        known.append("the recipe changed")
+    return known or ["its key changed (the stage's code, options or an earlier stage's output)"]
 
 
-def _stale(engine: Engine, run: RecipeRun) -> str | None:
+def stale_line(engine: Engine, run: RecipeRun) -> str | None:
     """One line on the recipe's lock file, or None when building would not change it."""
     recipe = run.recipe
     lock = engine.ws.display(recipe.lock_file)

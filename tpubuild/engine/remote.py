@@ -27,7 +27,7 @@ reported as it happens. A server that cannot be reached, or refuses our credenti
 reported once and the remote is disabled for the rest of the command: the build goes on
 locally. So is one that answers too slowly: every call has connect, first-byte and total
 deadlines (engine/remote_url.py Timeouts, set in tpubuild.yaml), and no download reads
-more than the size its record states (a record, more than RECORD_LIMIT). fsspec and the backends are imported only when a build first uses the remote,
+more than the size its record states (a record, more than remote_backends.RECORD_LIMIT). fsspec and the backends are imported only when a build first uses the remote,
 never by planning commands.
 """
 
@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 from tpubuild.engine.hashing import FileEntry, hash_file
 from tpubuild.engine.keys import canonical_dumps, stage_key
 from tpubuild.engine.records import DIGEST, StageEntry, discovered_final_key, parse_entry
-from tpubuild.engine.remote_backends import RECORD_LIMIT, Backend, ObjectTooLarge, RemoteSetupError, open_backend
+from tpubuild.engine.remote_backends import Backend, ObjectTooLarge, RemoteSetupError, open_backend
 from tpubuild.engine.remote_url import Timeouts
 
 if TYPE_CHECKING:

@@ -20,19 +20,23 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpubuild.atomic import write_text_atomic
 from tpubuild.engine.code import code_digests
 from tpubuild.engine.hashing import FileEntry, hash_bytes, tree_digest
 from tpubuild.engine.imports import ABSENT
 from tpubuild.engine.keys import canonical_dumps, installed_dist, key_record, stage_key, summary_digest
+from tpubuild.engine.records import discovered_final_key
 from tpubuild.engine.statcache import StatCache
-from tpubuild.engine.store import StageEntry, Store
 from tpubuild.engine.target_versions import MANIFEST
 from tpubuild.errors import StageError
 from tpubuild.pipeline import ENGINE_STEPS, STAGE_ORDER, TARGET_STAGES, PlannedStage, plan, spec, stage_module
 from tpubuild.pipeline import target as target_spec
+
+if TYPE_CHECKING:  # the store's module (sqlite, file locks) is not imported to compute keys: `build --check`
+    from tpubuild.engine.records import StageEntry
+    from tpubuild.engine.store import Store
 
 
 @dataclass
@@ -198,6 +202,31 @@ class Resolver:
         """A record that entered the store from elsewhere (the remote cache)."""
         self._entries[entry.key] = entry
 
+    def discovered_changes(self, run: RecipeRun, discovered: dict[str, str], declared: set[str]) -> list[str]:
+        """What changed among the inputs a stage discovered last time (engine/imports.py):
+        modules its user code imported, installed packages it named, and the paths where an
+        import looked and found nothing, which matter only if a file appears there. A file
+        that is also a declared input (`declared`: key-record input names) is left to the
+        records' difference, which names it once. `explain` and `build --check` say these."""
+        changes = []
+        for rel, then in sorted(discovered.items()):
+            if f"file:{rel}" in declared:
+                continue
+            now = self.current_hash(run, rel) or ABSENT
+            if now == then:
+                continue
+            if rel.startswith("dist:"):
+                package = rel[len("dist:"):]
+                change = "uninstalled" if now == ABSENT else f"{then} -> {now}"
+                changes.append(f"installed package {package}: {change}")
+            elif then == ABSENT:
+                changes.append(f"module {rel}: created where an import looked last time and found nothing")
+            elif now == ABSENT:
+                changes.append(f"imported module {rel}: removed")
+            else:
+                changes.append(f"imported module {rel}: content changed ({then[:12]} -> {now[:12]})")
+        return changes
+
     def current_hash(self, run: RecipeRun, rel: str) -> str | None:
         """The hash a key-record input has now (a file, a directory's tree, an installed
         distribution's version): what `explain` compares with the recorded one."""
@@ -211,7 +240,7 @@ class Resolver:
 
     def add_discovered(self, key: str, discovered: dict[str, str]) -> str:
         """Record a candidate (files -> hashes) for `key`; returns the final key."""
-        final = hash_bytes(canonical_dumps({"key": key, "discovered": discovered}).encode())
+        final = discovered_final_key(key, discovered)
         path = self.depfile(key)
         try:
             candidates = json.loads(path.read_text())
@@ -327,6 +356,38 @@ class Resolver:
             run.outputs[planned.name] = self.output_of(planned, entry, self.store.trees / entry.tree)
             out.append(Resolved(planned.name, "cached", entry.key, entry.record, [], entry.tree))
         return out
+
+
+def run_inputs(run: RecipeRun) -> dict[str, str]:
+    """Every workspace input of the recipe, as its stage records hashed it before running:
+    declared files, the source directory, and discovered imports (`import:<path>`)."""
+    inputs: dict[str, str] = {}
+    for out in run.outputs.values():
+        for name, digest in out.record.get("inputs", {}).items():
+            if name.startswith(("file:", "dir:")):
+                inputs[name] = digest
+        for rel, digest in out.record.get("discovered", {}).items():
+            # Where imports looked and found nothing is in the stage's key, not in the
+            # lock file a reviewer reads; code outside the workspace is named by path.
+            if digest != ABSENT and not os.path.isabs(rel) and not rel.startswith("dist:"):
+                inputs[f"import:{rel}"] = digest
+    return dict(sorted(inputs.items()))
+
+
+def measured_flags(stages: list[PlannedStage]) -> list[tuple[bool, bool]]:
+    """(key_measured, measured) of each planned stage: its output may differ between
+    machines (its own `machine_dependent`, or a key that hashes such an output), and its
+    key hashes a measured output. What lock files mark, and compare by name only."""
+    flags = []
+    measured: set[str] = set()
+    for planned in stages:
+        reads = set(planned.consumes.values()) | set(planned.summaries)
+        key_measured = bool(reads & measured)  # a key hashes the outputs it reads
+        own = planned.name not in ENGINE_STEPS and spec(planned.name).machine_dependent(planned.options)
+        if own or key_measured:
+            measured.add(planned.name)
+        flags.append((key_measured, planned.name in measured))
+    return flags
 
 
 def without_targets(publish: PlannedStage, targets: set[str]) -> PlannedStage:

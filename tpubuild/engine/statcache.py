@@ -121,10 +121,11 @@ class StatCache:
             self.dirty = True
         return len(gone)
 
-    def save(self) -> None:
+    def save(self, prune: bool = True) -> None:
         """Write the cache if it changed. It is only an optimization: a failed write (a
         full disk, a read-only state dir) costs rehashing next time, never the command."""
-        self.prune()
+        if prune:
+            self.prune()
         if self.dirty and self.path is not None:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,119 @@
+"""`build --check` without loading a recipe or computing a key: what CI's fresh clone runs.
+
+A lock file's keys were computed from its recipe's files, the workspace file, tpubuild's
+code (schemas included), the toolchain and the key variables, and from the inputs its
+stages read (the lock file's `inputs`) and what they discovered (`discovered`). The lock
+file records a digest of the first ones (`planning`, planning_digest) and the hash of each
+of the others: when all of them hash the same now, every key would come out the same, so
+building would not change the lock file. That is the no-op memo's proof (engine/noop.py),
+made from content instead of stats, which a fresh clone has. Anything else and the full
+check (engine/lockcheck.py) decides, computing the keys and naming the stage and cause.
+
+Imports only what that needs (no recipe loader, resolver or stage registry): the whole
+check of 200 recipes costs about what a no-op build does.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from tpubuild.engine.code import package_content_digest
+from tpubuild.engine.hashing import hash_bytes
+from tpubuild.engine.keys import canonical_dumps, key_env
+from tpubuild.engine.lockfile import read_lock_keys
+from tpubuild.engine.statcache import StatCache
+
+
+def planning_digest(ws_file: Path, stat: StatCache, recipe_files: list[Path], root: Path,
+                    recipe: Any | None = None) -> str | None:
+    """What decides a lock file's keys besides the inputs its stages read: tpubuild's code
+    (schemas included), the workspace file (defaults, layout), the key variables set and
+    the recipe's own files (the recipe, then each `extends` base). None for a recipe that
+    names files by glob, whose meaning depends on the files that match."""
+    if recipe is not None and recipe.globs:
+        return None
+    files = [[Path(os.path.relpath(path, root)).as_posix(), stat.file_hash(str(path))] for path in recipe_files]
+    return hash_bytes(canonical_dumps({"code": package_content_digest(), "env": key_env(),
+                                       "workspace": stat.file_hash(str(ws_file)), "recipe": files}).encode())
+
+
+
+def quick_check(start: Path, override: Path | None) -> int | None:
+    """The number of lock files, when every recipe of the workspace is proven up to date
+    (module docstring); None sends `--check` down its full path. Recipes that name files by
+    glob record no `planning` (a new match changes their meaning): any such recipe, or any
+    difference, and the full path decides."""
+    import yaml
+
+    from tpubuild.config.finding import (
+        DEFAULT_RECIPE_GLOBS,
+        STATE_DIR,
+        WORKSPACE_FILE,
+        discover_files,
+        extends_chain,
+        find_workspace_file,
+        lock_file_of,
+    )
+    from tpubuild.engine.keys import toolchain
+
+    if override is not None:
+        ws_file = override / WORKSPACE_FILE if override.is_dir() else override
+    else:
+        ws_file = find_workspace_file(start)
+    if ws_file is None or not ws_file.is_file():
+        return None
+    root = ws_file.parent.resolve()
+    try:  # only where the recipes are: a workspace file that hashes as the lock files record was valid
+        data = yaml.load(ws_file.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    globs = (data or {}).get("recipes", list(DEFAULT_RECIPE_GLOBS)) if isinstance(data, dict) or data is None else None
+    if not isinstance(globs, list) or not all(isinstance(g, str) for g in globs):
+        return None
+    files = discover_files(root, globs)
+    if not files:
+        return None
+    stat = StatCache(root / STATE_DIR / "statcache.json")
+    names: set[str] = set()
+    for recipe_file in files:
+        lock = read_lock_keys(lock_file_of(recipe_file))
+        if lock is None or lock.get("recipe") in names or \
+                lock.get("planning") != planning_digest(ws_file, stat, extends_chain(recipe_file), root):
+            return None
+        names.add(lock.get("recipe"))
+        if dict(lock.get("toolchain") or {}) != toolchain():
+            return None
+        inputs = lock.get("inputs") or {}
+        if not all(_same(root, stat, name, digest) for name, digest in inputs.items()):
+            return None
+        for stage in lock.get("stages") or []:
+            discovered = stage.get("discovered") or {}
+            if not all(_same(root, stat, name, digest) for name, digest in discovered.items()):
+                return None
+    stat.save(prune=False)  # what it hashed; the build's entries are not this command's to check
+    return len(files)
+
+
+def _same(root: Path, stat: StatCache, name: str, digest: Any) -> bool:
+    """Whether an input of a lock file (`file:`, `import:`, `dir:` or a
+    discovered path or `dist:`) hashes now as recorded, the way the resolver hashes it."""
+    from tpubuild.engine.imports import ABSENT
+    from tpubuild.engine.keys import installed_dist
+
+    kind, _, rel = name.partition(":")
+    if kind == "dist":
+        installed = installed_dist(rel)
+        return (installed[0] if installed else ABSENT) == digest
+    if kind == "dir":
+        directory = root / rel
+        return directory.is_dir() and stat.tree(directory)[0] == digest
+    if kind not in ("file", "import"):  # a discovered path: a file, or absent
+        rel = name
+    if os.path.isabs(rel):
+        return False  # code outside the workspace: the full path compares it
+    try:
+        return stat.file_hash(str(root / rel)) == digest
+    except OSError:
+        return digest == ABSENT
