@@ -171,9 +171,9 @@ def tpubuild(ws: Path, *args: str, timeout: float = 300, env: dict | None = None
     )
 
 
-def build_json(ws: Path, *args: str, expect: int = 0, env: dict | None = None) -> dict:
+def build_json(ws: Path, *args: str, expect: int = 0, env: dict | None = None, timeout: float = 300) -> dict:
     """`tpubuild build --json ARGS`, checked for its exit code, parsed."""
-    result = tpubuild(ws, "build", "--json", *args, env=env)
+    result = tpubuild(ws, "build", "--json", *args, env=env, timeout=timeout)
     assert result.returncode == expect, result.stderr
     return json.loads(result.stdout)
 

@@ -20,13 +20,23 @@ from tpubuild.pipeline import ENGINE_STEPS, STAGE_ORDER, stage_module
 
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="python -P is 3.11+ (workers get an empty cwd instead)")
-def test_the_callers_directory_is_not_on_a_workers_path(make_workspace, tmp_path):
+def test_neither_the_callers_directory_nor_the_users_home_reaches_a_stage(make_workspace, tmp_path):
+    """One build, started from a directory holding modules and with a HOME holding a Keras
+    configuration: no worker may import the former, or read the latter (Keras reads
+    $HOME/.keras/keras.json, floatx and backend, when it is imported: a stage that saw the
+    user's home would build from a file no key covers)."""
+    home = tmp_path / "home"
+    (home / ".keras").mkdir(parents=True)
+    (home / ".keras" / "keras.json").write_text('{"floatx": "float16", "backend": "tensorflow"}')
     ws = make_workspace({"iso": export_recipe("iso", "models/iso_export.py", "models/helper.py")})
     (ws / "recipes" / "models" / "iso_export.py").write_text(
         (ws / "recipes" / "models" / "tiny_export.py").read_text().replace(
-            "def export(", "try:\n    import stray_helper  # only in the caller's directory\n"
+            "def export(", "import os\n\ntry:\n    import stray_helper  # only in the caller's directory\n"
             "    raise SystemExit('stray_helper was imported from the caller\\'s directory')\n"
-            "except ImportError:\n    pass\n\n\ndef export(", 1))
+            "except ImportError:\n    pass\n\n\ndef _home_is_private():\n"
+            "    import keras\n\n    assert keras.config.floatx() == 'float32', keras.config.floatx()\n"
+            "    assert os.environ['HOME'] != " + repr(str(home)) + "\n\n\ndef export(", 1).replace(
+            "def export(output_dir):\n", "def export(output_dir):\n    _home_is_private()\n", 1))
     caller = tmp_path / "caller"
     caller.mkdir()
     marker = tmp_path / "shadowed"
@@ -34,10 +44,12 @@ def test_the_callers_directory_is_not_on_a_workers_path(make_workspace, tmp_path
         (caller / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write({name!r})\n")
     # `python -P -m tpubuild` as the `tpubuild` console script runs: its own sys.path[0] is
     # the script's directory, not the caller's; what is tested is what the workers see.
-    result = subprocess.run([sys.executable, "-P", "-m", "tpubuild", "--workspace", str(ws), "build"], cwd=caller, capture_output=True, text=True,
-                            timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    result = subprocess.run([sys.executable, "-P", "-m", "tpubuild", "--workspace", str(ws), "build"], cwd=caller,
+                            capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "PYTHONPATH": str(REPO), "HOME": str(home)})
     assert result.returncode == 0, result.stderr
     assert not marker.exists(), f"a worker imported {marker.read_text()!r} from the build's current directory"
+    assert not [p for p in (ws / ".tpubuild" / "logs").iterdir() if "-home-" in p.name], "a worker's home was left"
 
 
 def _subprocess_modules(path) -> set[str]:
@@ -64,25 +76,6 @@ def test_every_module_a_stage_runs_in_a_subprocess_is_in_its_code_digest():
                 assert module in files, f"stage {stage} runs {module} (from {path.relative_to(PACKAGE_ROOT)}) " \
                                         "but its code digest does not cover it"
     assert checked, "no stage starts a tpubuild subprocess: the check above checked nothing"
-
-
-def test_the_users_home_does_not_reach_a_stage(make_workspace, tmp_path):
-    # Keras reads $HOME/.keras/keras.json (floatx, backend) when it is imported: a stage that
-    # saw the user's home would build from a file no key covers.
-    home = tmp_path / "home"
-    (home / ".keras").mkdir(parents=True)
-    (home / ".keras" / "keras.json").write_text('{"floatx": "float16", "backend": "tensorflow"}')
-    ws = make_workspace({"home": export_recipe("home", "models/home_export.py", "models/helper.py")})
-    (ws / "recipes" / "models" / "home_export.py").write_text(
-        (ws / "recipes" / "models" / "tiny_export.py").read_text().replace(
-            "def export(", "import os\n\n\ndef _home_is_private():\n"
-            "    import keras\n\n    assert keras.config.floatx() == 'float32', keras.config.floatx()\n"
-            "    assert os.environ['HOME'] != " + repr(str(home)) + "\n\n\ndef export(", 1).replace(
-            "def export(output_dir):\n", "def export(output_dir):\n    _home_is_private()\n", 1))
-    result = subprocess.run([sys.executable, "-m", "tpubuild", "build"], cwd=ws, capture_output=True, text=True,
-                            timeout=300, env={**os.environ, "PYTHONPATH": str(REPO), "HOME": str(home)})
-    assert result.returncode == 0, result.stderr
-    assert not [p for p in (ws / ".tpubuild" / "logs").iterdir() if "-home-" in p.name], "a worker's home was left"
 
 
 def test_a_worker_runs_only_stages_that_load_the_libraries_it_loaded(tmp_path):

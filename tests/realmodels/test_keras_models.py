@@ -78,7 +78,8 @@ targets:
 def keras_built(tmp_path_factory) -> tuple[Path, dict]:
     ws = tmp_path_factory.mktemp("keras") / "ws"
     model_workspace(ws, MODELS, RECIPES)
-    return ws, build_json(ws)
+    # Three real models through every stage and target: minutes on a slow 2-core machine.
+    return ws, build_json(ws, timeout=900)
 
 
 def _session_run(path: Path, tags: list[str], feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
