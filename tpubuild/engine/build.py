@@ -215,12 +215,22 @@ class Engine:
         with self.state_lock:
             if entry is None:
                 self.pending[(run.name, planned.name)] = pending
+                if planned.name == "source":
+                    self._prestart_worker(run)
                 return False
             self.store.touch(entry.key)
         directory = self.store.checkout(entry)
         run.outputs[planned.name] = self.resolver.output_of(planned, entry, directory)
         self.row(run, Row(run.name, planned.name, "cached", entry.key, time.monotonic() - start, remote=fetched))
         return True
+
+    def _prestart_worker(self, run: RecipeRun) -> None:
+        """A new source changes the key of every stage after it: those stages will run, in
+        workers, so the first worker starts importing TensorFlow now, while this process
+        copies the source into the store (WorkerPool.prestart). Not for Ray, whose nodes
+        start their own; not for a recipe whose every later step runs in this process."""
+        if self.executor == "local" and any(p.name not in ENGINE_STEPS for p in run.plan):
+            self.workers().prestart()
 
     def action(self, run: RecipeRun, planned: PlannedStage) -> bool:
         """Run the stage (doit calls this only when `uptodate` said no). False fails the

@@ -209,7 +209,16 @@ class WorkerPool:
                 others.pop(0).close()
             for worker in others:
                 self.idle.put(worker)
-        return match if match is not None else self._new(self.env)
+        # Else a spare (prestart): it imported TensorFlow and ran nothing, as a new one would.
+        return match if match is not None else (self._take_spare() or self._new(self.env))
+
+    def prestart(self) -> None:
+        """Start a spare now, for the first stage that will want a worker: a cold build's
+        first worker would otherwise import TensorFlow only when that stage comes (after
+        the source is hashed and copied into the store); started first, the import runs
+        beside that work. _acquire and own workers take it; a build that then needs no
+        worker kills it at close."""
+        self._start_spare()
 
     def close(self, kill: bool = False) -> None:
         for worker in self.all:
@@ -556,6 +565,23 @@ def main() -> None:
         sys.stderr.flush()
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
+    _exit_now(replies)
+
+
+def _exit_now(replies: Any) -> None:
+    """End the worker at stdin EOF without Python's finalization. Every reply is written
+    and every stage's output is on disk (atomic and durable) before its reply, so nothing
+    is left to finish; what finalization does is tear down the objects of every model
+    the worker loaded, one by one, and TensorFlow's runtime after them: measured 3.1 s of
+    wall time and 0.7 s of CPU for a process that loaded and ran ResNet50 (2 cores), which
+    the engine waits for before the next stage of its own worker starts (WorkerPool.run
+    closes such a worker) and before the build ends."""
+    for stream in (replies, sys.stderr, sys.__stderr__):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # a log on a full disk: the stage's reply said so already
+    os._exit(0)
 
 
 if __name__ == "__main__":
