@@ -531,6 +531,10 @@ def main() -> None:
         from tpubuild.engine import imports
 
         imports.install(Path(record_root))
+    else:  # tpubuild's own stages only: JAX after TensorFlow, when a stage wants it
+        from tpubuild.engine import lean_import
+
+        lean_import.install()
     replies = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # stage and TensorFlow prints go to the log, not into the protocol
     sys.stdout = sys.stderr
