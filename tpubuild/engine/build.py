@@ -83,6 +83,19 @@ class WorkerTime:
         return self.seconds if self.seconds is not None else time.monotonic() - start
 
 
+# An own-worker stage whose worker, kept after it, runs the recipe's next such stage:
+# report after verify. Report makes the same CPU twin of the same input as verify (kept in
+# the worker's scratch: tpu/twin.py cpu_twin) and saves a worker's TensorFlow import. Its
+# peak in verify's worker, ResNet50 bf16 with TensorFlow imported without JAX
+# (engine/lean_import.py): see benchmarks/real_models.py; the goal, 3x the model +
+# TensorFlow's own, holds.
+HANDOFF = {"verify": "report"}
+
+
+def _handoff_token(run: RecipeRun, stage: str) -> str:
+    return f"{run.name}:{stage}"
+
+
 class Engine:
     """Shared state of one command: workspace, store, stat cache, resolver, workers, printer."""
 
@@ -219,6 +232,8 @@ class Engine:
                     self._prestart_worker(run)
                 return False
             self.store.touch(entry.key)
+        if planned.name in HANDOFF.values() and self.pool is not None and self.executor == "local":
+            self.pool.release(_handoff_token(run, planned.name))  # a worker kept for it: not needed
         directory = self.store.checkout(entry)
         run.outputs[planned.name] = self.resolver.output_of(planned, entry, directory)
         self.row(run, Row(run.name, planned.name, "cached", entry.key, time.monotonic() - start, remote=fetched))
@@ -324,8 +339,15 @@ class Engine:
         if stage.runs_models:
             request["own_worker"] = big
         later = run.plan[run.plan.index(planned) + 1:]
-        spare = big and any(p.name not in ENGINE_STEPS and spec(p.name).runs_models and p.name not in run.outputs
-                            for p in later)
+        wanting = [p.name for p in later if p.name not in ENGINE_STEPS and spec(p.name).runs_models
+                   and p.name not in run.outputs]
+        handing = request.get("own_worker") and self.executor == "local"  # Ray: the next may run elsewhere
+        if handing and HANDOFF.get(planned.name) in wanting:
+            request["keep_for"] = _handoff_token(run, HANDOFF[planned.name])
+            wanting.remove(HANDOFF[planned.name])  # it needs no spare
+        if handing and planned.name in HANDOFF.values():
+            request["take"] = _handoff_token(run, planned.name)
+        spare = big and bool(wanting)
         if self.executor == "ray":  # no driver paths reach a node: input trees, and what the key holds
             request["trees"] = {role: [[f.path, f.hash, f.size] for f in run.outputs[name].files]
                                 for role, name in planned.consumes.items()}
