@@ -342,7 +342,9 @@ class Engine:
         wanting = [p.name for p in later if p.name not in ENGINE_STEPS and spec(p.name).runs_models
                    and p.name not in run.outputs]
         handing = request.get("own_worker") and self.executor == "local"  # Ray: the next may run elsewhere
-        if handing and HANDOFF.get(planned.name) in wanting:
+        # Only to the very next such stage: a worker kept idle while another stage's worker
+        # runs (warmup between verify and report) would hold its memory beside that one.
+        if handing and wanting and wanting[0] == HANDOFF.get(planned.name):
             request["keep_for"] = _handoff_token(run, HANDOFF[planned.name])
             wanting.remove(HANDOFF[planned.name])  # it needs no spare
         if handing and planned.name in HANDOFF.values():
