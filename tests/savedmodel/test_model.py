@@ -111,3 +111,25 @@ def test_add_function_and_unique_name(zoo):
     assert model.functions[fresh].signature.name == fresh
     assert model.unique_name(name) == f"{name}_2"
     assert model.callees(fresh) == model.callees(name)
+
+
+def test_fresh_node_names_from_a_running_set_are_those_read_from_the_function(zoo):
+    """fnedit.fresh_node_name with the caller's running set of names (what the bfloat16
+    stage's Casts use) hands out the names it gave when it read the function each time."""
+    from tensorflow.core.framework.node_def_pb2 import NodeDef
+
+    from tpubuild.savedmodel import fnedit
+
+    model = SavedModel.load(zoo)
+    fdef = max(model.functions.values(), key=lambda f: len(f.node_def))
+    read, running = type(fdef)(), type(fdef)()
+    read.CopyFrom(fdef)
+    running.CopyFrom(fdef)
+    taken = fnedit.node_names(running)
+    bases = [n.name for n in fdef.node_def][:5] * 3 + ["fresh", "fresh", fdef.signature.input_arg[0].name]
+    for base in bases:
+        name = fnedit.fresh_node_name(read, base)
+        read.node_def.append(NodeDef(name=name, op="NoOp"))
+        assert fnedit.fresh_node_name(running, base, taken) == name
+        running.node_def.append(NodeDef(name=name, op="NoOp"))
+    assert taken == fnedit.node_names(read)

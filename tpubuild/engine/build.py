@@ -86,6 +86,19 @@ class WorkerTime:
         return self.seconds if self.seconds is not None else time.monotonic() - start
 
 
+# An own-worker stage whose worker, kept after it, runs the recipe's next such stage:
+# report after verify. Report makes the same CPU twin of the same input as verify (kept in
+# the worker's scratch: tpu/twin.py cpu_twin) and saves a worker's TensorFlow import. Its
+# peak in verify's worker, ResNet50 bf16 with TensorFlow imported without JAX
+# (engine/lean_import.py): see benchmarks/real_models.py; the goal, 3x the model +
+# TensorFlow's own, holds.
+HANDOFF = {"verify": "report"}
+
+
+def _handoff_token(run: RecipeRun, stage: str) -> str:
+    return f"{run.name}:{stage}"
+
+
 class Engine:
     """Shared state of one command: workspace, store, stat cache, resolver, workers, printer."""
 
@@ -218,12 +231,24 @@ class Engine:
         with self.state_lock:
             if entry is None:
                 self.pending[(run.name, planned.name)] = pending
+                if planned.name == "source":
+                    self._prestart_worker(run)
                 return False
             self.store.touch(entry.key)
+        if planned.name in HANDOFF.values() and self.pool is not None and self.executor == "local":
+            self.pool.release(_handoff_token(run, planned.name))  # a worker kept for it: not needed
         directory = self.store.checkout(entry)
         run.outputs[planned.name] = self.resolver.output_of(planned, entry, directory)
         self.row(run, Row(run.name, planned.name, "cached", entry.key, time.monotonic() - start, remote=fetched))
         return True
+
+    def _prestart_worker(self, run: RecipeRun) -> None:
+        """A new source changes the key of every stage after it: those stages will run, in
+        workers, so the first worker starts importing TensorFlow now, while this process
+        copies the source into the store (WorkerPool.prestart). Not for Ray, whose nodes
+        start their own; not for a recipe whose every later step runs in this process."""
+        if self.executor == "local" and any(p.name not in ENGINE_STEPS for p in run.plan):
+            self.workers().prestart()
 
     def action(self, run: RecipeRun, planned: PlannedStage) -> bool:
         """Run the stage (doit calls this only when `uptodate` said no). False fails the
@@ -317,8 +342,17 @@ class Engine:
         if stage.runs_models:
             request["own_worker"] = big
         later = run.plan[run.plan.index(planned) + 1:]
-        spare = big and any(p.name not in ENGINE_STEPS and spec(p.name).runs_models and p.name not in run.outputs
-                            for p in later)
+        wanting = [p.name for p in later if p.name not in ENGINE_STEPS and spec(p.name).runs_models
+                   and p.name not in run.outputs]
+        handing = request.get("own_worker") and self.executor == "local"  # Ray: the next may run elsewhere
+        # Only to the very next such stage: a worker kept idle while another stage's worker
+        # runs (warmup between verify and report) would hold its memory beside that one.
+        if handing and wanting and wanting[0] == HANDOFF.get(planned.name):
+            request["keep_for"] = _handoff_token(run, HANDOFF[planned.name])
+            wanting.remove(HANDOFF[planned.name])  # it needs no spare
+        if handing and planned.name in HANDOFF.values():
+            request["take"] = _handoff_token(run, planned.name)
+        spare = big and bool(wanting)
         if self.executor == "ray":  # no driver paths reach a node: input trees, and what the key holds
             request["trees"] = {role: [[f.path, f.hash, f.size] for f in run.outputs[name].files]
                                 for role, name in planned.consumes.items()}

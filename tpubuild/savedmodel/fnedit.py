@@ -59,8 +59,12 @@ def node_names(fdef: FunctionDef) -> set[str]:
 
 
 def fresh_node_name(fdef: FunctionDef, base: str, taken: set[str] | None = None) -> str:
-    """A node name not used in `fdef` (nor in `taken`), derived from `base`."""
-    used = node_names(fdef) | (taken or set())
+    """A node name not used in `fdef`, derived from `base`. `taken`, when given, is the
+    caller's running record of the names in use: `node_names(fdef)` to start with, and every
+    name handed out here is added to it. It is then read instead of `fdef`: the bfloat16
+    stage adds one Cast per mismatched edge (1,657 in ResNet50's TPU body), and collecting
+    the function's names again for each made that stage quadratic (2.7 s of its 4.5)."""
+    used = taken if taken is not None else node_names(fdef)
     name, n = base, 0
     while name in used:
         n += 1

@@ -72,13 +72,12 @@ def _write_hlo(
 ) -> dict[str, dict[str, str]]:
     """HLO of each TPU function, from the artifact's CPU twin (TPU calls cannot run here)."""
     from tpubuild.tpu.hlo import function_hlo
-    from tpubuild.tpu.twin import make_cpu_twin
+    from tpubuild.tpu.twin import cpu_twin
 
     (output_dir / HLO_DIR).mkdir()
     with tempfile.TemporaryDirectory(prefix=".twin-", dir=output_dir) as scratch:
-        twin = Path(scratch) / "twin"
-        make_cpu_twin(artifact, twin, tags)
-        found = function_hlo(twin, tags, names)
+        # In verify's worker (engine/build.py HANDOFF) the twin verify ran is reused.
+        found = function_hlo(cpu_twin(artifact, tags, Path(scratch)), tags, names)
     entries = {}
     for name in names:
         label = aliases.get(name) or name

@@ -118,11 +118,8 @@ def _runnable(artifact: Path, scratch: Path, tags: list[str], tpu_placed: bool) 
     """The artifact itself, or its CPU twin when functions were placed on the TPU."""
     if not tpu_placed:
         return artifact
-    from tpubuild.tpu.twin import make_cpu_twin
+    from tpubuild.tpu.twin import cpu_twin
 
-    twin = scratch / "twin"
-    twin.mkdir()
-    make_cpu_twin(artifact, twin, tags)
-    return twin
+    return cpu_twin(artifact, tags, scratch)
 
 

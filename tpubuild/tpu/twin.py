@@ -6,6 +6,8 @@ running the twin on CPU checks every other rewrite numerically.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 from tensorflow.core.framework.function_pb2 import FunctionDef
@@ -43,6 +45,45 @@ def make_cpu_twin(src: Path, dst: Path, tags: list[str] | None = None) -> dict[s
     Path(dst).mkdir(parents=True, exist_ok=True)
     model.save(Path(dst))
     return counts
+
+
+_TWINS: dict[tuple, Path] = {}  # this process's twins: (what it was made from, tags) -> directory
+
+
+def cpu_twin(src: Path, tags: list[str], scratch: Path) -> Path:
+    """The CPU twin of the SavedModel `src`, as make_cpu_twin writes it. In a worker, made
+    once per input and kept in the worker's scratch for a later stage of the same worker
+    that asks for the same twin (report after verify: engine/build.py HANDOFF); elsewhere
+    made in `scratch`, a new directory the caller removes. A kept twin is found by what it
+    was made from, the files of `src` themselves (_made_from), never by a name alone: a
+    stage is handed one only if it would have written the same one."""
+    from tpubuild.engine.workers import WORKER_SCRATCH
+
+    root = os.environ.get(WORKER_SCRATCH)
+    if not root:
+        twin = Path(scratch) / "twin"
+        make_cpu_twin(src, twin, tags)
+        return twin
+    key = (_made_from(Path(src)), tuple(tags))
+    twin = _TWINS.get(key)
+    if twin is None or not twin.is_dir():
+        twin = Path(tempfile.mkdtemp(prefix="twin-", dir=root)) / "twin"
+        make_cpu_twin(src, twin, tags)
+        _TWINS[key] = twin
+    return twin
+
+
+def _made_from(src: Path) -> tuple:
+    """The identity of a SavedModel directory's content: its real path and each file's
+    path, inode, size and modification time. A stage's input is a store checkout, read-only
+    hard links to content-addressed objects: the same identity is the same bytes, and a
+    file written again (a repaired checkout, another object) has another inode or mtime."""
+    found = []
+    for path in sorted(src.rglob("*")):
+        if path.is_file():
+            st = path.stat()
+            found.append((str(path.relative_to(src)), st.st_ino, st.st_size, st.st_mtime_ns))
+    return (str(src.resolve()), tuple(found))
 
 
 def untpu(model: SavedModel) -> dict[str, int]:

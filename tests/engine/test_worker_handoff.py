@@ -1,0 +1,106 @@
+"""Report in verify's worker (engine/build.py HANDOFF) on the CPU twin verify made
+(tpu/twin.py cpu_twin): the same output as a report made alone, in a fresh worker."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.engine.conftest import build_json, lock_record, statuses, write_workspace
+
+RECIPE = """\
+name: placed
+model: {saved_model: models/tiny}
+converter:
+  tpu_functions: [{function_alias: tpu_func}]
+verify: {samples: 4}
+"""
+
+
+@pytest.fixture(scope="module")
+def tpu_saved_model(tmp_path_factory) -> Path:
+    """`y = x @ w` behind a serving signature that calls it under the alias `tpu_func`."""
+    import tensorflow as tf
+
+    class Placed(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = tf.Variable([[1.0], [2.0]])
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32)])
+        def tpu_func(self, x):
+            return tf.matmul(x, self.w)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32, name="x")])
+        def serve(self, x):
+            return {"y": self.tpu_func(x)}
+
+    path = tmp_path_factory.mktemp("models") / "placed"
+    model = Placed()
+    tf.saved_model.save(model, str(path), signatures={"serving_default": model.serve},
+                        options=tf.saved_model.SaveOptions(function_aliases={"tpu_func": model.tpu_func}))
+    return path
+
+
+def _stages_per_worker(logs: list[Path]) -> list[list[str]]:
+    return [re.findall(r"^--- stage (\S+) \(pid", log.read_text(), re.M) for log in sorted(logs)]
+
+
+def test_report_on_verifys_twin_equals_a_report_made_alone(tmp_path, tpu_saved_model):
+    ws = write_workspace(tmp_path / "ws", tpu_saved_model, {"placed": RECIPE})
+    own = {"TPUBUILD_OWN_WORKER_MIN_BYTES": "1"}  # the tiny model as a large one: workers of their own
+    first = build_json(ws, env=own)
+    assert statuses(first, "placed")["report"] == "built", first
+    logs = ws / ".tpubuild" / "logs"
+    assert ["verify", "report"] in _stages_per_worker(list(logs.glob("worker-*.log")))
+    lock = yaml.safe_load((ws / "recipes" / "placed.lock.yaml").read_text())
+    index = [s["stage"] for s in lock["stages"]].index("report")
+    handed_on = lock["stages"][index]["output"]
+
+    # Its record removed, report runs again; verify is cached, so nothing is handed on:
+    # a fresh worker makes its own twin.
+    lock_record(ws, "placed", index).unlink()
+    before = set(logs.glob("worker-*.log"))
+    again = build_json(ws, env=own)
+    assert (statuses(again, "placed")["verify"], statuses(again, "placed")["report"]) == ("cached", "built")
+    assert _stages_per_worker([log for log in logs.glob("worker-*.log") if log not in before]) == [["report"]]
+    lock = yaml.safe_load((ws / "recipes" / "placed.lock.yaml").read_text())
+    assert lock["stages"][index]["output"] == handed_on
+
+
+def test_a_kept_twin_is_the_twin_make_cpu_twin_writes_and_follows_its_input(tmp_path, tpu_saved_model,
+                                                                             monkeypatch):
+    import shutil
+
+    from tpubuild.engine.workers import WORKER_SCRATCH
+    from tpubuild.savedmodel.model import SavedModel
+    from tpubuild.tpu.functions import resolve_tpu_functions
+    from tpubuild.tpu.placement import place_on_tpu
+    from tpubuild.tpu.twin import cpu_twin, make_cpu_twin
+
+    model = SavedModel.load(tpu_saved_model)
+    place_on_tpu(model, resolve_tpu_functions(model, [{"function_alias": "tpu_func"}]))
+    placed = tmp_path / "placed"
+    placed.mkdir()
+    model.save(placed)
+    alone = tmp_path / "alone"
+    make_cpu_twin(placed, alone, ["serve"])
+
+    (tmp_path / "scratch").mkdir()
+    monkeypatch.setenv(WORKER_SCRATCH, str(tmp_path / "scratch"))
+    kept = cpu_twin(placed, ["serve"], tmp_path / "unused")
+    assert cpu_twin(placed, ["serve"], tmp_path / "unused") == kept  # made once
+    assert (kept / "saved_model.pb").read_bytes() == (alone / "saved_model.pb").read_bytes()
+    assert kept.is_relative_to(tmp_path / "scratch") and not (tmp_path / "unused").exists()
+    # Another directory, or the same one with a file written again: another twin.
+    copy = tmp_path / "copy"
+    shutil.copytree(placed, copy)
+    assert cpu_twin(copy, ["serve"], tmp_path / "unused") != kept
+    pb = placed / "saved_model.pb"
+    data = pb.read_bytes()
+    pb.unlink()
+    pb.write_bytes(data)
+    assert cpu_twin(placed, ["serve"], tmp_path / "unused") != kept
