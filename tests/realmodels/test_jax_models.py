@@ -12,13 +12,16 @@ its weights in bfloat16.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.engine.conftest import statuses, tpubuild
+from tests.engine.conftest import REPO, statuses, tpubuild
 from tests.realmodels import jax_models
 from tests.realmodels.workspaces import model_workspace
 from tests.tolerances import BFLOAT16, FLOAT32_REORDERED, assert_close
@@ -148,10 +151,23 @@ def _serve(path: Path, x: np.ndarray) -> np.ndarray:
         return tf.saved_model.load(str(twin)).signatures["serving_default"](x=tf.constant(x))["probabilities"].numpy()
 
 
+def _jax_computes(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(features, what JAX computes on them), JAX run in a process of its own: imported in
+    a pytest worker, JAX's threads would make every later fork of that worker (each
+    `tpubuild` the tests run) print JAX's os.fork() warning, and risk its deadlock."""
+    x = jax_models.features(n, seed=seed)
+    program = ("import json, sys\nimport numpy as np\nfrom tests.realmodels import jax_models as m\n"
+               f"x = m.features({n}, seed={seed})\n"
+               "print(json.dumps(np.asarray(m.mlp(m.params(), x), dtype=np.float64).tolist()))\n")
+    result = subprocess.run([sys.executable, "-c", program], cwd=REPO, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr
+    return x, np.asarray(json.loads(result.stdout.splitlines()[-1]), dtype=np.float32)
+
+
 def test_bfloat16_numbers_are_within_bfloat16_tolerance_of_the_float32_jax_model(jax_built):
     ws, _, _ = jax_built
-    x = jax_models.features(6, seed=5)
-    want = np.asarray(jax_models.mlp(jax_models.params(), x))
+    x, want = _jax_computes(6, seed=5)
     got = _serve(ws / "out" / "jax_mlp" / "1", x)
     # bfloat16 keeps 8 mantissa bits: each of the MLP's few roundings costs ~0.4%.
     assert_close(got, want, BFLOAT16)
@@ -161,8 +177,7 @@ def test_bfloat16_numbers_are_within_bfloat16_tolerance_of_the_float32_jax_model
 
 def test_orbax_export_serves_what_jax_computes(jax_built):
     ws, _, _ = jax_built
-    x = jax_models.features(3, seed=6)
-    want = np.asarray(jax_models.mlp(jax_models.params(), x))
+    x, want = _jax_computes(3, seed=6)
     # The same float32 computation on another kernel path: float32 reordering only.
     assert_close(_serve(ws / "out" / "jax_orbax" / "1", x), want, FLOAT32_REORDERED)
 
