@@ -113,6 +113,20 @@ def test_building_zero_recipes_says_why(ws):
     assert ws.cli("list") == (0, "", why)
 
 
+def test_a_recipes_glob_never_takes_the_workspace_file_for_a_recipe(ws):
+    """`recipes: ["*.yaml"]` at the root matches tpubuild.yaml (or the file -w names) too:
+    it is the workspace file, not an invalid recipe."""
+    ws.write("tpubuild.yaml", 'recipes: ["*.yaml"]\n')
+    ws.write("toy.yaml", GOOD.replace("../models/toy", "models/toy"))
+    assert ws.cli("validate") == (0, f"1 recipe OK in {ws.root}\n", "")
+    (ws.root / "tpubuild.yaml").rename(ws.root / "ci.yaml")
+    code, out, err = ws.cli("-w", str(ws.root / "ci.yaml"), "list")
+    assert (code, err) == (0, "") and out.startswith("toy"), out
+    (ws.root / "ci.yaml").rename(ws.root / "tpubuild.yaml")
+    ws.write("tpubuild.yaml", 'recipes: ["tpubuild.yaml"]\n')  # nothing else: no recipe at all
+    assert ws.cli("validate")[2] == "warning: tpubuild.yaml: recipes glob 'tpubuild.yaml' matches no recipe file\n"
+
+
 def test_validate_json(toy, monkeypatch):
     code, out, err = toy.cli("validate", "--json")
     assert (code, err) == (0, "")

@@ -58,11 +58,15 @@ def extends_chain(recipe_file: Path, limit: int = 32) -> list[Path]:
     return chain
 
 
-def discover_files(root: Path, patterns: list[str]) -> list[Path]:
+def recipe_matches(root: Path, pattern: str, workspace_file: Path) -> list[str]:
+    """The files a recipes glob matches that can be recipes: not a lock file, and not the
+    workspace file itself (`recipes: ["*.yaml"]` at the root matches tpubuild.yaml)."""
+    own = os.path.realpath(workspace_file)
+    return [match for match in glob.glob(str(Path(root) / pattern), recursive=True)
+            if os.path.isfile(match) and not match.endswith(LOCK_SUFFIX) and os.path.realpath(match) != own]
+
+
+def discover_files(root: Path, patterns: list[str], workspace_file: Path) -> list[Path]:
     """Recipe files matched by `patterns` (relative to `root`), resolved and sorted."""
-    found = set()
-    for pattern in patterns:
-        for match in glob.glob(str(Path(root) / pattern), recursive=True):
-            if os.path.isfile(match) and not match.endswith(LOCK_SUFFIX):
-                found.add(Path(match).resolve())
-    return sorted(found)
+    return sorted({Path(match).resolve() for pattern in patterns for match in recipe_matches(root, pattern,
+                                                                                             workspace_file)})

@@ -13,7 +13,7 @@ from typing import Any
 
 from tpubuild.config.canonical import canonical_json, canonicalize, digest
 from tpubuild.config.checks import Checker
-from tpubuild.config.finding import LOCK_SUFFIX, lock_file_of
+from tpubuild.config.finding import LOCK_SUFFIX, lock_file_of, recipe_matches
 from tpubuild.config.merge import ReplacedList, deep_merge
 from tpubuild.config.names import invalid_name_message, name_from_file_message, valid_name
 from tpubuild.config.paths import boundary_problem, rebase
@@ -67,9 +67,7 @@ def discover(ws: Workspace) -> list[Path]:
     found = set()
     escaped = []
     for index, pattern in enumerate(ws.recipe_globs):
-        for match in _glob_files(ws, pattern):
-            if match.endswith(LOCK_SUFFIX):
-                continue
+        for match in recipe_matches(ws.root, pattern, ws.file):
             rel = os.path.relpath(match, ws.root)
             problem = boundary_problem(rel, ws.root)
             if problem:
@@ -82,14 +80,10 @@ def discover(ws: Workspace) -> list[Path]:
     return sorted(found)
 
 
-def _glob_files(ws: Workspace, pattern: str) -> list[str]:
-    return [match for match in glob.glob(str(ws.root / pattern), recursive=True) if os.path.isfile(match)]
-
-
 def unmatched_globs(ws: Workspace) -> list[str]:
     """The workspace's recipe globs that match no recipe file (worth a warning: a typo
     there makes `validate` check nothing)."""
-    return [p for p in ws.recipe_globs if not any(not m.endswith(LOCK_SUFFIX) for m in _glob_files(ws, p))]
+    return [p for p in ws.recipe_globs if not recipe_matches(ws.root, p, ws.file)]
 
 
 @dataclass

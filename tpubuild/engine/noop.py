@@ -128,7 +128,7 @@ def quick(start: Path, override: Path | None) -> tuple[Path, list[dict[str, Any]
     seen = data.get("workspace") or {}
     if seen.get("file") != str(ws_file.resolve()) or seen.get("stat") != _stat(str(ws_file)):
         return None
-    files = discover_files(root, seen.get("recipes", []))
+    files = discover_files(root, seen.get("recipes", []), ws_file)
     ws = _Seen(ws_file.resolve(), seen)
     if data.get("guard") != guard(ws, files):
         return None

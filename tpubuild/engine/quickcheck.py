@@ -72,7 +72,7 @@ def quick_check(start: Path, override: Path | None) -> int | None:
     globs = (data or {}).get("recipes", list(DEFAULT_RECIPE_GLOBS)) if isinstance(data, dict) or data is None else None
     if not isinstance(globs, list) or not all(isinstance(g, str) for g in globs):
         return None
-    files = discover_files(root, globs)
+    files = discover_files(root, globs, ws_file)
     if not files:
         return None
     stat = StatCache(root / STATE_DIR / "statcache.json")
