@@ -206,7 +206,7 @@ def _check(ws, recipes) -> int:
 
 def _quick_check(ctx: click.Context) -> int | None:
     """`--check` proven from the lock files' recorded hashes alone, with no recipe loaded
-    (engine/lockcheck.py quick_check): what CI's fresh clone runs. None: the full check."""
+    (engine/quickcheck.py): what CI's fresh clone runs. None: the full check."""
     from pathlib import Path
 
     from tpubuild.engine.quickcheck import quick_check

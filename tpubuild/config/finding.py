@@ -26,6 +26,19 @@ def find_workspace_file(start: Path) -> Path | None:
     return None
 
 
+def workspace_file_for(start: Path, override: Path | None) -> Path | None:
+    """The workspace file `--workspace` names (a directory or a file), else the nearest
+    one upward (the fast paths' lookup); None when there is none or the name cannot be
+    used: the full load (config/workspace.py load_workspace) then says why."""
+    if override is None:
+        return find_workspace_file(start)
+    try:
+        path = override / WORKSPACE_FILE if override.is_dir() else override
+        return path if path.is_file() else None
+    except (OSError, ValueError):  # a null byte, an over-long name
+        return None
+
+
 def lock_file_of(recipe_file: Path) -> Path:
     """`recipes/toy.yaml` -> `recipes/toy.lock.yaml`, one per recipe (no merge conflicts)."""
     name = recipe_file.name
@@ -40,7 +53,7 @@ _EXTENDS = re.compile(r"""^extends:[ \t]*(?:"([^"\n]*)"|'([^'\n]*)'|([^\s#'"][^#
 
 def extends_chain(recipe_file: Path, limit: int = 32) -> list[Path]:
     """The recipe file and the bases its top-level `extends:` line names, read without a
-    YAML parser (`build --check`'s quick path, engine/lockcheck.py). A guess: where it is
+    YAML parser (`build --check`'s quick path, engine/quickcheck.py). A guess: where it is
     wrong (an `extends` written another way), the files hash differently from what the
     lock file recorded and the full check decides."""
     chain = [recipe_file]

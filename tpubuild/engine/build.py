@@ -498,18 +498,17 @@ class Engine:
 def lock_for(run: RecipeRun, stat: StatCache, ws_file: Path) -> dict[str, Any]:
     """The lock document of a fully resolved run (every stage cached or built)."""
     stages = []
-    measured: set[str] = set()  # stages whose output may differ between machines
-    for planned, (key_measured, output_measured) in zip(run.plan, measured_flags(run.plan)):
+    flags = measured_flags(run.plan)
+    for planned, (key_measured, output_measured) in zip(run.plan, flags):
         out = run.outputs[planned.name]
-        if output_measured:
-            measured.add(planned.name)
         # What a discovering stage found (its user code's imports, the installed packages
         # it used): with it, `build --check` recomputes the stage's key without the dep
         # file of a cache (engine/lockcheck.py). Nothing found is not written.
         discovered = out.record.get("discovered")
         stages.append({"stage": planned.name, "key": out.key, "output": out.tree, "key_measured": key_measured,
                        "measured": output_measured, **({"discovered": discovered} if discovered else {})})
-    model_measured = run.plan[-1].consumes["model"] in measured
+    # Whether the published model's output may differ between machines.
+    model_measured = dict(zip((p.name for p in run.plan), (m for _, m in flags)))[run.plan[-1].consumes["model"]]
     recipe = run.recipe
     planning = planning_digest(ws_file, stat, recipe.files or [recipe.file], Path(recipe.root), recipe)
     return lock_document(run.name, recipe.digest, toolchain(), run_inputs(run), stages, run.version,

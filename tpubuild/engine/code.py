@@ -50,7 +50,7 @@ def _imports(path: Path, name: str) -> frozenset[str]:
     --check` in a fresh clone has no memo of the digests. So only the import statements
     are parsed, found by a pattern; a file where the word `import` appears anywhere else
     (prose, `x; import y`, `if a: import b`) or a statement does not parse alone is
-    parsed whole. tests/engine/test_code_digest.py checks both agree on every module."""
+    parsed whole. tests/engine/test_check_from_locks.py checks both agree on every module."""
     source = path.read_bytes()
     text = source.replace(b"\\\n", b" ")  # backslash continuations
     statements = [m.group(0) for m in _STATEMENT.finditer(text)]

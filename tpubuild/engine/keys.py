@@ -78,6 +78,20 @@ def normalized_dist(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
 
 
+def current_input_hash(root: Any, stat: Any, rel: str) -> str | None:
+    """The hash a discovered or declared input has now: an installed distribution's
+    version (`dist:<name>`), else the content of the file at `rel` under `root` (through
+    the stat cache `stat`); None when there is none. What the resolver, `explain` and
+    `build --check` compare with the recorded hash."""
+    if rel.startswith("dist:"):  # an installed distribution, by version
+        installed = installed_dist(rel[len("dist:"):])
+        return installed[0] if installed else None
+    try:
+        return stat.file_hash(os.path.join(root, rel))
+    except OSError:
+        return None
+
+
 def installed_dist(name: str) -> tuple[str, str] | None:
     """(version, dist-info directory) of an installed distribution, or None: what a
     discovered `dist:<name>` input (engine/imports.py) is compared with."""

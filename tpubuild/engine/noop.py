@@ -112,12 +112,9 @@ class NoopMemo:
 def quick(start: Path, override: Path | None) -> tuple[Path, list[dict[str, Any]]] | None:
     """(workspace root, remembered entries of every recipe) when the whole workspace is
     provably up to date from stats alone; None sends the build down the full path."""
-    from tpubuild.config.finding import WORKSPACE_FILE, discover_files, find_workspace_file
+    from tpubuild.config.finding import discover_files, workspace_file_for
 
-    if override is not None:
-        ws_file = override / WORKSPACE_FILE if override.is_dir() else override
-    else:
-        ws_file = find_workspace_file(start)
+    ws_file = workspace_file_for(start, override)
     if ws_file is None:
         return None
     root = ws_file.parent.resolve()

@@ -21,7 +21,7 @@ from typing import Any
 
 from tpubuild.engine.code import package_content_digest
 from tpubuild.engine.hashing import hash_bytes
-from tpubuild.engine.keys import canonical_dumps, key_env
+from tpubuild.engine.keys import canonical_dumps, current_input_hash, key_env
 from tpubuild.engine.lockfile import read_lock_keys
 from tpubuild.engine.statcache import StatCache
 
@@ -39,7 +39,6 @@ def planning_digest(ws_file: Path, stat: StatCache, recipe_files: list[Path], ro
                                        "workspace": stat.file_hash(str(ws_file)), "recipe": files}).encode())
 
 
-
 def quick_check(start: Path, override: Path | None) -> int | None:
     """The number of lock files, when every recipe of the workspace is proven up to date
     (module docstring); None sends `--check` down its full path. Recipes that name files by
@@ -50,19 +49,15 @@ def quick_check(start: Path, override: Path | None) -> int | None:
     from tpubuild.config.finding import (
         DEFAULT_RECIPE_GLOBS,
         STATE_DIR,
-        WORKSPACE_FILE,
         discover_files,
         extends_chain,
-        find_workspace_file,
         lock_file_of,
+        workspace_file_for,
     )
     from tpubuild.engine.keys import toolchain
 
-    if override is not None:
-        ws_file = override / WORKSPACE_FILE if override.is_dir() else override
-    else:
-        ws_file = find_workspace_file(start)
-    if ws_file is None or not ws_file.is_file():
+    ws_file = workspace_file_for(start, override)
+    if ws_file is None:
         return None
     root = ws_file.parent.resolve()
     try:  # only where the recipes are: a workspace file that hashes as the lock files record was valid
@@ -97,23 +92,17 @@ def quick_check(start: Path, override: Path | None) -> int | None:
 
 
 def _same(root: Path, stat: StatCache, name: str, digest: Any) -> bool:
-    """Whether an input of a lock file (`file:`, `import:`, `dir:` or a
-    discovered path or `dist:`) hashes now as recorded, the way the resolver hashes it."""
+    """Whether an input of a lock file (`file:`, `import:`, `dir:`) or a discovered one
+    (a path, present or absent, or `dist:`) hashes now as recorded, the way the resolver
+    hashes it (keys.current_input_hash)."""
     from tpubuild.engine.imports import ABSENT
-    from tpubuild.engine.keys import installed_dist
 
     kind, _, rel = name.partition(":")
-    if kind == "dist":
-        installed = installed_dist(rel)
-        return (installed[0] if installed else ABSENT) == digest
     if kind == "dir":
         directory = root / rel
         return directory.is_dir() and stat.tree(directory)[0] == digest
-    if kind not in ("file", "import"):  # a discovered path: a file, or absent
-        rel = name
-    if os.path.isabs(rel):
+    if kind in ("file", "import"):
+        name = rel
+    if os.path.isabs(name):
         return False  # code outside the workspace: the full path compares it
-    try:
-        return stat.file_hash(str(root / rel)) == digest
-    except OSError:
-        return digest == ABSENT
+    return (current_input_hash(root, stat, name) or ABSENT) == digest

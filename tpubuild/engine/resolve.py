@@ -26,7 +26,13 @@ from tpubuild.atomic import write_text_atomic
 from tpubuild.engine.code import code_digests
 from tpubuild.engine.hashing import FileEntry, hash_bytes, tree_digest
 from tpubuild.engine.imports import ABSENT
-from tpubuild.engine.keys import canonical_dumps, installed_dist, key_record, stage_key, summary_digest
+from tpubuild.engine.keys import (
+    canonical_dumps,
+    current_input_hash,
+    key_record,
+    stage_key,
+    summary_digest,
+)
 from tpubuild.engine.records import discovered_final_key
 from tpubuild.engine.statcache import StatCache
 from tpubuild.engine.target_versions import MANIFEST
@@ -230,13 +236,7 @@ class Resolver:
     def current_hash(self, run: RecipeRun, rel: str) -> str | None:
         """The hash a key-record input has now (a file, a directory's tree, an installed
         distribution's version): what `explain` compares with the recorded one."""
-        if rel.startswith("dist:"):  # an installed distribution, by version
-            installed = installed_dist(rel[len("dist:"):])
-            return installed[0] if installed else None
-        try:
-            return self.stat.file_hash(os.path.join(run.recipe.root, rel))
-        except OSError:
-            return None
+        return current_input_hash(run.recipe.root, self.stat, rel)
 
     def add_discovered(self, key: str, discovered: dict[str, str]) -> str:
         """Record a candidate (files -> hashes) for `key`; returns the final key."""
