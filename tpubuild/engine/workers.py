@@ -84,6 +84,34 @@ WORKER_SCRATCH = "TPUBUILD_WORKER_SCRATCH"
 MEMORY_LIMIT_FLAG = "--memory-limit"
 
 
+# What a stage leaves in its worker for the next stage the engine hands that worker to
+# (request `keep_for`, engine/build.py HANDOFF: verify's loaded CPU twin, for report's
+# HLO): dropped as soon as a stage ends without `keep_for`, so nothing of it lies under
+# another stage's peak. Outside a worker (WORKER_SCRATCH unset) nothing is kept.
+_HANDED_ON: dict[Any, Any] = {}
+
+
+def hand_on(key: Any, value: Any) -> bool:
+    """Keep `value` for a later stage of this worker; False (nothing kept) outside a worker."""
+    if not os.environ.get(WORKER_SCRATCH):
+        return False
+    _HANDED_ON[key] = value
+    return True
+
+
+def handed_on(key: Any) -> Any:
+    """What an earlier stage of this worker kept under `key` (taken), else None."""
+    return _HANDED_ON.pop(key, None)
+
+
+def _drop_handed_on() -> None:
+    if _HANDED_ON:
+        _HANDED_ON.clear()
+        from tpubuild.memory import release_memory
+
+        release_memory()
+
+
 def own_worker_min_bytes() -> int:
     """OWN_WORKER_MIN_BYTES, or TPUBUILD_OWN_WORKER_MIN_BYTES (a scheduling knob: which
     worker runs a stage changes no output); a value that is not a whole number of bytes is
@@ -601,6 +629,8 @@ def main() -> None:
         sys.stderr.flush()
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
+        if not request.get("keep_for"):  # no later stage of this worker takes it
+            _drop_handed_on()
     _exit_now(replies)
 
 

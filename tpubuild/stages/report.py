@@ -72,12 +72,14 @@ def _write_hlo(
 ) -> dict[str, dict[str, str]]:
     """HLO of each TPU function, from the artifact's CPU twin (TPU calls cannot run here)."""
     from tpubuild.tpu.hlo import function_hlo
-    from tpubuild.tpu.twin import cpu_twin
+    from tpubuild.tpu.twin import cpu_twin, take_loaded
 
     (output_dir / HLO_DIR).mkdir()
     with tempfile.TemporaryDirectory(prefix=".twin-", dir=output_dir) as scratch:
-        # In verify's worker (engine/build.py HANDOFF) the twin verify ran is reused.
-        found = function_hlo(cpu_twin(artifact, tags, Path(scratch)), tags, names)
+        # In verify's worker (engine/build.py HANDOFF) the twin verify made, and loaded and
+        # ran, is reused: neither made nor loaded again.
+        twin = cpu_twin(artifact, tags, Path(scratch))
+        found = function_hlo(twin, tags, names, take_loaded(twin, tags))
     entries = {}
     for name in names:
         label = aliases.get(name) or name
