@@ -56,6 +56,9 @@ def test_report_on_verifys_twin_equals_a_report_made_alone(tmp_path, tpu_saved_m
     assert statuses(first, "placed")["report"] == "built", first
     logs = ws / ".tpubuild" / "logs"
     assert ["verify", "report"] in _stages_per_worker(list(logs.glob("worker-*.log")))
+    # Neither made nor loaded again: the twin verify loaded and ran stayed loaded for it.
+    assert any("[report] HLO from the CPU twin verify loaded and ran" in log.read_text()
+               for log in logs.glob("worker-*.log"))
     lock = yaml.safe_load((ws / "recipes" / "placed.lock.yaml").read_text())
     index = [s["stage"] for s in lock["stages"]].index("report")
     handed_on = lock["stages"][index]["output"]
@@ -66,7 +69,9 @@ def test_report_on_verifys_twin_equals_a_report_made_alone(tmp_path, tpu_saved_m
     before = set(logs.glob("worker-*.log"))
     again = build_json(ws, env=own)
     assert (statuses(again, "placed")["verify"], statuses(again, "placed")["report"]) == ("cached", "built")
-    assert _stages_per_worker([log for log in logs.glob("worker-*.log") if log not in before]) == [["report"]]
+    [fresh] = [log for log in logs.glob("worker-*.log") if log not in before]
+    assert _stages_per_worker([fresh]) == [["report"]]
+    assert "HLO from the CPU twin verify loaded" not in fresh.read_text()
     lock = yaml.safe_load((ws / "recipes" / "placed.lock.yaml").read_text())
     assert lock["stages"][index]["output"] == handed_on
 
@@ -104,3 +109,14 @@ def test_a_kept_twin_is_the_twin_make_cpu_twin_writes_and_follows_its_input(tmp_
     pb.unlink()
     pb.write_bytes(data)
     assert cpu_twin(placed, ["serve"], tmp_path / "unused") != kept
+
+
+def test_what_a_stage_hands_on_is_kept_in_a_worker_only_and_taken_once(tmp_path, monkeypatch):
+    from tpubuild.engine.workers import WORKER_SCRATCH, hand_on, handed_on
+
+    monkeypatch.delenv(WORKER_SCRATCH, raising=False)
+    assert hand_on("twin", object()) is False and handed_on("twin") is None  # in-process: the caller lets it go
+    monkeypatch.setenv(WORKER_SCRATCH, str(tmp_path))
+    kept = object()
+    assert hand_on("twin", kept) is True
+    assert handed_on("twin") is kept and handed_on("twin") is None
