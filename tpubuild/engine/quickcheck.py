@@ -34,9 +34,13 @@ def planning_digest(ws_file: Path, stat: StatCache, recipe_files: list[Path], ro
     names files by glob, whose meaning depends on the files that match."""
     if recipe is not None and recipe.globs:
         return None
-    files = [[Path(os.path.relpath(path, root)).as_posix(), stat.file_hash(str(path))] for path in recipe_files]
+    return _planning(stat.file_hash(str(ws_file)), root, [(path, stat.file_hash(str(path))) for path in recipe_files])
+
+
+def _planning(workspace_hash: str, root: Path, hashed: list[tuple[Path, str]]) -> str:
+    files = [[Path(os.path.relpath(path, root)).as_posix(), digest] for path, digest in hashed]
     return hash_bytes(canonical_dumps({"code": package_content_digest(), "env": key_env(),
-                                       "workspace": stat.file_hash(str(ws_file)), "recipe": files}).encode())
+                                       "workspace": workspace_hash, "recipe": files}).encode())
 
 
 def quick_check(start: Path, override: Path | None) -> int | None:
@@ -44,42 +48,34 @@ def quick_check(start: Path, override: Path | None) -> int | None:
     (module docstring); None sends `--check` down its full path. Recipes that name files by
     glob record no `planning` (a new match changes their meaning): any such recipe, or any
     difference, and the full path decides."""
-    import yaml
-
-    from tpubuild.config.finding import (
-        DEFAULT_RECIPE_GLOBS,
-        STATE_DIR,
-        discover_files,
-        extends_chain,
-        lock_file_of,
-        workspace_file_for,
-    )
+    from tpubuild.config.finding import STATE_DIR, discover_files, extends_chain, lock_file_of, workspace_file_for
     from tpubuild.engine.keys import toolchain
 
     ws_file = workspace_file_for(start, override)
     if ws_file is None:
         return None
     root = ws_file.parent.resolve()
-    try:  # only where the recipes are: a workspace file that hashes as the lock files record was valid
-        data = yaml.load(ws_file.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except (OSError, ValueError, yaml.YAMLError):
+    try:
+        ws_bytes = ws_file.read_bytes()
+    except OSError:
         return None
-    globs = (data or {}).get("recipes", list(DEFAULT_RECIPE_GLOBS)) if isinstance(data, dict) or data is None else None
-    if not isinstance(globs, list) or not all(isinstance(g, str) for g in globs):
+    globs = _recipe_globs(ws_bytes)  # a workspace file that hashes as the lock files record was valid
+    if globs is None:
         return None
     files = discover_files(root, globs, ws_file)
     if not files:
         return None
     stat = StatCache(root / STATE_DIR / "statcache.json")
+    ws_hash, tools = hash_bytes(ws_bytes), toolchain()
     names: set[str] = set()
     for recipe_file in files:
         lock = read_lock_keys(lock_file_of(recipe_file))
-        if lock is None or lock.get("recipe") in names or \
-                lock.get("planning") != planning_digest(ws_file, stat, extends_chain(recipe_file), root):
+        if lock is None or lock.get("recipe") in names or dict(lock.get("toolchain") or {}) != tools:
+            return None
+        chain = extends_chain(recipe_file)  # each file read once, to find its base and to hash it
+        if chain is None or lock.get("planning") != _planning(ws_hash, root, [(p, hash_bytes(b)) for p, b in chain]):
             return None
         names.add(lock.get("recipe"))
-        if dict(lock.get("toolchain") or {}) != toolchain():
-            return None
         inputs = lock.get("inputs") or {}
         if not all(_same(root, stat, name, digest) for name, digest in inputs.items()):
             return None
@@ -89,6 +85,30 @@ def quick_check(start: Path, override: Path | None) -> int | None:
                 return None
     stat.save(prune=False)  # what it hashed; the build's entries are not this command's to check
     return len(files)
+
+
+def _recipe_globs(ws_bytes: bytes) -> list[str] | None:
+    """The workspace file's `recipes:` globs: by config/finding.py's reader of the plain
+    forms, else by PyYAML; None when they are not a list of strings."""
+    from tpubuild.config.finding import DEFAULT_RECIPE_GLOBS, recipe_globs_in
+
+    try:
+        text = ws_bytes.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    globs = recipe_globs_in(text)
+    if globs is not None:
+        return globs
+    import yaml
+
+    try:
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except (ValueError, yaml.YAMLError):
+        return None
+    globs = (data or {}).get("recipes", list(DEFAULT_RECIPE_GLOBS)) if isinstance(data, dict) or data is None else None
+    if not isinstance(globs, list) or not all(isinstance(g, str) for g in globs):
+        return None
+    return globs
 
 
 def _same(root: Path, stat: StatCache, name: str, digest: Any) -> bool:
