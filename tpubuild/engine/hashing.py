@@ -48,7 +48,7 @@ class FileEntry:
     dataclasses costs `build --check` 5 ms, and publish tells a FileEntry from a
     (FileEntry, path) pair by `isinstance(item, tuple)` (engine/target_versions.py)."""
 
-    __slots__ = ("path", "hash", "size")
+    __slots__ = ("hash", "path", "size")
     path: str
     hash: str
     size: int
@@ -137,7 +137,9 @@ def walk_files(root: Path | str, symlinks: str = "inside") -> list[tuple[str, os
 
 
 def _stage_error(message: str) -> Exception:
-    from tpubuild.errors import StageError  # imported on error only: `build --check` hashes trees without it
+    from tpubuild.errors import (
+        StageError,  # imported on error only: `build --check` hashes trees without it
+    )
 
     return StageError(message)
 

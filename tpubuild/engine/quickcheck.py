@@ -48,7 +48,13 @@ def quick_check(start: Path, override: Path | None) -> int | None:
     (module docstring); None sends `--check` down its full path. Recipes that name files by
     glob record no `planning` (a new match changes their meaning): any such recipe, or any
     difference, and the full path decides."""
-    from tpubuild.config.finding import STATE_DIR, discover_files, extends_chain, lock_file_of, workspace_file_for
+    from tpubuild.config.finding import (
+        STATE_DIR,
+        discover_files,
+        extends_chain,
+        lock_file_of,
+        workspace_file_for,
+    )
     from tpubuild.engine.keys import toolchain
 
     ws_file = workspace_file_for(start, override)
