@@ -38,9 +38,18 @@ def planning_digest(ws_file: Path, stat: StatCache, recipe_files: list[Path], ro
 
 
 def _planning(workspace_hash: str, root: Path, hashed: list[tuple[Path, str]]) -> str:
-    files = [[Path(os.path.relpath(path, root)).as_posix(), digest] for path, digest in hashed]
+    files = [[_relative(path, root), digest] for path, digest in hashed]
     return hash_bytes(canonical_dumps({"code": package_content_digest(), "env": key_env(),
                                        "workspace": workspace_hash, "recipe": files}).encode())
+
+
+def _relative(path: Path, root: Path) -> str:
+    """`path` relative to `root`, POSIX: a prefix cut where it is below root (os.path.relpath
+    makes both absolute first, a cost per recipe that the check of 200 recipes notices)."""
+    text, prefix = str(path), f"{root}{os.sep}"
+    if text.startswith(prefix) and os.sep == "/" and "/../" not in text and "/./" not in text:
+        return text[len(prefix):]
+    return Path(os.path.relpath(path, root)).as_posix()
 
 
 def quick_check(start: Path, override: Path | None) -> int | None:
