@@ -9,6 +9,10 @@ building would not change the lock file. That is the no-op memo's proof (engine/
 made from content instead of stats, which a fresh clone has. Anything else and the full
 check (engine/lockcheck.py) decides, computing the keys and naming the stage and cause.
 
+The digest also covers the stage keys as the lock file records them: a key line edited by
+hand or stitched together by a merge no longer matches, and the full check, which
+computes the keys, finds it.
+
 Imports only what that needs (no recipe loader, resolver or stage registry): the whole
 check of 200 recipes costs about what a no-op build does.
 """
@@ -27,20 +31,23 @@ from tpubuild.engine.statcache import StatCache
 
 
 def planning_digest(ws_file: Path, stat: StatCache, recipe_files: list[Path], root: Path,
-                    recipe: Any | None = None) -> str | None:
+                    stages: list[dict[str, Any]], recipe: Any | None = None) -> str | None:
     """What decides a lock file's keys besides the inputs its stages read: tpubuild's code
     (schemas included), the workspace file (defaults, layout), the key variables set and
-    the recipe's own files (the recipe, then each `extends` base). None for a recipe that
-    names files by glob, whose meaning depends on the files that match."""
+    the recipe's own files (the recipe, then each `extends` base); and the keys of
+    `stages` (the lock document's) themselves. None for a recipe that names files by glob,
+    whose meaning depends on the files that match."""
     if recipe is not None and recipe.globs:
         return None
-    return _planning(stat.file_hash(str(ws_file)), root, [(path, stat.file_hash(str(path))) for path in recipe_files])
+    hashed = [(path, stat.file_hash(str(path))) for path in recipe_files]
+    return _planning(stat.file_hash(str(ws_file)), root, hashed, stages)
 
 
-def _planning(workspace_hash: str, root: Path, hashed: list[tuple[Path, str]]) -> str:
+def _planning(workspace_hash: str, root: Path, hashed: list[tuple[Path, str]], stages: list[dict[str, Any]]) -> str:
     files = [[_relative(path, root), digest] for path, digest in hashed]
+    keys = [[stage.get("stage"), stage.get("key")] for stage in stages]
     return hash_bytes(canonical_dumps({"code": package_content_digest(), "env": key_env(),
-                                       "workspace": workspace_hash, "recipe": files}).encode())
+                                       "workspace": workspace_hash, "recipe": files, "keys": keys}).encode())
 
 
 def _relative(path: Path, root: Path) -> str:
@@ -88,7 +95,8 @@ def quick_check(start: Path, override: Path | None) -> int | None:
         if lock is None or lock.get("recipe") in names or dict(lock.get("toolchain") or {}) != tools:
             return None
         chain = extends_chain(recipe_file)  # each file read once, to find its base and to hash it
-        if chain is None or lock.get("planning") != _planning(ws_hash, root, [(p, hash_bytes(b)) for p, b in chain]):
+        hashed = None if chain is None else [(path, hash_bytes(data)) for path, data in chain]
+        if hashed is None or lock.get("planning") != _planning(ws_hash, root, hashed, lock.get("stages") or []):
             return None
         names.add(lock.get("recipe"))
         inputs = lock.get("inputs") or {}
