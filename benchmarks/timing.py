@@ -13,7 +13,7 @@ from typing import Callable
 _PROBE = """
 import contextlib, io, sys, time
 t = time.perf_counter()
-from tpubuild.cli import main
+from tpubuild.entry import main
 try:
     with contextlib.redirect_stdout(io.StringIO()):
         main({argv!r})

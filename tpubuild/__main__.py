@@ -1,3 +1,3 @@
-from tpubuild.cli import main
+from tpubuild.entry import main
 
 main()

@@ -7,12 +7,13 @@ TensorFlow-free and shared by the engine (lock files, cache records) and the sta
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Replace `path` with `data` so readers see the old or the new file, never a part."""
+    import tempfile  # here: `build --check` imports this module and seldom writes
+
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

@@ -161,6 +161,8 @@ def test_validate_json(toy, monkeypatch):
     (["render"], "Missing argument 'RECIPE'"),
     (["build", "--no-such-option"], "No such option"),
     (["schema", "recipes"], "'recipes' is not one of 'recipe', 'workspace'"),
+    (["-w", "recipes/toy.yaml", "validate"], "error: recipes/toy.yaml is a recipe, not a workspace file: --workspace "
+     "takes the workspace's directory or its tpubuild.yaml (to build one recipe: tpubuild build recipes/toy.yaml)\n"),
 ])
 def test_every_usage_error_exits_2(toy, monkeypatch, argv, message):
     monkeypatch.chdir(toy.root)

@@ -84,6 +84,25 @@ def test_a_fresh_clone_is_checked_from_recorded_hashes_alone(built_workspace, mo
     assert quick_check(ws, None) == 3
     check = tpubuild(ws, "build", "--check")
     assert (check.returncode, check.stdout) == (0, "3 lock files up to date\n"), check.stderr
+    # The executable answers before it imports the CLI (tpubuild/entry.py): no click, no PyYAML.
+    check = tpubuild(ws.parent, "-w", str(ws), "build", "--check", env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert (check.returncode, check.stdout) == (0, "3 lock files up to date\n"), check.stderr
+    imported = {line.split("|")[-1].strip() for line in check.stderr.splitlines() if line.startswith("import time:")}
+    assert "tpubuild.engine.quickcheck" in imported and not {"click", "yaml", "tensorflow"} & imported
+
+    # A key line edited by hand (or stitched together by a merge): the planning digest
+    # covers the recorded keys, so the full check computes the key and names the stage.
+    lock_path = ws / "recipes" / "toy.lock.yaml"
+    original = lock_path.read_text()
+    stage = original.split("- stage: ")[2].split("\n")[0]  # the second stage
+    at = original.index(f"- stage: {stage}\n  key: ") + len(f"- stage: {stage}\n  key: ")
+    lock_path.write_text(original[:at] + "0" * 63 + "a" + original[at + 64:])
+    assert quick_check(ws, None) is None
+    check = tpubuild(ws, "build", "--check")
+    assert check.returncode == 1 and check.stdout.startswith(
+        f"recipes/toy.yaml: building would change recipes/toy.lock.yaml: stage {stage}"), check.stdout + check.stderr
+    lock_path.write_text(original)
+    assert quick_check(ws, None) == 3
 
     # The workspace file decides defaults and layout: the full path decides, and a change
     # that changes no key changes no lock file.
@@ -145,4 +164,4 @@ def test_extends_chain_reads_the_bases_as_the_recipe_loader_does(tmp_path):
     recipes = load_recipes(load_workspace(tmp_path), None)
     assert [len(r.files) for r in recipes] == [3, 2]
     for recipe in recipes:
-        assert extends_chain(recipe.file) == [Path(p).resolve() for p in recipe.files]
+        assert [path for path, _ in extends_chain(recipe.file)] == [Path(p).resolve() for p in recipe.files]

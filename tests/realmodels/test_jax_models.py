@@ -11,6 +11,7 @@ its weights in bfloat16.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -39,13 +40,17 @@ RECIPES = {
                  "converter:\n  tpu_functions: [{function_alias: tpu_func}]\n" + BATCHING +
                  "  bfloat16_optimization: DISABLED\nverify:\n  samples: 8\n",
 }
+# jax_mlp with a tolerance bfloat16 cannot meet: verify fails, explain-error looks inside.
+RECIPES["jax_tight"] = RECIPES["jax_mlp"].replace("  samples: 8\n", "  samples: 8\n  rtol: 0.00001\n  atol: 0.0000001\n")
 BUILT = ("jax_mlp", "jax_orbax")
 
 
 @pytest.fixture(scope="session")
 def jax_built(tmp_path_factory) -> tuple[Path, dict, str]:
-    pytest.importorskip("jax")
-    pytest.importorskip("orbax.export")
+    # Not importorskip, which would import JAX in this pytest worker (its threads then warn at every fork).
+    for module in ("jax", "orbax.export"):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"{module} is not installed")
     ws = tmp_path_factory.mktemp("jax") / "ws"
     model_workspace(ws, MODELS, RECIPES)
     result = tpubuild(ws, "build", "--json", timeout=900)
@@ -68,6 +73,22 @@ def test_quantization_of_an_xla_call_module_is_refused_in_one_line(jax_built):
     assert len(refusals) == 1, stderr
     assert "node 'XlaCallModule'" in refusals[0] and "TF's quantizer cannot quantize" in refusals[0], refusals
     assert "Traceback" not in stderr
+
+
+def test_explain_error_finds_the_bfloat16_error_in_the_xla_call_module(jax_built):
+    ws, document, _ = jax_built
+    assert statuses(document, "jax_tight")["verify"] == "failed"
+    result = tpubuild(ws, "explain-error", "jax_tight", timeout=600)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    # The one op of the graph that computes in bfloat16 is where the error starts ...
+    assert any(line.strip().startswith("serving_default: XlaCallModule (XlaCallModule, bfloat16)") for line in lines), \
+        result.stdout
+    # ... and keeping it float32 is tried; its variables stay bfloat16, so the error stays.
+    assert any("tried bfloat16_optimization_options.filterlist: [XlaCallModule]" in line for line in lines), result.stdout
+    assert lines[-1].strip().startswith("no op that computes in bfloat16 starts the error: it comes from the variables "
+                                        "stored in bfloat16"), result.stdout
+    assert "Traceback" not in result.stderr
 
 
 def test_jax_is_keyed_by_version(jax_built):

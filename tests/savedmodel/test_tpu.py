@@ -263,3 +263,15 @@ def test_twin_maps_replicated_inputs_of_models_converted_elsewhere(zoo, placed_o
         expected, got = run_signature(zoo, key, inputs), run_signature(twin, key, inputs)
         for name in expected:
             np.testing.assert_allclose(got[name], expected[name], **TOL, err_msg=f"{key}.{name}")
+
+
+def test_a_model_already_placed_on_the_tpu_is_refused_in_one_line(placed_one, tmp_path):
+    # A converted version given as the model: placing it again would fail in TensorFlow's
+    # words (no CPU kernel for its TPU ops); the stage names what it is and writes nothing.
+    with pytest.raises(ConversionError) as err:
+        place(placed_one[0], tmp_path / "again", [{"function_alias": "tpu_func"}])
+    message = str(err.value)
+    assert message.startswith("the model is already converted for the TPU: function \"")
+    assert "TPUPartitionedCall node" in message or "TPUReplicateMetadata node" in message, message
+    assert "Point `saved_model:` at the SavedModel it was converted from" in message and "\n" not in message
+    assert list((tmp_path / "again").iterdir()) == []

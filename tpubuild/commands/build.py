@@ -72,11 +72,15 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry
             click.echo(json.dumps({"rows": [], "versions": {}, "exit_code": 0}) if as_json
                        else f"no recipe affected since {changed_since}")
             return 0
-    if not (dry_run or relock):
+    from tpubuild.entry import fast_paths_declined
+
+    # `tpubuild build --check` was tried by the executable's own fast paths (tpubuild/entry.py).
+    tried = check and fast_paths_declined() and not (recipe_patterns or changed_since)
+    if not (dry_run or relock or tried):
         code = _noop_fast_path(ctx, recipe_patterns, as_json, verbosity, check)
         if code is not None:
             return code
-    if check and not (recipe_patterns or relock or changed_since):
+    if check and not (recipe_patterns or relock or changed_since or tried):
         count = _quick_check(ctx)
         if count is not None:
             _say_up_to_date(count)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import stat
 from pathlib import Path
 
 LOCK_SUFFIX = ".lock.yaml"
@@ -51,35 +52,144 @@ def lock_file_of(recipe_file: Path) -> Path:
 _EXTENDS = re.compile(r"""^extends:[ \t]*(?:"([^"\n]*)"|'([^'\n]*)'|([^\s#'"][^#\n]*?))[ \t]*(?:#.*)?$""", re.M)
 
 
-def extends_chain(recipe_file: Path, limit: int = 32) -> list[Path]:
-    """The recipe file and the bases its top-level `extends:` line names, read without a
-    YAML parser (`build --check`'s quick path, engine/quickcheck.py). A guess: where it is
-    wrong (an `extends` written another way), the files hash differently from what the
-    lock file recorded and the full check decides."""
-    chain = [recipe_file]
-    while len(chain) < limit:
+def extends_chain(recipe_file: Path, limit: int = 32) -> list[tuple[Path, bytes]] | None:
+    """The recipe file and the bases its top-level `extends:` line names, each with its
+    bytes, read without a YAML parser (`build --check`'s quick path, engine/quickcheck.py);
+    None when one cannot be read. A guess: where it is wrong (an `extends` written another
+    way), the files hash differently from what the lock file recorded and the full check
+    decides."""
+    chain: list[tuple[Path, bytes]] = []
+    path: Path | None = recipe_file
+    while path is not None and len(chain) < limit:
         try:
-            found = _EXTENDS.search(chain[-1].read_text())
+            data = path.read_bytes()
+            found = _EXTENDS.search(data.decode("utf-8"))
         except (OSError, UnicodeDecodeError):
-            break
-        if found is None:
-            break
-        base = (chain[-1].parent / next(g for g in found.groups() if g is not None).strip()).resolve()
-        if base in chain:
-            break
-        chain.append(base)
+            return None
+        chain.append((path, data))
+        path = None
+        if found is not None:
+            base = (chain[-1][0].parent / next(g for g in found.groups() if g is not None).strip()).resolve()
+            path = None if any(base == seen for seen, _ in chain) else base
     return chain
 
 
 def recipe_matches(root: Path, pattern: str, workspace_file: Path) -> list[str]:
     """The files a recipes glob matches that can be recipes: not a lock file, and not the
     workspace file itself (`recipes: ["*.yaml"]` at the root matches tpubuild.yaml)."""
-    own = os.path.realpath(workspace_file)
-    return [match for match in glob.glob(str(Path(root) / pattern), recursive=True)
-            if os.path.isfile(match) and not match.endswith(LOCK_SUFFIX) and os.path.realpath(match) != own]
+    return [match for match, _ in _matches(root, pattern, os.path.realpath(workspace_file), {})]
 
 
 def discover_files(root: Path, patterns: list[str], workspace_file: Path) -> list[Path]:
     """Recipe files matched by `patterns` (relative to `root`), resolved and sorted."""
-    return sorted({Path(match).resolve() for pattern in patterns for match in recipe_matches(root, pattern,
-                                                                                             workspace_file)})
+    own, real_dirs = os.path.realpath(workspace_file), {}
+    return sorted({Path(real) for pattern in patterns for _, real in _matches(root, pattern, own, real_dirs)})
+
+
+def _matches(root: Path, pattern: str, own: str, real_dirs: dict[str, str]) -> list[tuple[str, str]]:
+    """(match, its real path) of recipe_matches. The real path is its directory's, resolved
+    once per directory, joined with its name unless the file itself is a symbolic link: one
+    lstat per file instead of one per component of its path."""
+    found = []
+    for match in glob.glob(str(Path(root) / pattern), recursive=True):
+        try:
+            mode = os.lstat(match).st_mode
+        except OSError:
+            continue
+        if stat.S_ISLNK(mode):
+            if not os.path.isfile(match):
+                continue
+            real = os.path.realpath(match)
+        elif stat.S_ISREG(mode):
+            directory, name = os.path.split(match)
+            real_dir = real_dirs.get(directory)
+            if real_dir is None:
+                real_dir = real_dirs[directory] = os.path.realpath(directory)
+            real = os.path.join(real_dir, name)
+        else:
+            continue
+        if not match.endswith(LOCK_SUFFIX) and real != own:
+            found.append((match, real))
+    return found
+
+
+# The recipe globs of a workspace file, read without a YAML parser (`build --check`'s quick
+# path; importing PyYAML costs more than checking 30 lock files). It reads the plain form
+# people write, `recipes: [a, "b"]` or a block list of such scalars, and gives up (None)
+# on anything else YAML allows: the quick path then loads the file with PyYAML. Giving up
+# is always safe; reading other globs than YAML would is not (a recipe left out of the
+# check), so every form accepted here is one where YAML's reading is the same string.
+_TOP_KEY = re.compile(r"([$A-Za-z_][\w$-]*):(?:[ ]+(.*?))?[ ]*")
+_ITEM = re.compile(r"(-[ ]+)(.*?)[ ]*")
+_COMMENT = re.compile(r"(.*?)(?:[ ]+#.*)?")
+# A plain scalar YAML reads as this string in block and flow context: no indicator first,
+# no flow or comment syntax inside, and a path-like form no YAML 1.1 resolver turns into
+# a bool, number, null or date (each has a `/`, a glob character or a .yaml/.yml suffix).
+_PLAIN = re.compile(r"[A-Za-z0-9_./][A-Za-z0-9_./*?~-]*")
+_QUOTED = re.compile(r'"([^"\\]+)"|\'([^\']+)\'')
+# Values of other keys that start a construct which may span lines at column 0 or refer
+# elsewhere (flow collections, quoted scalars, block scalars, anchors, aliases, tags).
+_OPENERS = tuple("[{\"'|>&*!%@`")
+
+
+def recipe_globs_in(text: str) -> list[str] | None:
+    """The `recipes:` globs of the workspace file `text` (the default when it has none),
+    or None when the file uses a form this reader does not (see above)."""
+    if not text.isascii() or "\t" in text or "\r" in text:
+        return None
+    globs: list[str] | None = None
+    block = None  # the indentation of `recipes:`'s block list items, once seen ("" before the first)
+    inline = False  # the last top-level key was `recipes:` with its value on the line
+    keyed = False  # a top-level key came: indented lines are its value's
+    for line in text.split("\n"):
+        body = _COMMENT.fullmatch(line).group(1)
+        if not body.strip() or line.lstrip().startswith("#"):
+            continue
+        indent = len(line) - len(line.lstrip(" "))
+        if block is not None and (item := _ITEM.fullmatch(body, indent)) and block in ("", indent):
+            scalar = _scalar(item.group(2))
+            if scalar is None or globs is None:
+                return None
+            globs.append(scalar)
+            block = indent
+            continue
+        if indent:
+            if inline or block is not None or not keyed:
+                return None  # a continuation of `recipes:`'s value or item, or a mapping under it
+            continue  # inside another key's block value
+        top = _TOP_KEY.fullmatch(body)
+        if top is None:
+            return None  # `---`, `%YAML`, `? key`, `<<: *base`, a quoted key, a sequence at top level
+        if block == "":
+            return None  # `recipes:` with no items: null
+        key, value = top.group(1), top.group(2)
+        block, inline, keyed = None, False, True
+        if key != "recipes":
+            if value and value.startswith(_OPENERS):
+                return None
+            continue
+        if globs is not None:
+            return None  # a duplicate key
+        globs = []
+        if not value:
+            block = ""
+        elif value.startswith("[") and value.endswith("]"):
+            items = [_scalar(part.strip()) for part in value[1:-1].split(",")]
+            if not items or None in items:
+                return None
+            globs, inline = items, True
+        else:
+            return None
+    if block == "":
+        return None
+    return list(DEFAULT_RECIPE_GLOBS) if globs is None else globs
+
+
+def _scalar(text: str) -> str | None:
+    """The string a glob list item reads as, when it is one of the forms above."""
+    quoted = _QUOTED.fullmatch(text)
+    if quoted:
+        return quoted.group(1) if quoted.group(1) is not None else quoted.group(2)
+    if _PLAIN.fullmatch(text) and ("/" in text or "*" in text or "?" in text or text.endswith((".yaml", ".yml"))):
+        return text
+    return None

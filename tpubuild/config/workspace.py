@@ -84,6 +84,10 @@ def load_workspace(start: Path | None = None, override: Path | None = None) -> W
         data = {}
     if not isinstance(data, dict):
         raise ConfigError([Diagnostic(marks.value(()), "", "the workspace file must be a mapping")])
+    if override is not None and "model" in data and "recipes" not in data:
+        # `-w recipes/toy.yaml`: one line, not a schema error for each of the recipe's keys.
+        raise UsageError(f"{override} is a recipe, not a workspace file: --workspace takes the workspace's "
+                         f"directory or its {WORKSPACE_FILE} (to build one recipe: tpubuild build {override})")
     problems = schema_diagnostics("workspace", data, marks) + _recipe_glob_problems(data, marks, root)
     problems += _directory_problems(data, marks, root) + _remote_problems(data, marks)
     if not problems:

@@ -538,7 +538,7 @@ def lock_for(run: RecipeRun, stat: StatCache, ws_file: Path) -> dict[str, Any]:
     # Whether the published model's output may differ between machines.
     model_measured = dict(zip((p.name for p in run.plan), (m for _, m in flags)))[run.plan[-1].consumes["model"]]
     recipe = run.recipe
-    planning = planning_digest(ws_file, stat, recipe.files or [recipe.file], Path(recipe.root), recipe)
+    planning = planning_digest(ws_file, stat, recipe.files or [recipe.file], Path(recipe.root), stages, recipe)
     return lock_document(run.name, recipe.digest, toolchain(), run_inputs(run), stages, run.version,
                          artifact_facts(run, model_measured), planning=planning)
 

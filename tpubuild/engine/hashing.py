@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 
 import blake3
-
-from tpubuild.errors import StageError
 
 SCHEME = "blake3-tree-v1"
 # Below this size the thread pool costs more than it saves.
@@ -34,21 +31,53 @@ def hash_file(path: Path | str, size: int | None = None) -> str:
         hasher.update_mmap(os.fspath(path))
         return hasher.hexdigest()
     hasher = blake3.blake3()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
+    fd = os.open(path, os.O_RDONLY)  # not open(): its buffered file object costs more than hashing a small file
+    try:
+        while chunk := os.read(fd, CHUNK):
             hasher.update(chunk)
+    finally:
+        os.close(fd)
     return hasher.hexdigest()
 
 
-@dataclass(frozen=True)
 class FileEntry:
     """One file of a tree: POSIX path relative to the tree root, content hash, size.
 
-    Modes are not part of the hash: stored objects are read-only hardlinks, one mode each."""
+    Modes are not part of the hash: stored objects are read-only hardlinks, one mode each.
+    Immutable, compared and hashed by value. Not a dataclass and not a tuple: importing
+    dataclasses costs `build --check` 5 ms, and publish tells a FileEntry from a
+    (FileEntry, path) pair by `isinstance(item, tuple)` (engine/target_versions.py)."""
 
+    __slots__ = ("hash", "path", "size")
     path: str
     hash: str
     size: int
+
+    def __init__(self, path: str, hash: str, size: int):
+        object.__setattr__(self, "path", path)
+        object.__setattr__(self, "hash", hash)
+        object.__setattr__(self, "size", size)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"FileEntry is immutable: cannot set {name}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"FileEntry is immutable: cannot delete {name}")
+
+    def _fields(self) -> tuple[str, str, int]:
+        return self.path, self.hash, self.size
+
+    def __eq__(self, other: object) -> bool:
+        return other._fields() == self._fields() if other.__class__ is self.__class__ else NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __reduce__(self) -> tuple:  # pickling (Ray ships entries) and copy build it anew
+        return FileEntry, self._fields()
+
+    def __repr__(self) -> str:
+        return f"FileEntry(path={self.path!r}, hash={self.hash!r}, size={self.size!r})"
 
 
 def tree_digest(entries: list[FileEntry]) -> str:
@@ -68,9 +97,8 @@ def walk_files(root: Path | str, symlinks: str = "inside") -> list[tuple[str, os
     the store) every symbolic link is an error. FIFOs, sockets and devices are always
     errors: reading one blocks or never ends. Errors name the path."""
     root_str = os.fspath(root)
-    real_root = os.path.realpath(root_str)
     out: list[tuple[str, os.stat_result]] = []
-    seen_dirs = {real_root}
+    seen_dirs: set[str] = set()  # real paths of the directories links led to (and the root's), once one did
 
     def visit(directory: str, rel_dir: str) -> None:
         with os.scandir(directory) as it:
@@ -80,30 +108,40 @@ def walk_files(root: Path | str, symlinks: str = "inside") -> list[tuple[str, os
             full = os.path.join(directory, item.name)
             st = item.stat(follow_symlinks=False)
             if stat.S_ISLNK(st.st_mode):
+                real_root = os.path.realpath(root_str)  # only where a link needs it: a realpath costs a stat per component
                 target = os.path.realpath(full)
                 if symlinks != "inside":
-                    raise StageError(f"{full}: a symbolic link (to {os.readlink(full)}); "
-                                     "stage outputs must be regular files")
+                    raise _stage_error(f"{full}: a symbolic link (to {os.readlink(full)}); "
+                                       "stage outputs must be regular files")
                 if os.path.commonpath([real_root, target]) != real_root:
-                    raise StageError(f"{full}: a symbolic link to {target}, outside {root_str}")
+                    raise _stage_error(f"{full}: a symbolic link to {target}, outside {root_str}")
                 try:
                     st = os.stat(full)
                 except FileNotFoundError:
-                    raise StageError(f"{full}: a symbolic link to {target}, which does not exist") from None
+                    raise _stage_error(f"{full}: a symbolic link to {target}, which does not exist") from None
                 if stat.S_ISDIR(st.st_mode):
+                    seen_dirs.add(real_root)
                     if target in seen_dirs:
-                        raise StageError(f"{full}: a symbolic link to {target}, which makes a cycle")
+                        raise _stage_error(f"{full}: a symbolic link to {target}, which makes a cycle")
                     seen_dirs.add(target)
             if stat.S_ISDIR(st.st_mode):
                 visit(full, f"{rel}/")
             elif stat.S_ISREG(st.st_mode):
                 out.append((rel, st))
             else:
-                raise StageError(f"{full}: {file_kind(st.st_mode)}, not a regular file")
+                raise _stage_error(f"{full}: {file_kind(st.st_mode)}, not a regular file")
 
     visit(root_str, "")
     out.sort()
     return out
+
+
+def _stage_error(message: str) -> Exception:
+    from tpubuild.errors import (
+        StageError,  # imported on error only: `build --check` hashes trees without it
+    )
+
+    return StageError(message)
 
 
 def file_kind(mode: int) -> str:

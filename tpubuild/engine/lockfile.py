@@ -23,19 +23,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from tpubuild.atomic import write_text_atomic
 
 SCHEMA = 2
 HEADER = "# Written by `tpubuild build`; commit it, do not edit it.\n"
 MEASURED = "# measured on the building machine"
-
-try:
-    _Loader: Any = yaml.CSafeLoader
-except AttributeError:  # PyYAML without libyaml
-    _Loader = yaml.SafeLoader
-
 
 # Not compared by same_keys (a build never rewrites a lock file for it alone): a stale one
 # only sends `build --check` down its full path, which computes every key.
@@ -144,8 +136,10 @@ def read_lock(path: Path) -> dict[str, Any] | None:
 def parse_lock(text: str) -> dict[str, Any] | None:
     """The lock document in `text` (a lock file already read), or None when it is not one
     of this schema."""
+    import yaml  # only for a layout lock_text does not write: `build --check` reads the others without it
+
     try:
-        data = yaml.load(text, Loader=_Loader)
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except (yaml.YAMLError, ValueError):
         return None
     return _with_defaults(data)
@@ -186,48 +180,30 @@ class _OtherLayout(Exception):
 
 _PLAIN = {"null": None, "true": True, "false": False, "{}": {}}
 _INT = re.compile(r"-?[0-9]+")
-_JSON = json.JSONDecoder()
+_JSON_STRING = r'"(?:[^"\\]|\\.)*"'
+# One line of the layout `lock_text` writes: indentation, a list dash, the key (a name or a
+# JSON string), and a value (a JSON string or a plain word) or none, then maybe a comment.
+_LINE = re.compile(rf'( *)(- )?(?:([A-Za-z_][A-Za-z0-9_-]*)|({_JSON_STRING})):(?: ({_JSON_STRING}|[^ ]+))?(?:  #.*)?')
 
 
-def _scalar_at(text: str, pos: int) -> tuple[Any, int]:
-    """The value `_scalar` wrote at `pos` (JSON-quoted, or a plain word) and where it ends."""
-    if text.startswith('"', pos):
-        try:
-            return _JSON.raw_decode(text, pos)
-        except ValueError:
-            raise _OtherLayout from None
-    end = text.find(" ", pos)
-    end = len(text) if end < 0 else end
-    word = text[pos:end]
+def _word(word: str) -> Any:
+    """The value of a plain word `_scalar` wrote; _OtherLayout for anything else."""
+    if len(word) >= 16 and not word.strip("0123456789abcdef") and not word.isdigit():
+        return word  # a digest, most of a lock file's words: what the tests below would say, sooner
     if word in _PLAIN:
-        return ({} if word == "{}" else _PLAIN[word]), end
+        return {} if word == "{}" else _PLAIN[word]
     if _INT.fullmatch(word):
-        return int(word), end
+        return int(word)
     if _NAME.fullmatch(word) and word.lower() not in _YAML_WORDS or _DIGEST.fullmatch(word):
-        return word, end
+        return word
     raise _OtherLayout  # a float, or YAML syntax `lock_text` never writes
 
 
-def _pair(line: str, pos: int) -> tuple[Any, Any, bool]:
-    """(key, value, whether a value follows) of `key: value  # comment` at `pos`."""
-    if line.startswith('"', pos):
-        key, end = _scalar_at(line, pos)
-    else:
-        end = line.find(":", pos)
-        key = line[pos:end]
-        if end < 0 or not _NAME.fullmatch(key):
-            raise _OtherLayout
-    if not line.startswith(":", end):
-        raise _OtherLayout
-    end += 1
-    if end == len(line) or line.startswith("  #", end):
-        return key, None, False
-    if not line.startswith(" ", end):
-        raise _OtherLayout
-    value, end = _scalar_at(line, end + 1)
-    if end != len(line) and not line.startswith("  #", end):
-        raise _OtherLayout
-    return key, value, True
+def _string(quoted: str) -> str:
+    try:
+        return json.loads(quoted)
+    except ValueError:
+        raise _OtherLayout from None
 
 
 def _parse_layout(text: str) -> dict[str, Any]:
@@ -238,9 +214,14 @@ def _parse_layout(text: str) -> dict[str, Any]:
     for line in text.splitlines():
         if not line or line.startswith("#"):
             continue
-        indent = len(line) - len(line.lstrip(" "))
-        dash = line.startswith("- ", indent)
-        key, value, has_value = _pair(line, indent + 2 if dash else indent)
+        match = _LINE.fullmatch(line)
+        if match is None:
+            raise _OtherLayout
+        spaces, dash, name, quoted_key, raw = match.groups()
+        indent = len(spaces)
+        key = name if name is not None else _string(quoted_key)
+        has_value = raw is not None
+        value = None if raw is None else _string(raw) if raw.startswith('"') else _word(raw)
         if indent == 0 and not dash:
             if key in doc:
                 raise _OtherLayout

@@ -9,6 +9,10 @@ building would not change the lock file. That is the no-op memo's proof (engine/
 made from content instead of stats, which a fresh clone has. Anything else and the full
 check (engine/lockcheck.py) decides, computing the keys and naming the stage and cause.
 
+The digest also covers the stage keys as the lock file records them: a key line edited by
+hand or stitched together by a merge no longer matches, and the full check, which
+computes the keys, finds it.
+
 Imports only what that needs (no recipe loader, resolver or stage registry): the whole
 check of 200 recipes costs about what a no-op build does.
 """
@@ -27,16 +31,32 @@ from tpubuild.engine.statcache import StatCache
 
 
 def planning_digest(ws_file: Path, stat: StatCache, recipe_files: list[Path], root: Path,
-                    recipe: Any | None = None) -> str | None:
+                    stages: list[dict[str, Any]], recipe: Any | None = None) -> str | None:
     """What decides a lock file's keys besides the inputs its stages read: tpubuild's code
     (schemas included), the workspace file (defaults, layout), the key variables set and
-    the recipe's own files (the recipe, then each `extends` base). None for a recipe that
-    names files by glob, whose meaning depends on the files that match."""
+    the recipe's own files (the recipe, then each `extends` base); and the keys of
+    `stages` (the lock document's) themselves. None for a recipe that names files by glob,
+    whose meaning depends on the files that match."""
     if recipe is not None and recipe.globs:
         return None
-    files = [[Path(os.path.relpath(path, root)).as_posix(), stat.file_hash(str(path))] for path in recipe_files]
+    hashed = [(path, stat.file_hash(str(path))) for path in recipe_files]
+    return _planning(stat.file_hash(str(ws_file)), root, hashed, stages)
+
+
+def _planning(workspace_hash: str, root: Path, hashed: list[tuple[Path, str]], stages: list[dict[str, Any]]) -> str:
+    files = [[_relative(path, root), digest] for path, digest in hashed]
+    keys = [[stage.get("stage"), stage.get("key")] for stage in stages]
     return hash_bytes(canonical_dumps({"code": package_content_digest(), "env": key_env(),
-                                       "workspace": stat.file_hash(str(ws_file)), "recipe": files}).encode())
+                                       "workspace": workspace_hash, "recipe": files, "keys": keys}).encode())
+
+
+def _relative(path: Path, root: Path) -> str:
+    """`path` relative to `root`, POSIX: a prefix cut where it is below root (os.path.relpath
+    makes both absolute first, a cost per recipe that the check of 200 recipes notices)."""
+    text, prefix = str(path), f"{root}{os.sep}"
+    if text.startswith(prefix) and os.sep == "/" and "/../" not in text and "/./" not in text:
+        return text[len(prefix):]
+    return Path(os.path.relpath(path, root)).as_posix()
 
 
 def quick_check(start: Path, override: Path | None) -> int | None:
@@ -44,10 +64,7 @@ def quick_check(start: Path, override: Path | None) -> int | None:
     (module docstring); None sends `--check` down its full path. Recipes that name files by
     glob record no `planning` (a new match changes their meaning): any such recipe, or any
     difference, and the full path decides."""
-    import yaml
-
     from tpubuild.config.finding import (
-        DEFAULT_RECIPE_GLOBS,
         STATE_DIR,
         discover_files,
         extends_chain,
@@ -60,26 +77,28 @@ def quick_check(start: Path, override: Path | None) -> int | None:
     if ws_file is None:
         return None
     root = ws_file.parent.resolve()
-    try:  # only where the recipes are: a workspace file that hashes as the lock files record was valid
-        data = yaml.load(ws_file.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except (OSError, ValueError, yaml.YAMLError):
+    try:
+        ws_bytes = ws_file.read_bytes()
+    except OSError:
         return None
-    globs = (data or {}).get("recipes", list(DEFAULT_RECIPE_GLOBS)) if isinstance(data, dict) or data is None else None
-    if not isinstance(globs, list) or not all(isinstance(g, str) for g in globs):
+    globs = _recipe_globs(ws_bytes)  # a workspace file that hashes as the lock files record was valid
+    if globs is None:
         return None
     files = discover_files(root, globs, ws_file)
     if not files:
         return None
     stat = StatCache(root / STATE_DIR / "statcache.json")
+    ws_hash, tools = hash_bytes(ws_bytes), toolchain()
     names: set[str] = set()
     for recipe_file in files:
         lock = read_lock_keys(lock_file_of(recipe_file))
-        if lock is None or lock.get("recipe") in names or \
-                lock.get("planning") != planning_digest(ws_file, stat, extends_chain(recipe_file), root):
+        if lock is None or lock.get("recipe") in names or dict(lock.get("toolchain") or {}) != tools:
+            return None
+        chain = extends_chain(recipe_file)  # each file read once, to find its base and to hash it
+        hashed = None if chain is None else [(path, hash_bytes(data)) for path, data in chain]
+        if hashed is None or lock.get("planning") != _planning(ws_hash, root, hashed, lock.get("stages") or []):
             return None
         names.add(lock.get("recipe"))
-        if dict(lock.get("toolchain") or {}) != toolchain():
-            return None
         inputs = lock.get("inputs") or {}
         if not all(_same(root, stat, name, digest) for name, digest in inputs.items()):
             return None
@@ -89,6 +108,30 @@ def quick_check(start: Path, override: Path | None) -> int | None:
                 return None
     stat.save(prune=False)  # what it hashed; the build's entries are not this command's to check
     return len(files)
+
+
+def _recipe_globs(ws_bytes: bytes) -> list[str] | None:
+    """The workspace file's `recipes:` globs: by config/finding.py's reader of the plain
+    forms, else by PyYAML; None when they are not a list of strings."""
+    from tpubuild.config.finding import DEFAULT_RECIPE_GLOBS, recipe_globs_in
+
+    try:
+        text = ws_bytes.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    globs = recipe_globs_in(text)
+    if globs is not None:
+        return globs
+    import yaml
+
+    try:
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except (ValueError, yaml.YAMLError):
+        return None
+    globs = (data or {}).get("recipes", list(DEFAULT_RECIPE_GLOBS)) if isinstance(data, dict) or data is None else None
+    if not isinstance(globs, list) or not all(isinstance(g, str) for g in globs):
+        return None
+    return globs
 
 
 def _same(root: Path, stat: StatCache, name: str, digest: Any) -> bool:

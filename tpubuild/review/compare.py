@@ -192,7 +192,10 @@ def stage_changes(base: Side, head: Side, old: Any, new: Any, changed: set[str])
             inputs = _input_causes(_stage_inputs(old, before), _stage_inputs(new, planned), changed)
             causes += inputs or _pattern_causes(planned, changed)  # a glob match seen only at one side
             if planned.name not in ENGINE_STEPS and spec(planned.name).runs_user_code:
-                causes += [f"imported module {m}: content changed" for m in modules if touched(changed, m)]
+                # The export script itself is a declared input too: named once, as the input.
+                named = {cause.split(":", 2)[1] for cause in inputs if cause.startswith("input file:")}
+                causes += [f"imported module {m}: content changed" for m in modules
+                           if touched(changed, m) and m not in named]
             if before.consumes != planned.consumes or before.summaries != planned.summaries:
                 # A stage before it was added or removed: it reads another stage's output now.
                 was = ", ".join(f"{r} from {s}" for r, s in sorted(before.consumes.items()))

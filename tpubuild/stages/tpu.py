@@ -25,10 +25,11 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     from tpubuild.savedmodel.model import SavedModel
     from tpubuild.tpu.compatibility import check_tpu_functions
     from tpubuild.tpu.functions import resolve_tpu_functions
-    from tpubuild.tpu.placement import place_on_tpu
+    from tpubuild.tpu.placement import place_on_tpu, refuse_placed_model
     from tpubuild.tpu.runtime_check import enforce
 
     model = SavedModel.load(Path(input_dir), options.get("tags"))
+    refuse_placed_model(model)
     functions = resolve_tpu_functions(model, options["tpu_functions"])
     # Checks run on the untouched model and before anything is written.
     warnings = check_tpu_functions(model, functions)

@@ -77,6 +77,24 @@ class Placement:
         }
 
 
+# Ops only a model already placed on the TPU holds: what this module writes, and what
+# tf.compat.v1.tpu.rewrite and the Cloud TPU Inference Converter write.
+PLACED_OPS = (TPU_CALL, METADATA, ORDINAL_SELECTOR, REPLICATED_OUTPUT, COMPILATION_RESULT)
+
+
+def refuse_placed_model(model: SavedModel) -> None:
+    """A converted artifact given as the model (a tpubuild version, the converter's output)
+    cannot be placed again: its TPU calls have no CPU kernel, so every check and the CPU
+    twin would fail on them with TensorFlow's words. Say what it is, naming the node."""
+    for name, fdef in model.functions.items():
+        for node in fdef.node_def:
+            if node.op in PLACED_OPS:
+                raise ConversionError(
+                    f"the model is already converted for the TPU: function {model.describe(name)} has {node.op} node "
+                    f"'{node.name}'. Point `saved_model:` at the SavedModel it was converted from (the export), "
+                    "not at a converted version")
+
+
 def place_on_tpu(
     model: SavedModel, functions: list[TpuFunction], sharding: dict[str, Any] | None = None
 ) -> tuple[list[Placement], list[str]]:

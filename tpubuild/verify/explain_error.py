@@ -116,8 +116,11 @@ def explain_bfloat16(stage_input: Path, stage_output: Path, source: Path, option
     for round_number in range(1, MAX_ROUNDS + 1):
         wanted = sorted({e.op for errors in first.values() for e in errors if e.dtype == "bfloat16"} - set(filterlist))
         if not wanted:
-            result.note = ("no op that computes in bfloat16 starts the error: it comes from ops kept in float32 "
-                           "or from the stages around bfloat16")
+            # Filterlisted ops still read their variables as bfloat16 stores them (the
+            # converter keeps every variable of the TPU scope in bfloat16, filterlist or not).
+            result.note = ("no op that computes in bfloat16 starts the error: it comes from the variables stored in "
+                           "bfloat16, from ops kept in float32 or from the stages around bfloat16; loosen verify's "
+                           "rtol/atol for bfloat16, or set bfloat16_optimization: DISABLED")
             break
         filterlist = filterlist + wanted
         converted = _convert(stage_input, scratch / f"round{round_number}", options, filterlist)

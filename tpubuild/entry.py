@@ -1,0 +1,68 @@
+"""The `tpubuild` executable: answers `tpubuild build --check` before the CLI is imported.
+
+CI runs `build --check` on every pull request, in a fresh clone, and it should cost what a
+no-op build costs. Importing click and the command modules alone takes about as long as
+checking 200 lock files (engine/quickcheck.py), so the exact command lines CI runs,
+`tpubuild [-w DIR] build --check`, are answered here when the lock files prove the
+workspace up to date. Any other command line, and any check that needs more (a stale or
+missing lock file, a recipe with globs), goes to the click CLI (tpubuild/cli.py), which
+prints the same line or the stale recipes and their causes.
+"""
+
+from __future__ import annotations
+
+import sys
+
+_FAST_TRIED = False  # the fast paths declined this process's command: the CLI need not try them again
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    workspace = _check_command(args)
+    if workspace is not False:
+        count = _up_to_date(workspace)
+        if count is not None:
+            print(f"{count} lock file{'s' if count != 1 else ''} up to date")
+            sys.exit(0)
+    from tpubuild.cli import main as cli_main
+
+    cli_main(argv)
+
+
+def fast_paths_declined() -> bool:
+    """Whether this process already tried (and declined) the fast answers to `build --check`."""
+    return _FAST_TRIED
+
+
+def _check_command(args: list[str]) -> str | None | bool:
+    """The `--workspace` of `[-w DIR | --workspace DIR | --workspace=DIR] build --check`
+    (None: no option), or False for any other command line."""
+    workspace = None
+    if args[:1] in (["-w"], ["--workspace"]) and len(args) >= 2:
+        workspace, args = args[1], args[2:]
+    elif args[:1] and args[0].startswith("--workspace="):
+        workspace, args = args[0][len("--workspace="):], args[1:]
+    if args != ["build", "--check"] or workspace == "":
+        return False
+    return workspace
+
+
+def _up_to_date(workspace: str | None) -> int | None:
+    """How many lock files the no-op memo (engine/noop.py) or the lock files themselves
+    (engine/quickcheck.py) prove current, in the order `build --check` tries them; None
+    when neither can: the CLI's full check decides."""
+    global _FAST_TRIED
+    from pathlib import Path
+
+    from tpubuild.engine.noop import quick
+    from tpubuild.engine.quickcheck import quick_check
+
+    override = Path(workspace) if workspace is not None else None
+    try:
+        start = Path.cwd()
+        found = quick(start, override)
+        count = len(found[1]) if found is not None and found[1] else quick_check(start, override)
+    except OSError:
+        return None  # a deleted working directory, an unreadable file: the CLI says which
+    _FAST_TRIED = count is None
+    return count
