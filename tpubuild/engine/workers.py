@@ -87,15 +87,18 @@ MEMORY_LIMIT_FLAG = "--memory-limit"
 
 
 # What a stage leaves in its worker for the next stage the engine hands that worker to
-# (request `keep_for`, engine/build.py HANDOFF: verify's loaded CPU twin, for report's
-# HLO): dropped as soon as a stage ends without `keep_for`, so nothing of it lies under
-# another stage's peak. Outside a worker (WORKER_SCRATCH unset) nothing is kept.
+# (engine/build.py HANDOFF: verify's loaded CPU twin, for report's HLO). Kept only while
+# a stage runs whose request says the worker is handed on (`keep_for`, set by main), so a
+# stage that is not handed on pays nothing for it and leaves nothing under another stage's
+# peak; outside a worker nothing is kept.
 _HANDED_ON: dict[Any, Any] = {}
+_HANDING_ON = [False]  # the running stage's request has `keep_for`
 
 
 def hand_on(key: Any, value: Any) -> bool:
-    """Keep `value` for a later stage of this worker; False (nothing kept) outside a worker."""
-    if not os.environ.get(WORKER_SCRATCH):
+    """Keep `value` for the stage this worker is handed on to; False (nothing kept, the
+    caller lets it go) when the worker is not handed on after this stage, or outside a worker."""
+    if not _HANDING_ON[0]:
         return False
     _HANDED_ON[key] = value
     return True
@@ -621,6 +624,10 @@ def main() -> None:
         loaded = _preload_libraries(os.environ.pop(PRELOAD_LIBRARIES, ""))
         print(f"--- spare (pid {os.getpid()}): {', '.join(['tensorflow', *loaded])} imported in "
               f"{time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
+    # Stages reach hand_on through `tpubuild.engine.workers`; run as `python -m`, this
+    # module is `__main__`, another instance with its own globals: the state is that one's.
+    from tpubuild.engine import workers as handoff
+
     for line in sys.stdin:
         request = json.loads(line)
         print(f"--- stage {request['stage']} (pid {os.getpid()})", file=sys.stderr, flush=True)
@@ -628,6 +635,7 @@ def main() -> None:
         children_before = _rusage_peak("RUSAGE_CHILDREN")
         clock.take()  # a spare's import happened before any stage
         started = time.monotonic()
+        handoff._HANDING_ON[0] = bool(request.get("keep_for"))
         try:
             reply = handle(request)
         except Exception as exc:  # a bug in a stage: report it with its traceback
@@ -644,8 +652,8 @@ def main() -> None:
         sys.stderr.flush()
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
-        if not request.get("keep_for"):  # no later stage of this worker takes it
-            _drop_handed_on()
+        if not handoff._HANDING_ON[0]:  # what an earlier stage kept and this one did not take
+            handoff._drop_handed_on()
     _exit_now(replies)
 
 

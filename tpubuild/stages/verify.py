@@ -12,7 +12,7 @@ from __future__ import annotations
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tpubuild.errors import StageError
 from tpubuild.stages import slices
@@ -99,7 +99,8 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
         runnable = _runnable(input_dir, Path(scratch), tags, tpu_placed)
         try:
             try:
-                reference, candidate = _outputs(runnable, source_dir, tags, tpu_placed, sample_sets, source_run)
+                reference, candidate = _outputs(runnable, source_dir, tags, tpu_placed, sample_sets, source_run,
+                                                context.log)
             except ValueError as exc:
                 if not random_samples:
                     raise
@@ -109,7 +110,7 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
                 if source_run is not None:
                     wait([source_run])  # one source in memory at a time
                 release_memory()  # what the failed run loaded (cycles), before the retry loads again
-                reference, candidate = _outputs(runnable, source_dir, tags, tpu_placed, sample_sets, None)
+                reference, candidate = _outputs(runnable, source_dir, tags, tpu_placed, sample_sets, None, context.log)
             errors = compare.compare_all(reference[0], candidate[0], rtol, atol)
             random_errors = compare.compare_all(reference[1], candidate[1], rtol, atol) if random_samples else []
         except ValueError as exc:
@@ -136,7 +137,8 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
 
 
 def _outputs(runnable: Path, source_dir: Path, tags: list[str], tpu_placed: bool,
-             sample_sets: list[dict[str, list[Any]]], source_run: Future | None) -> tuple[list[Any], list[Any]]:
+             sample_sets: list[dict[str, list[Any]]], source_run: Future | None,
+             log: Callable[[str], None]) -> tuple[list[Any], list[Any]]:
     """(the source's outputs, the artifact's) on every set of samples: the source's from
     `source_run` when it runs beside (SIDE_BY_SIDE_MIN_BYTES), else computed first. The
     artifact (its CPU twin) runs last either way: it may stay loaded for report."""
@@ -150,11 +152,12 @@ def _outputs(runnable: Path, source_dir: Path, tags: list[str], tpu_placed: bool
     candidate = compare.run_sample_sets(model, sample_sets)
     if source_run is not None:
         reference = source_run.result()
-    _keep_or_let_go(model, runnable, tags, tpu_placed)  # no other thread runs a model now
+    if _keep_or_let_go(model, runnable, tags, tpu_placed):  # no other thread runs a model now
+        log("the CPU twin stays loaded for report")
     return reference, candidate
 
 
-def _keep_or_let_go(model: Any, runnable: Path, tags: list[str], tpu_placed: bool) -> None:
+def _keep_or_let_go(model: Any, runnable: Path, tags: list[str], tpu_placed: bool) -> bool:
     """A CPU twin stays loaded for report's HLO when verify's worker is handed on to report
     (tpu/twin.py keep_loaded), else it is let go like any model (compare.signature_outputs)."""
     from tpubuild.memory import release_memory
@@ -168,9 +171,10 @@ def _keep_or_let_go(model: Any, runnable: Path, tags: list[str], tpu_placed: boo
 
         eager_context.context().clear_kernel_cache()
         release_memory(collect=False)
-    else:
-        del model
-        release_memory()
+        return True
+    del model
+    release_memory()
+    return False
 
 
 def _tree_bytes(directory: Path) -> int:
