@@ -22,8 +22,11 @@ def main(argv: list[str] | None = None) -> None:
     if workspace is not False:
         count = _up_to_date(workspace)
         if count is not None:
-            print(f"{count} lock file{'s' if count != 1 else ''} up to date")
-            sys.exit(0)
+            try:
+                print(f"{count} lock file{'s' if count != 1 else ''} up to date", flush=True)
+                sys.exit(0)
+            except OSError:
+                pass  # stdout on a full disk, a closed pipe: the CLI says so in its one line
     from tpubuild.cli import main as cli_main
 
     cli_main(argv)

@@ -3,13 +3,15 @@ no-op build: lock files read without a YAML parser, code digests without parsing
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from tpubuild.engine import code
-from tpubuild.engine.lockfile import lock_document, lock_text, read_lock, read_lock_keys
+from tpubuild.engine.lockfile import MEASURED, lock_document, lock_text, read_lock, read_lock_keys
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,6 +47,12 @@ def test_the_line_reader_reads_what_the_yaml_parser_reads(lock):
     assert fast is not None
     full.pop("artifact")
     assert fast.pop("artifact") == {}
+    # The line reader also sees the marker comment of a measured key, which YAML drops.
+    measured = [s["stage"] for s in fast["stages"] if s["key_measured"]]
+    marked = [line for line in lock.read_text().splitlines() if line.startswith("  key: ") and line.endswith(MEASURED)]
+    assert len(measured) == len(marked)
+    for stage in fast["stages"]:
+        stage["key_measured"] = False
     assert fast == full
 
 
@@ -69,7 +77,7 @@ def test_a_fresh_clone_is_checked_from_recorded_hashes_alone(built_workspace, mo
     """CI's fresh clone: no cache, no stat cache, no memo. quick_check proves every lock
     file current from the hashes it records (no recipe loaded, no key computed); anything
     that could change a key sends --check down the full path, which names it."""
-    from tests.engine.conftest import build_json, tpubuild
+    from tests.engine.conftest import CLI, build_json, tpubuild
     from tpubuild.engine.quickcheck import quick_check
 
     ws = built_workspace
@@ -89,6 +97,11 @@ def test_a_fresh_clone_is_checked_from_recorded_hashes_alone(built_workspace, mo
     assert (check.returncode, check.stdout) == (0, "3 lock files up to date\n"), check.stderr
     imported = {line.split("|")[-1].strip() for line in check.stderr.splitlines() if line.startswith("import time:")}
     assert "tpubuild.engine.quickcheck" in imported and not {"click", "yaml", "tensorflow"} & imported
+    # Its answer to a full disk is the CLI's: one line, exit 1 (/dev/full fails every write).
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([*CLI, "build", "--check"], cwd=ws, stdout=full, stderr=subprocess.PIPE, text=True,
+                              timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert (done.returncode, done.stderr) == (1, "error: No space left on device\n")
 
     # A key line edited by hand (or stitched together by a merge): the planning digest
     # covers the recorded keys, so the full check computes the key and names the stage.

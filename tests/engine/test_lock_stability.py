@@ -30,6 +30,11 @@ def test_measured_lines_of_another_machine_stay_byte_identical(built_workspace):
     theirs = _as_another_machine_wrote_it(ours)
     assert theirs != ours and theirs.count(MEASURED) == ours.count(MEASURED)
     lock.write_text(theirs)
+    # build --check's quick path pins only the keys every machine computes alike: another
+    # machine's measured keys do not send it down the full path (engine/quickcheck.py).
+    from tpubuild.engine.quickcheck import quick_check
+
+    assert quick_check(ws, None) == 3
 
     # The full path (the lock file's stat changed, so the no-op memo does not answer).
     document = build_json(ws)

@@ -149,7 +149,8 @@ def read_lock_keys(path: Path) -> dict[str, Any] | None:
     """What `same_keys` reads of the lock file (all but the artifact's facts), or None as
     read_lock. The layout `lock_text` writes is read line by line, 4x faster than the YAML
     parser (`build --check` reads every lock file); any other layout, hand-edited or
-    merged, is read by read_lock."""
+    merged, is read by read_lock. Read line by line, a stage whose key line carries the
+    MEASURED marker also has `key_measured` true (a comment the YAML parser drops)."""
     try:
         return parse_lock_keys(path.read_text())
     except OSError:
@@ -183,7 +184,7 @@ _INT = re.compile(r"-?[0-9]+")
 _JSON_STRING = r'"(?:[^"\\]|\\.)*"'
 # One line of the layout `lock_text` writes: indentation, a list dash, the key (a name or a
 # JSON string), and a value (a JSON string or a plain word) or none, then maybe a comment.
-_LINE = re.compile(rf'( *)(- )?(?:([A-Za-z_][A-Za-z0-9_-]*)|({_JSON_STRING})):(?: ({_JSON_STRING}|[^ ]+))?(?:  #.*)?')
+_LINE = re.compile(rf'( *)(- )?(?:([A-Za-z_][A-Za-z0-9_-]*)|({_JSON_STRING})):(?: ({_JSON_STRING}|[^ ]+))?(?:  (#.*))?')
 
 
 def _word(word: str) -> Any:
@@ -217,7 +218,7 @@ def _parse_layout(text: str) -> dict[str, Any]:
         match = _LINE.fullmatch(line)
         if match is None:
             raise _OtherLayout
-        spaces, dash, name, quoted_key, raw = match.groups()
+        spaces, dash, name, quoted_key, raw, comment = match.groups()
         indent = len(spaces)
         key = name if name is not None else _string(quoted_key)
         has_value = raw is not None
@@ -240,6 +241,8 @@ def _parse_layout(text: str) -> dict[str, Any]:
         elif isinstance(section, list) and section and indent == 2 and not dash and key not in section[-1]:
             section[-1][key] = value if has_value else {}
             inner = None if has_value else section[-1][key]
+            if key == "key" and comment == MEASURED:
+                section[-1]["key_measured"] = True  # the marker lock_text writes; the YAML parser drops it
         elif inner is not None and indent == 4 and not dash and has_value:
             inner[key] = value
         else:

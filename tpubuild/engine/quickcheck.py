@@ -45,7 +45,9 @@ def planning_digest(ws_file: Path, stat: StatCache, recipe_files: list[Path], ro
 
 def _planning(workspace_hash: str, root: Path, hashed: list[tuple[Path, str]], stages: list[dict[str, Any]]) -> str:
     files = [[_relative(path, root), digest] for path, digest in hashed]
-    keys = [[stage.get("stage"), stage.get("key")] for stage in stages]
+    # A measured key (one keyed on a measured output) may differ on the next machine, and
+    # a build keeps the recorded one (lockfile.same_keys): only the others are pinned here.
+    keys = [[stage.get("stage"), stage.get("key")] for stage in stages if not stage.get("key_measured")]
     return hash_bytes(canonical_dumps({"code": package_content_digest(), "env": key_env(),
                                        "workspace": workspace_hash, "recipe": files, "keys": keys}).encode())
 
