@@ -626,7 +626,7 @@ def main() -> None:
               f"{time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
     # Stages reach hand_on through `tpubuild.engine.workers`; run as `python -m`, this
     # module is `__main__`, another instance with its own globals: the state is that one's.
-    from tpubuild.engine import workers as handoff
+    from tpubuild.engine import workers as handoff  # noqa: PLW0406 - on purpose, see above
 
     for line in sys.stdin:
         request = json.loads(line)

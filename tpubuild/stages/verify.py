@@ -10,9 +10,10 @@ a check that looked at nothing must not report "passed".
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tpubuild.errors import StageError
 from tpubuild.stages import slices
