@@ -56,6 +56,10 @@ def test_report_on_verifys_twin_equals_a_report_made_alone(tmp_path, tpu_saved_m
     assert statuses(first, "placed")["report"] == "built", first
     logs = ws / ".tpubuild" / "logs"
     assert ["verify", "report"] in _stages_per_worker(list(logs.glob("worker-*.log")))
+    # Neither made nor loaded again: the twin verify loaded and ran stayed loaded for it.
+    [shared] = [log.read_text() for log in logs.glob("worker-*.log") if "--- stage verify" in log.read_text()]
+    assert "[verify] the CPU twin stays loaded for report" in shared
+    assert "[report] HLO from the CPU twin verify loaded and ran" in shared
     lock = yaml.safe_load((ws / "recipes" / "placed.lock.yaml").read_text())
     index = [s["stage"] for s in lock["stages"]].index("report")
     handed_on = lock["stages"][index]["output"]
@@ -66,7 +70,9 @@ def test_report_on_verifys_twin_equals_a_report_made_alone(tmp_path, tpu_saved_m
     before = set(logs.glob("worker-*.log"))
     again = build_json(ws, env=own)
     assert (statuses(again, "placed")["verify"], statuses(again, "placed")["report"]) == ("cached", "built")
-    assert _stages_per_worker([log for log in logs.glob("worker-*.log") if log not in before]) == [["report"]]
+    [fresh] = [log for log in logs.glob("worker-*.log") if log not in before]
+    assert _stages_per_worker([fresh]) == [["report"]]
+    assert "HLO from the CPU twin verify loaded" not in fresh.read_text()
     lock = yaml.safe_load((ws / "recipes" / "placed.lock.yaml").read_text())
     assert lock["stages"][index]["output"] == handed_on
 
@@ -104,3 +110,25 @@ def test_a_kept_twin_is_the_twin_make_cpu_twin_writes_and_follows_its_input(tmp_
     pb.unlink()
     pb.write_bytes(data)
     assert cpu_twin(placed, ["serve"], tmp_path / "unused") != kept
+
+
+def test_what_a_stage_hands_on_is_kept_only_when_its_worker_is_handed_on_and_taken_once(monkeypatch):
+    from tpubuild.engine import workers
+
+    # In-process, or a stage whose worker is not handed on (no `keep_for`): nothing kept.
+    assert workers.hand_on("twin", object()) is False and workers.handed_on("twin") is None
+    monkeypatch.setattr(workers, "_HANDING_ON", [True])  # what main() sets for a `keep_for` request
+    kept = object()
+    assert workers.hand_on("twin", kept) is True
+    assert workers.handed_on("twin") is kept and workers.handed_on("twin") is None
+
+
+def test_a_verify_not_handed_on_keeps_no_twin(tmp_path, tpu_saved_model):
+    """With warmup between verify and report, verify's worker is not handed on: its twin is
+    let go with the stage (engine/workers.py hand_on), and report loads its own."""
+    ws = write_workspace(tmp_path / "ws", tpu_saved_model, {"placed": RECIPE + "warmup: {enabled: true}\n"})
+    done = build_json(ws, env={"TPUBUILD_OWN_WORKER_MIN_BYTES": "1"})
+    assert statuses(done, "placed")["report"] == "built", done
+    logs = [log.read_text() for log in (ws / ".tpubuild" / "logs").glob("worker-*.log")]
+    assert _stages_per_worker(list((ws / ".tpubuild" / "logs").glob("worker-*.log"))).count(["verify"]) == 1
+    assert not any("stays loaded for report" in text or "HLO from the CPU twin verify" in text for text in logs)

@@ -128,6 +128,8 @@ class Engine:
         self.remote: Any = None  # engine/remote.py RemoteCache, when the build has one
         self._uploads: Any = None  # the threads that push built stages to it
         self._upload_futures: list[Any] = []
+        self._ahead: Any = None  # the thread that computes the source's standard digests (_digests_ahead)
+        self._ahead_futures: dict[str, Any] = {}  # recipe name -> its source's
 
     # --- the remote cache -----------------------------------------------------------
     def attach_remote(self, url: str, push: bool = True) -> None:
@@ -183,6 +185,26 @@ class Engine:
         except Exception as exc:  # a bug in tpubuild: said, and the build goes on
             self.errors(f"remote cache {self.remote.url}: internal error uploading stage record {entry.key}: "
                         f"{type(exc).__name__}: {exc}")
+
+    def _digests_ahead(self, run: RecipeRun, entry: StageEntry) -> None:
+        """Compute the in-toto digests of a new source snapshot now, in a thread, while the
+        stages after it run in workers: publish needs them (provenance/digests.py
+        compute_ahead), and they are the same bytes' whenever they are read."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from tpubuild.provenance.digests import compute_ahead
+
+        with self.pool_lock:
+            if self._ahead is None:
+                self._ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpubuild-digests")
+            self._ahead_futures[run.name] = self._ahead.submit(compute_ahead, entry.files, self.store.object_path)
+
+    def finish_digests(self, wait: bool = True) -> None:
+        """Wait for the digests computed ahead (they read store objects); on an interrupt,
+        drop the ones not started."""
+        if self._ahead is not None:
+            self._ahead.shutdown(wait=wait, cancel_futures=not wait)
+            self._ahead = None
 
     def finish_uploads(self, wait: bool = True) -> None:
         """Wait for the uploads (before the store session ends: gc must not collect their
@@ -265,6 +287,7 @@ class Engine:
             peak_rss = None
             if planned.name == "source":
                 entry = self._snapshot_source(run, planned, pending)
+                self._digests_ahead(run, entry)
             elif planned.name == "publish":
                 self._publish(run)
                 self.row(run, Row(run.name, "publish", "built", self.resolver.publish_key(run, run.outputs["publish"].tree),
@@ -463,6 +486,11 @@ class Engine:
         artifact (cached outputs never name a recipe)."""
         publish = run.plan[-1]
         targets = published_targets(publish)
+        ahead = self._ahead_futures.pop(run.name, None)
+        if ahead is not None:  # dependency_digests below takes what it computed, not the files again
+            from concurrent.futures import wait
+
+            wait([ahead])  # what it could not compute (or a bug in it) is computed below as ever
         main, by_target = target_versions.split(run.outputs["publish"].files, sorted(targets))
         verdicts = dict(zip(targets, publish.summaries))  # plan order: each target's verify stage
         return {
@@ -712,6 +740,7 @@ def build(
                 if engine.pool is not None:
                     engine.pool.close(kill=not clean)  # Ctrl-C: stop the stages now, not in 10 s
                 engine.finish_uploads(wait=clean)
+                engine.finish_digests(wait=clean)
                 if not clean and engine.pool is not None:  # what the lines printed so far point to
                     try:
                         _settle_logs(engine, todo)

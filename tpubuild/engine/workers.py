@@ -66,6 +66,8 @@ OWN_WORKER_ENV = "TPUBUILD_OWN_WORKER_MIN_BYTES"
 
 # The module a spare worker imports before it reads its first request (WorkerPool._start_spare).
 PREIMPORT = "TPUBUILD_PREIMPORT"
+# And the op libraries it loads after it (JSON: the stages' `op_libraries` entries, modules only).
+PRELOAD_LIBRARIES = "TPUBUILD_PRELOAD_LIBRARIES"
 # A worker's private scratch directory (its HOME), removed with it: what one of its stages
 # keeps there for a later one (tpu/twin.py cpu_twin) goes with the worker.
 WORKER_SCRATCH = "TPUBUILD_WORKER_SCRATCH"
@@ -82,6 +84,37 @@ WORKER_SCRATCH = "TPUBUILD_WORKER_SCRATCH"
 # then allocates past it fails with one line naming the stage (MemoryError, TF's
 # ResourceExhaustedError), instead of swapping the machine to a halt.
 MEMORY_LIMIT_FLAG = "--memory-limit"
+
+
+# What a stage leaves in its worker for the next stage the engine hands that worker to
+# (engine/build.py HANDOFF: verify's loaded CPU twin, for report's HLO). Kept only while
+# a stage runs whose request says the worker is handed on (`keep_for`, set by main), so a
+# stage that is not handed on pays nothing for it and leaves nothing under another stage's
+# peak; outside a worker nothing is kept.
+_HANDED_ON: dict[Any, Any] = {}
+_HANDING_ON = [False]  # the running stage's request has `keep_for`
+
+
+def hand_on(key: Any, value: Any) -> bool:
+    """Keep `value` for the stage this worker is handed on to; False (nothing kept, the
+    caller lets it go) when the worker is not handed on after this stage, or outside a worker."""
+    if not _HANDING_ON[0]:
+        return False
+    _HANDED_ON[key] = value
+    return True
+
+
+def handed_on(key: Any) -> Any:
+    """What an earlier stage of this worker kept under `key` (taken), else None."""
+    return _HANDED_ON.pop(key, None)
+
+
+def _drop_handed_on() -> None:
+    if _HANDED_ON:
+        _HANDED_ON.clear()
+        from tpubuild.memory import release_memory
+
+        release_memory()
 
 
 def own_worker_min_bytes() -> int:
@@ -147,11 +180,12 @@ class WorkerPool:
             elif request.get("own_worker"):
                 # Nothing of an earlier stage under its peak: a spare has imported
                 # TensorFlow and run nothing. Or the worker an earlier stage handed on.
-                worker = self._take_kept(request.get("take"), libraries) or self._take_spare() or self._new(self.env)
+                worker = self._take_kept(request.get("take"), libraries) or self._take_spare(libraries) \
+                    or self._new(self.env)
             else:
                 worker = self._acquire(libraries)
-            if spare:
-                self._start_spare()
+            if spare:  # for a later stage of the same recipe: the same op libraries (pipeline.plan)
+                self._start_spare(request["options"].get("op_libraries") or [])
             try:
                 reply = worker.call(request, timeout)
             except BaseException:
@@ -176,23 +210,34 @@ class WorkerPool:
             self.all.append(worker)
             return worker
 
-    def _start_spare(self) -> None:
+    def _start_spare(self, libraries: list[dict[str, str]] | None = None) -> None:
         """Start a worker that imports TensorFlow and waits, unless one is waiting already.
         A stage of its own worker would otherwise begin with TensorFlow's import (~2.5 s on
         2 cores, as long as the load of a 100 MB model); started while the stages before it
         run, the import is done when that stage comes. At most one spare: with more stages
-        of their own at once, the others start theirs."""
+        of their own at once, the others start theirs. `libraries`: the op libraries the
+        stage it is for loads, loaded too (tensorflow_text: 0.2 s); only module entries
+        (loaded_libraries), and only a stage loading the same ones takes it (_take_spare)."""
+        entries = libraries or []
+        preload = loaded_libraries({"options": {"op_libraries": entries}})
         with self.spare_lock:  # two stages asking at once (-j) start one spare
             if self.spare is not None and self.spare.proc.poll() is None:
                 return
-            worker = self._new(dict(self.env, **{PREIMPORT: "tensorflow"}))
+            env = {PREIMPORT: "tensorflow", **({PRELOAD_LIBRARIES: json.dumps(entries)} if entries and preload else {})}
+            worker = self._new(dict(self.env, **env))
+            worker.libraries = preload if entries and preload else ()
             with self.lock:
                 self.spare = worker
 
-    def _take_spare(self) -> Worker | None:
+    def _take_spare(self, libraries: tuple[str, ...] | None) -> Worker | None:
+        """The spare, if it loaded no op libraries or exactly `libraries` (registered ops
+        stay registered: WorkerPool._acquire); else it waits for a stage that does."""
         with self.lock:
-            worker, self.spare = self.spare, None
-        if worker is not None and worker.proc.poll() is not None:  # it died waiting: its log says why
+            worker = self.spare
+            if worker is None or worker.libraries not in ((), libraries):
+                return None
+            self.spare = None
+        if worker.proc.poll() is not None:  # it died waiting: its log says why
             worker.close()
             return None
         return worker
@@ -242,7 +287,7 @@ class WorkerPool:
             for worker in others:
                 self.idle.put(worker)
         # Else a spare (prestart): it imported TensorFlow and ran nothing, as a new one would.
-        return match if match is not None else (self._take_spare() or self._new(self.env))
+        return match if match is not None else (self._take_spare(libraries) or self._new(self.env))
 
     def prestart(self) -> None:
         """Start a spare now, for the first stage that will want a worker: a cold build's
@@ -576,8 +621,13 @@ def main() -> None:
         started = time.monotonic()
         import tensorflow  # noqa: F401
 
-        print(f"--- spare (pid {os.getpid()}): tensorflow imported in {time.monotonic() - started:.1f} s",
-              file=sys.stderr, flush=True)
+        loaded = _preload_libraries(os.environ.pop(PRELOAD_LIBRARIES, ""))
+        print(f"--- spare (pid {os.getpid()}): {', '.join(['tensorflow', *loaded])} imported in "
+              f"{time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
+    # Stages reach hand_on through `tpubuild.engine.workers`; run as `python -m`, this
+    # module is `__main__`, another instance with its own globals: the state is that one's.
+    from tpubuild.engine import workers as handoff  # noqa: PLW0406 - on purpose, see above
+
     for line in sys.stdin:
         request = json.loads(line)
         print(f"--- stage {request['stage']} (pid {os.getpid()})", file=sys.stderr, flush=True)
@@ -585,6 +635,7 @@ def main() -> None:
         children_before = _rusage_peak("RUSAGE_CHILDREN")
         clock.take()  # a spare's import happened before any stage
         started = time.monotonic()
+        handoff._HANDING_ON[0] = bool(request.get("keep_for"))
         try:
             reply = handle(request)
         except Exception as exc:  # a bug in a stage: report it with its traceback
@@ -601,7 +652,25 @@ def main() -> None:
         sys.stderr.flush()
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
+        if not handoff._HANDING_ON[0]:  # what an earlier stage kept and this one did not take
+            handoff._drop_handed_on()
     _exit_now(replies)
+
+
+def _preload_libraries(entries: str) -> list[str]:
+    """A spare's op libraries (WorkerPool._start_spare), the modules loaded: its first stage
+    loads them again (op_libraries.load; a module is not imported twice) and says what failed."""
+    if not entries:
+        return []
+    from tpubuild import op_libraries
+
+    resolved = json.loads(entries)
+    try:
+        op_libraries.load(resolved, Path.cwd())
+    except Exception as exc:  # noqa: BLE001 - the stage's own load reports it, with its context
+        print(f"--- op_libraries not preloaded: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return []
+    return [entry["module"] for entry in resolved]
 
 
 def _exit_now(replies: Any) -> None:

@@ -70,9 +70,31 @@ class _Changed(Exception):
     pass
 
 
+# BLAKE3 hex -> SHA-256 hex of the same bytes, as _checked read them: an object's BLAKE3
+# names its bytes, so its SHA-256 is known once it was computed (by compute_ahead or an
+# earlier version published in this process).
+_SHA256: dict[str, str] = {}
+
+
 def _checked(path: Path, digest: str) -> str:
     """SHA-256 of an object whose BLAKE3 must be `digest`."""
+    known = _SHA256.get(digest)
+    if known is not None:
+        return known
     b3, sha = _both(path)
     if b3 != digest:
         raise _Changed(path)
+    _SHA256[digest] = sha
     return sha
+
+
+def compute_ahead(files: list[FileEntry], object_path: Callable[[str], Path]) -> None:
+    """The SHA-256 of a tree's objects, for the dependency_digests of a version published
+    later in this process: a build computes the source model's while its stages run in
+    workers (engine/build.py), not after them (BERT-base: 0.4 s of reading 420 MiB at
+    publish). An object that is gone or changed gets nothing here; publish tries again."""
+    for f in files:
+        try:
+            _checked(object_path(f.hash), f.hash)
+        except (OSError, _Changed):
+            continue

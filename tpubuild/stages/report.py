@@ -56,7 +56,7 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     }
     tpu_names = [row["function"] for row in report["cost"]["tpu_functions"]]
     if tpu_names:
-        report["hlo"] = _write_hlo(input_dir, output_dir, tags, tpu_names, artifact.aliases)
+        report["hlo"] = _write_hlo(input_dir, output_dir, tags, tpu_names, artifact.aliases, context.log)
     _write(output_dir / REPORT_JSON, to_json(report))
     _write(output_dir / REPORT_MD, to_markdown(report))
     warnings = [f"cost model: {w}" for w in estimate.warnings]
@@ -68,16 +68,22 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
 
 
 def _write_hlo(
-    artifact: Path, output_dir: Path, tags: list[str], names: list[str], aliases: dict[str, str]
+    artifact: Path, output_dir: Path, tags: list[str], names: list[str], aliases: dict[str, str],
+    log: Any = lambda message: None,
 ) -> dict[str, dict[str, str]]:
     """HLO of each TPU function, from the artifact's CPU twin (TPU calls cannot run here)."""
     from tpubuild.tpu.hlo import function_hlo
-    from tpubuild.tpu.twin import cpu_twin
+    from tpubuild.tpu.twin import cpu_twin, take_loaded
 
     (output_dir / HLO_DIR).mkdir()
     with tempfile.TemporaryDirectory(prefix=".twin-", dir=output_dir) as scratch:
-        # In verify's worker (engine/build.py HANDOFF) the twin verify ran is reused.
-        found = function_hlo(cpu_twin(artifact, tags, Path(scratch)), tags, names)
+        # In verify's worker (engine/build.py HANDOFF) the twin verify made, and loaded and
+        # ran, is reused: neither made nor loaded again.
+        twin = cpu_twin(artifact, tags, Path(scratch))
+        loaded = take_loaded(twin, tags)
+        if loaded is not None:
+            log("HLO from the CPU twin verify loaded and ran")
+        found = function_hlo(twin, tags, names, loaded)
     entries = {}
     for name in names:
         label = aliases.get(name) or name

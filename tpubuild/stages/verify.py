@@ -10,6 +10,8 @@ a check that looked at nothing must not report "passed".
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +49,23 @@ SPEC = StageSpec(
 
 VERIFY_JSON = "verify.json"
 
+# A source this large or larger is loaded and run in a thread beside the rest of the
+# stage (the serving-load check, the CPU twin's making, the artifact's load and run; the
+# verdict is the same, only the order of the work changes): its
+# run takes every core (TensorFlow's intra-op pool) while most of the rest runs on one (a
+# v1 session's graph import and restore, protobuf edits, tf.saved_model.load's Python),
+# so on 2 cores the stage takes about the longer of the two instead of their sum
+# (BERT-base, 420 MiB, in-process: 7.8 s instead of 11.1 s). Its price is memory, two
+# loaded models at once: for a model this large its weights dominate, and the stage stays
+# within the peak goal of 3x the model + TensorFlow's own (BERT-base: 1,735 MiB against
+# 2,033); for a small one TensorFlow's per-model and per-run memory dominates and the
+# goal does not hold (ResNet50 bf16, 100 MiB: 1,068 MiB against 957), so it runs one
+# model at a time. Which thread runs what changes no output.
+SIDE_BY_SIDE_MIN_BYTES = 256 * 2**20
+
 
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
+    from tpubuild.memory import release_memory
     from tpubuild.savedmodel.model import INIT_OP_KEY, SavedModel
     from tpubuild.verify import compare
     from tpubuild.verify.serving_load import check_serving_load
@@ -67,28 +84,34 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     random_samples, skipped = random_check_samples(source, origin, options)
     sample_sets = [samples_by_key, *([random_samples] if random_samples else [])]
     del source, artifact  # the protos: only the loaded models below are needed now
-    # What is published must load where it is served, not only in TF2's loader. Checked
-    # first, while this process holds no other model: each model a process has loaded
-    # leaves some of its footprint behind (memory.py), and this load set the
-    # stage's peak when it came after the two others (ResNet50 bf16, in-process: stage
-    # peak 901 MiB with it last, 831 MiB with it first; the load + save floor is 814).
-    check_serving_load(input_dir, tags, "the TPU SavedModel")
-    with tempfile.TemporaryDirectory(prefix=".twin-", dir=output_dir) as scratch:
-        runnable = _runnable(input_dir, Path(scratch), tags, "tpu" in applied)
+    tpu_placed = "tpu" in applied
+    side_by_side = _tree_bytes(source_dir) >= SIDE_BY_SIDE_MIN_BYTES
+    with tempfile.TemporaryDirectory(prefix=".twin-", dir=output_dir) as scratch, \
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpubuild-verify-source") as beside:
+        # A large source runs beside all that follows (SIDE_BY_SIDE_MIN_BYTES). Else one
+        # model at a time, and the serving-load check first, while this process holds no
+        # other model: each model a process has loaded leaves some of its footprint behind
+        # (memory.py), and this load set the stage's peak when it came after the two others
+        # (ResNet50 bf16, in-process: stage peak 901 MiB with it last, 831 MiB with it
+        # first; the load + save floor is 814).
+        source_run = beside.submit(compare.signature_outputs, source_dir, tags, sample_sets) if side_by_side else None
+        # What is published must load where it is served, not only in TF2's loader.
+        check_serving_load(input_dir, tags, "the TPU SavedModel")
+        runnable = _runnable(input_dir, Path(scratch), tags, tpu_placed)
         try:
-            # One model in memory at a time (compare.signature_outputs): the stage's peak is
-            # one loaded model and the outputs, not the source and the artifact together.
             try:
-                candidate = compare.signature_outputs(runnable, tags, sample_sets)
-                reference = compare.signature_outputs(source_dir, tags, sample_sets)
+                reference, candidate = _outputs(runnable, source_dir, tags, tpu_placed, sample_sets, source_run,
+                                                context.log)
             except ValueError as exc:
                 if not random_samples:
                     raise
                 # The random-input check is not part of the verdict: a model that cannot
                 # take random inputs (ids past an embedding's rows) is judged on its dataset.
                 random_samples, skipped, sample_sets = {}, str(exc), [samples_by_key]
-                candidate = compare.signature_outputs(runnable, tags, sample_sets)
-                reference = compare.signature_outputs(source_dir, tags, sample_sets)
+                if source_run is not None:
+                    wait([source_run])  # one source in memory at a time
+                release_memory()  # what the failed run loaded (cycles), before the retry loads again
+                reference, candidate = _outputs(runnable, source_dir, tags, tpu_placed, sample_sets, None, context.log)
             errors = compare.compare_all(reference[0], candidate[0], rtol, atol)
             random_errors = compare.compare_all(reference[1], candidate[1], rtol, atol) if random_samples else []
         except ValueError as exc:
@@ -114,6 +137,51 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     return StageResult(summary=summary, warnings=warnings)
 
 
+def _outputs(runnable: Path, source_dir: Path, tags: list[str], tpu_placed: bool,
+             sample_sets: list[dict[str, list[Any]]], source_run: Future | None,
+             log: Callable[[str], None]) -> tuple[list[Any], list[Any]]:
+    """(the source's outputs, the artifact's) on every set of samples: the source's from
+    `source_run` when it runs beside (SIDE_BY_SIDE_MIN_BYTES), else computed first. The
+    artifact (its CPU twin) runs last either way: it may stay loaded for report."""
+    import tensorflow as tf
+
+    from tpubuild.verify import compare
+
+    if source_run is None:
+        reference = compare.signature_outputs(source_dir, tags, sample_sets)
+    model = tf.saved_model.load(str(runnable), tags=tags)
+    candidate = compare.run_sample_sets(model, sample_sets)
+    if source_run is not None:
+        reference = source_run.result()
+    if _keep_or_let_go(model, runnable, tags, tpu_placed):  # no other thread runs a model now
+        log("the CPU twin stays loaded for report")
+    return reference, candidate
+
+
+def _keep_or_let_go(model: Any, runnable: Path, tags: list[str], tpu_placed: bool) -> bool:
+    """A CPU twin stays loaded for report's HLO when verify's worker is handed on to report
+    (tpu/twin.py keep_loaded), else it is let go like any model (compare.signature_outputs)."""
+    from tpubuild.memory import release_memory
+    from tpubuild.tpu.twin import keep_loaded
+
+    if tpu_placed and keep_loaded(runnable, tags, model):
+        # Kept, without what its runs left: the eager runtime's kernels and function
+        # instantiations (report only traces it) and malloc's free pages (report's peak in
+        # verify's worker, ResNet50 bf16: 940 MiB with them, 904 without; the goal is 957).
+        from tensorflow.python.eager import context as eager_context
+
+        eager_context.context().clear_kernel_cache()
+        release_memory(collect=False)
+        return True
+    del model
+    release_memory()
+    return False
+
+
+def _tree_bytes(directory: Path) -> int:
+    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+
+
 def _runnable(artifact: Path, scratch: Path, tags: list[str], tpu_placed: bool) -> Path:
     """The artifact itself, or its CPU twin when functions were placed on the TPU."""
     if not tpu_placed:
@@ -121,5 +189,3 @@ def _runnable(artifact: Path, scratch: Path, tags: list[str], tpu_placed: bool) 
     from tpubuild.tpu.twin import cpu_twin
 
     return cpu_twin(artifact, tags, scratch)
-
-

@@ -150,7 +150,7 @@ def check_xla_compiles(model: SavedModel, name: str, who: str) -> str | None:
     """Lower the function to HLO with XLA on CPU; returns a warning when it cannot be tried."""
     from tensorflow.python.ops import gen_functional_ops
 
-    concrete = _library(model)[name]
+    concrete = _library(model, name)[name]
     args, variables = [], []
     resources = _resource_specs(model, name)
     for index, tensor in enumerate(concrete.inputs):
@@ -184,18 +184,49 @@ def check_xla_compiles(model: SavedModel, name: str, who: str) -> str | None:
     return None
 
 
-def _library(model: SavedModel) -> dict[str, Any]:
-    """The function library as ConcreteFunctions (built once per model object)."""
-    cached = getattr(model, "_concrete_library", None)
-    if cached is None:
+def _library(model: SavedModel, name: str) -> dict[str, Any]:
+    """Function `name` and every function it depends on, as ConcreteFunctions (built once
+    per model object and function). Only its closure is deserialized, not the whole
+    library: a SavedModel's library also holds its signatures' functions and the object
+    graph's save and restore functions, which no TPU function calls (BERT-base: 2,006 of
+    its 5,500 function nodes are the TPU function's; 0.97 s for the whole library)."""
+    cache = model.__dict__.setdefault("_concrete_library", {})
+    if name not in cache:
         from tensorflow.python.saved_model import function_deserialization
 
-        # A copy: the loader renames functions in the library it is given.
-        library = type(model.meta_graph.graph_def.library)()
-        library.CopyFrom(model.meta_graph.graph_def.library)
-        cached = function_deserialization.load_function_def_library(library, model.meta_graph.object_graph_def)
-        model._concrete_library = cached  # type: ignore[attr-defined]
-    return cached
+        # A copy of the closure: the loader renames functions in the library it is given.
+        full = model.meta_graph.graph_def.library
+        library = type(full)()
+        keep = _closure(model, name)
+        library.function.extend(f for f in full.function if f.signature.name in keep)
+        library.gradient.extend(g for g in full.gradient if g.function_name in keep)
+        library.registered_gradients.extend(g for g in full.registered_gradients if g.gradient_func in keep)
+        cache[name] = function_deserialization.load_function_def_library(library, model.meta_graph.object_graph_def)
+    return cache[name]
+
+
+def _closure(model: SavedModel, name: str) -> set[str]:
+    """`name`, the functions it reaches through any func-valued attribute or calls by
+    name as an op, and the gradient functions its nodes name by `_gradient_op_type`: what TF's loader resolves
+    each function's dependencies to (tensorflow/python/saved_model/
+    function_deserialization.py _list_function_deps), so the pruned library loads alone."""
+    gradients = {g.registered_op_type.encode(): g.gradient_func
+                 for g in model.meta_graph.graph_def.library.registered_gradients if g.registered_op_type}
+    keep: set[str] = set()
+    stack = [name]
+    while stack:
+        fn = stack.pop()
+        if fn in keep or fn not in model.functions:
+            continue
+        keep.add(fn)
+        stack.extend(model.callees(fn))
+        for node in model.functions[fn].node_def:
+            if node.op in model.functions:  # a function called by its name as the op
+                stack.append(node.op)
+            op_type = node.attr["_gradient_op_type"].s if "_gradient_op_type" in node.attr else b""
+            if op_type in gradients:
+                stack.append(gradients[op_type])
+    return keep
 
 
 def _arg_name(model: SavedModel, name: str, index: int) -> str:

@@ -49,11 +49,13 @@ def _batch_one(spec: Any) -> Any:
     return spec
 
 
-def function_hlo(path: Path, tags: list[str], names: list[str]) -> dict[str, dict[str, str]]:
-    """{name: {"hlo": text} or {"error": one line}} for each concrete function name."""
+def function_hlo(path: Path, tags: list[str], names: list[str], loaded: Any = None) -> dict[str, dict[str, str]]:
+    """{name: {"hlo": text} or {"error": one line}} for each concrete function name;
+    `loaded`: the SavedModel at `path` already loaded with tf.saved_model.load."""
     model = SavedModel.load(path, tags)
     paths = object_paths(model)
-    loaded = tf.saved_model.load(str(path), tags=tags)
+    if loaded is None:
+        loaded = tf.saved_model.load(str(path), tags=tags)
     results: dict[str, dict[str, str]] = {}
     for name in names:
         if name not in paths:

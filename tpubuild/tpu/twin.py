@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from tensorflow.core.framework.function_pb2 import FunctionDef
 from tensorflow.core.framework.graph_pb2 import GraphDef
@@ -71,6 +72,22 @@ def cpu_twin(src: Path, tags: list[str], scratch: Path) -> Path:
         make_cpu_twin(src, twin, tags)
         _TWINS[key] = twin
     return twin
+
+
+def keep_loaded(twin: Path, tags: list[str], model: Any) -> bool:
+    """In a worker handed on to report (engine/build.py HANDOFF), the twin verify loaded
+    and ran stays loaded for report's HLO (take_loaded): one load of the model less. False
+    when it is not kept (outside a worker); the caller then lets it go."""
+    from tpubuild.engine.workers import hand_on
+
+    return hand_on(("loaded cpu twin", str(twin), tuple(tags)), model)
+
+
+def take_loaded(twin: Path, tags: list[str]) -> Any:
+    """The twin at `twin` as an earlier stage of this worker loaded it (keep_loaded), else None."""
+    from tpubuild.engine.workers import handed_on
+
+    return handed_on(("loaded cpu twin", str(twin), tuple(tags)))
 
 
 def _made_from(src: Path) -> tuple:

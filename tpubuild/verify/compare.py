@@ -139,14 +139,21 @@ def signature_outputs(model_dir: Path, tags: list[str],
     from tpubuild.memory import release_memory
 
     model = tf.saved_model.load(str(model_dir), tags=tags)
+    outputs = run_sample_sets(model, sample_sets)
+    del model
+    release_memory()
+    return outputs
+
+
+def run_sample_sets(model: Any, sample_sets: list[dict[str, list[Sample]]]) -> list[dict[str, dict[str, np.ndarray]]]:
+    """The outputs of a loaded model on every set of samples (signature key -> samples);
+    ValueError naming a signature the model does not have."""
     outputs = []
     for samples_by_key in sample_sets:
         missing = sorted(k for k in samples_by_key if k not in model.signatures)
         if missing:
             raise ValueError(f"the artifact has no signature {missing[0]!r}")
         outputs.append({key: run_signature(model, key, samples) for key, samples in sorted(samples_by_key.items())})
-    del model
-    release_memory()
     return outputs
 
 

@@ -1,0 +1,43 @@
+"""The source's in-toto digests computed ahead, while the stages run (provenance/digests.py
+compute_ahead): publish states the digests of the bytes it names, as when it reads them."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import blake3
+
+from tpubuild.engine.hashing import FileEntry, tree_digest
+from tpubuild.provenance import digests
+
+
+def _objects(root: Path, files: dict[str, bytes]) -> list[FileEntry]:
+    entries = []
+    for rel, data in files.items():
+        digest = blake3.blake3(data).hexdigest()
+        (root / digest).write_bytes(data)
+        entries.append(FileEntry(rel, digest, len(data)))
+    return entries
+
+
+def test_digests_computed_ahead_are_the_ones_publish_reads_and_a_changed_object_gets_none(tmp_path):
+    files = {"saved_model.pb": b"graph " * 1000, "variables/variables.index": b"index of " + bytes(range(256))}
+    entries = _objects(tmp_path, files)
+    tree = tree_digest(entries)
+    expected = digests.dir_hash([(rel, hashlib.sha256(data).hexdigest()) for rel, data in files.items()])
+
+    digests.compute_ahead(entries, lambda digest: tmp_path / digest)
+    # Read again from files now gone: the digests computed ahead are the ones stated.
+    for entry in entries:
+        (tmp_path / entry.hash).unlink()
+    stated = digests.dependency_digests(tmp_path, {"dir:model": tree}, {tree: entries}, lambda d: tmp_path / d)
+    assert stated == {"dir:model": {"dirHash": expected}}
+
+    # An object whose bytes are not its name's: neither computed ahead nor stated.
+    other = {"saved_model.pb": b"another graph"}
+    [entry] = _objects(tmp_path, other)
+    (tmp_path / entry.hash).write_bytes(b"changed on disk")
+    digests.compute_ahead([entry], lambda digest: tmp_path / digest)
+    tree = tree_digest([entry])
+    assert digests.dependency_digests(tmp_path, {"dir:m": tree}, {tree: [entry]}, lambda d: tmp_path / d) == {}
