@@ -112,15 +112,27 @@ def test_a_kept_twin_is_the_twin_make_cpu_twin_writes_and_follows_its_input(tmp_
     assert cpu_twin(placed, ["serve"], tmp_path / "unused") != kept
 
 
-def test_what_a_stage_hands_on_is_kept_only_when_its_worker_is_handed_on_and_taken_once(monkeypatch):
+def test_what_a_stage_hands_on_is_kept_only_when_its_worker_is_handed_on_and_taken_once():
     from tpubuild.engine import workers
 
     # In-process, or a stage whose worker is not handed on (no `keep_for`): nothing kept.
     assert workers.hand_on("twin", object()) is False and workers.handed_on("twin") is None
-    monkeypatch.setattr(workers, "_HANDING_ON", [True])  # what main() sets for a `keep_for` request
-    kept = object()
-    assert workers.hand_on("twin", kept) is True
-    assert workers.handed_on("twin") is kept and workers.handed_on("twin") is None
+    workers.begin_stage(True)  # what main() does for a `keep_for` request
+    try:
+        kept = object()
+        assert workers.hand_on("twin", kept) is True
+        assert workers.handed_on("twin") is kept and workers.handed_on("twin") is None
+        # Kept and not taken by a stage that is not handed on: let go when it ends.
+        assert workers.hand_on("twin", object()) is True
+        workers.end_stage()
+        assert workers.handed_on("twin") is not None  # this stage was handed on: still there
+        workers.hand_on("twin", kept)
+        workers.begin_stage(False)
+        workers.end_stage()
+        assert workers.handed_on("twin") is None
+    finally:
+        workers.begin_stage(False)
+        workers.end_stage()
 
 
 def test_a_verify_not_handed_on_keeps_no_twin(tmp_path, tpu_saved_model):

@@ -109,8 +109,15 @@ def handed_on(key: Any) -> Any:
     return _HANDED_ON.pop(key, None)
 
 
-def _drop_handed_on() -> None:
-    if _HANDED_ON:
+def begin_stage(handing_on: bool) -> None:
+    """A stage starts in this worker; `handing_on`: its request says the worker is handed on after it."""
+    _HANDING_ON[0] = handing_on
+
+
+def end_stage() -> None:
+    """A stage ended: unless the worker is handed on, let go of what an earlier stage kept
+    and this one did not take."""
+    if not _HANDING_ON[0] and _HANDED_ON:
         _HANDED_ON.clear()
         from tpubuild.memory import release_memory
 
@@ -635,7 +642,7 @@ def main() -> None:
         children_before = _rusage_peak("RUSAGE_CHILDREN")
         clock.take()  # a spare's import happened before any stage
         started = time.monotonic()
-        handoff._HANDING_ON[0] = bool(request.get("keep_for"))
+        handoff.begin_stage(bool(request.get("keep_for")))
         try:
             reply = handle(request)
         except Exception as exc:  # a bug in a stage: report it with its traceback
@@ -652,8 +659,7 @@ def main() -> None:
         sys.stderr.flush()
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
-        if not handoff._HANDING_ON[0]:  # what an earlier stage kept and this one did not take
-            handoff._drop_handed_on()
+        handoff.end_stage()
     _exit_now(replies)
 
 
