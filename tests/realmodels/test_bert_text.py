@@ -46,8 +46,8 @@ def test_without_op_libraries_the_missing_op_is_one_line_naming_the_setting(bert
     # The first stage that needs the op registered says so: verify, which runs the model
     # (tpu's XLA check reads only the TPU function's closure, which has no text op).
     missing = [line for line in stderr.splitlines() if "CaseFoldUTF8" in line]
-    assert missing == ["recipes/bert.yaml: stage verify: op CaseFoldUTF8 is not registered: add its library to "
-                       "op_libraries, e.g. tensorflow_text"], stderr
+    assert missing == [("recipes/bert.yaml: stage verify: op CaseFoldUTF8 is not registered: add its library to "
+                        "op_libraries, e.g. tensorflow_text")], stderr
     assert "internal error" not in stderr and "Traceback" not in stderr
 
 
