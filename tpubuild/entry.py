@@ -12,18 +12,26 @@ prints the same line or the stale recipes and their causes.
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 _FAST_TRIED = False  # the fast paths declined this process's command: the CLI need not try them again
 
 
 def main(argv: list[str] | None = None) -> None:
+    global _FAST_TRIED
     args = sys.argv[1:] if argv is None else argv
     workspace = _check_command(args)
     if workspace is not False:
-        count = _up_to_date(workspace)
+        from pathlib import Path
+
+        count = fast_check(Path(workspace) if workspace is not None else None)
+        _FAST_TRIED = count is None  # this process ends in the CLI: it need not try them again
         if count is not None:
             try:
-                print(f"{count} lock file{'s' if count != 1 else ''} up to date", flush=True)
+                print(up_to_date_line(count), flush=True)
                 sys.exit(0)
             except OSError:
                 pass  # stdout on a full disk, a closed pipe: the CLI says so in its one line
@@ -32,9 +40,30 @@ def main(argv: list[str] | None = None) -> None:
     cli_main(argv)
 
 
-def fast_paths_declined() -> bool:
-    """Whether this process already tried (and declined) the fast answers to `build --check`."""
-    return _FAST_TRIED
+def up_to_date_line(count: int) -> str:
+    """What `build --check` prints when no lock file would change."""
+    return f"{count} lock file{'s' if count != 1 else ''} up to date"
+
+
+def fast_check(workspace: Path | None) -> int | None:
+    """How many lock files the no-op memo (engine/noop.py) or the lock files themselves
+    (engine/quickcheck.py) prove current, in that order, for `build --check` of the whole
+    workspace (`workspace`: the --workspace option); None when neither can, or when main
+    tried them already for this process's command: the full check decides."""
+    if _FAST_TRIED:
+        return None
+    from pathlib import Path
+
+    from tpubuild.engine.noop import quick
+    from tpubuild.engine.quickcheck import quick_check
+
+    try:
+        start = Path.cwd()
+        found = quick(start, workspace)
+        count = len(found[1]) if found is not None and found[1] else quick_check(start, workspace)
+    except OSError:
+        return None  # a deleted working directory, an unreadable file: the full check says which
+    return count
 
 
 def _check_command(args: list[str]) -> str | None | bool:
@@ -48,24 +77,3 @@ def _check_command(args: list[str]) -> str | None | bool:
     if args != ["build", "--check"] or workspace == "":
         return False
     return workspace
-
-
-def _up_to_date(workspace: str | None) -> int | None:
-    """How many lock files the no-op memo (engine/noop.py) or the lock files themselves
-    (engine/quickcheck.py) prove current, in the order `build --check` tries them; None
-    when neither can: the CLI's full check decides."""
-    global _FAST_TRIED
-    from pathlib import Path
-
-    from tpubuild.engine.noop import quick
-    from tpubuild.engine.quickcheck import quick_check
-
-    override = Path(workspace) if workspace is not None else None
-    try:
-        start = Path.cwd()
-        found = quick(start, override)
-        count = len(found[1]) if found is not None and found[1] else quick_check(start, override)
-    except OSError:
-        return None  # a deleted working directory, an unreadable file: the CLI says which
-    _FAST_TRIED = count is None
-    return count

@@ -72,19 +72,19 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry
             click.echo(json.dumps({"rows": [], "versions": {}, "exit_code": 0}) if as_json
                        else f"no recipe affected since {changed_since}")
             return 0
-    from tpubuild.entry import fast_paths_declined
+    if check and not (recipe_patterns or relock or changed_since):
+        # The whole workspace: the executable's fast answers (tpubuild/entry.py), unless
+        # it tried them already in this process.
+        from tpubuild.entry import fast_check
 
-    # `tpubuild build --check` was tried by the executable's own fast paths (tpubuild/entry.py).
-    tried = check and fast_paths_declined() and not (recipe_patterns or changed_since)
-    if not (dry_run or relock or tried):
-        code = _noop_fast_path(ctx, recipe_patterns, as_json, verbosity, check)
-        if code is not None:
-            return code
-    if check and not (recipe_patterns or relock or changed_since or tried):
-        count = _quick_check(ctx)
+        count = fast_check(ctx.obj.workspace if ctx.obj else None)
         if count is not None:
             _say_up_to_date(count)
             return 0
+    elif not (dry_run or relock):
+        code = _noop_fast_path(ctx, recipe_patterns, as_json, verbosity, check)
+        if code is not None:
+            return code
     from tpubuild.commands._common import asked_broken, recipes_from, remote_setting, warn_unmatched_globs
 
     # An invalid recipe that was not asked for is a warning; one that was stops the build
@@ -208,19 +208,10 @@ def _check(ws, recipes) -> int:
     return 1 if stale else 0
 
 
-def _quick_check(ctx: click.Context) -> int | None:
-    """`--check` proven from the lock files' recorded hashes alone, with no recipe loaded
-    (engine/quickcheck.py): what CI's fresh clone runs. None: the full check."""
-    from pathlib import Path
-
-    from tpubuild.engine.quickcheck import quick_check
-
-    override = ctx.obj.workspace if ctx.obj else None
-    return quick_check(Path.cwd(), Path(override) if override else None)
-
-
 def _say_up_to_date(count: int) -> None:
-    click.echo(f"{count} lock file{'s' if count != 1 else ''} up to date")
+    from tpubuild.entry import up_to_date_line
+
+    click.echo(up_to_date_line(count))
 
 
 def _dry_run(ws, recipes, as_json: bool, verbosity: int = NORMAL) -> int:

@@ -137,9 +137,8 @@ def walk_files(root: Path | str, symlinks: str = "inside") -> list[tuple[str, os
 
 
 def _stage_error(message: str) -> Exception:
-    from tpubuild.errors import (
-        StageError,  # imported on error only: `build --check` hashes trees without it
-    )
+    # Imported on error only: `build --check` hashes trees without tpubuild.errors.
+    from tpubuild.errors import StageError
 
     return StageError(message)
 
