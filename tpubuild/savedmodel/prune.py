@@ -182,7 +182,7 @@ def drop_dead_arguments(model: SavedModel) -> dict[str, list[int]]:
 
 # -- unread variables ------------------------------------------------------------------------
 
-def _checkpoint_graph(model_dir: Path) -> trackable_object_graph_pb2.TrackableObjectGraph:
+def checkpoint_graph(model_dir: Path) -> trackable_object_graph_pb2.TrackableObjectGraph:
     import tensorflow as tf
 
     graph = trackable_object_graph_pb2.TrackableObjectGraph()
@@ -194,7 +194,7 @@ def unread_variables(model: SavedModel, checkpoint: trackable_object_graph_pb2.T
     """Object-graph variable node id -> graph VarHandleOp name, for variables nothing reads."""
     objects = model.meta_graph.object_graph_def
     bound = {i for f in objects.concrete_functions.values() for i in f.bound_inputs}
-    handles = _handle_of_node(model, checkpoint)
+    handles = restored_handles(model, checkpoint)
     ignored = {n.name for n in _saver_calls(model).values()} | _idle_reads(model)
     read_in_graph = {_name(r) for n in model.meta_graph.graph_def.node if n.name not in ignored for r in n.input}
     unread = {}
@@ -220,7 +220,7 @@ def _idle_reads(model: SavedModel) -> set[str]:
     return {n.name for n in graph if n.op == "ReadVariableOp" and n.name not in consumed}
 
 
-def _handle_of_node(model: SavedModel, checkpoint: trackable_object_graph_pb2.TrackableObjectGraph) -> dict[int, str]:
+def restored_handles(model: SavedModel, checkpoint: trackable_object_graph_pb2.TrackableObjectGraph) -> dict[int, str]:
     """Variable node id -> the graph VarHandleOp the saver's restore assigns it from: restore
     argument k holds call input k; its AssignVariableOp takes RestoreV2 output j, whose
     tensor name is the variable's checkpoint key."""
@@ -358,7 +358,7 @@ def _renumber_outputs(fdef: FunctionDef, name: str, dropped: list[int]) -> None:
         fdef.ret[key] = renumber(ref)
 
 
-def _renumber_objects(model: SavedModel, checkpoint: trackable_object_graph_pb2.TrackableObjectGraph,
+def renumber_objects(model: SavedModel, checkpoint: trackable_object_graph_pb2.TrackableObjectGraph,
                       removed: set[int]) -> None:
     """Remove object-graph nodes from both object graphs and renumber every reference."""
     objects = model.meta_graph.object_graph_def
@@ -429,9 +429,113 @@ def remove_variables(model: SavedModel, checkpoint: trackable_object_graph_pb2.T
     del graph.node[:]
     graph.node.extend(kept)
     keys = {a.checkpoint_key for i in unread for a in checkpoint.nodes[i].attributes}
-    _renumber_objects(model, checkpoint, set(unread))
+    renumber_objects(model, checkpoint, set(unread))
+    set_saved_object_graph(model, checkpoint.SerializeToString(deterministic=True))
     model.invalidate()
     return keys
+
+
+def _keys_by_argument(fdef: FunctionDef) -> dict[str, set[str]]:
+    """Saver argument -> the checkpoint keys it is saved (SaveV2) or restored (RestoreV2)
+    under, read through the Identity / ReadVariableOp / DisableCopyOnRead chains TF's
+    functional saver writes (tensorflow/python/checkpoint/functional_saver.py)."""
+    params = {a.name for a in fdef.signature.input_arg}
+    nodes = {n.name: n for n in fdef.node_def}
+    keys: dict[str, set[str]] = {}
+
+    def names_of(node: NodeDef) -> list[str]:
+        const = nodes.get(_name(node.input[1]))
+        return [s.decode() for s in const.attr["value"].tensor.string_val] if const is not None else []
+
+    def argument_behind(ref: str) -> str | None:
+        while _name(ref) not in params:
+            source = nodes.get(_name(ref))
+            if source is None or source.op not in ("Identity", "ReadVariableOp") or not source.input:
+                return None
+            ref = source.input[0]
+        return _name(ref)
+
+    for node in fdef.node_def:
+        if node.op == "SaveV2":
+            names = names_of(node)
+            tensors = [r for r in node.input if not r.startswith("^")][3:]
+            for index, ref in enumerate(tensors):
+                arg = argument_behind(ref)
+                if arg is not None and index < len(names):
+                    keys.setdefault(arg, set()).add(names[index])
+        elif node.op == "AssignVariableOp" and len(node.input) >= 2 and _name(node.input[0]) in params:
+            value = node.input[1]
+            source = nodes.get(_name(value))
+            while source is not None and source.op == "Identity":
+                value = source.input[0]
+                source = nodes.get(_name(value))
+            if source is not None and source.op == "RestoreV2":
+                names = names_of(source)
+                index = int(value.split(":")[-1])
+                if index < len(names):
+                    keys.setdefault(_name(node.input[0]), set()).add(names[index])
+    return keys
+
+
+def saver_entries_separable(model: SavedModel, keys: set[str]) -> bool:
+    """Whether the saver moves each of `keys` through arguments that carry no other key, so
+    `drop_saver_entries` can remove exactly them."""
+    for node in _saver_calls(model).values():
+        fdef = model.functions[node.attr["f"].func.name]
+        for carried in _keys_by_argument(fdef).values():
+            if carried & keys and not carried <= keys:
+                return False
+    return True
+
+
+def drop_saver_entries(model: SavedModel, keys: set[str]) -> None:
+    """The graph's saver stops saving and restoring `keys`; the variables themselves stay
+    (their handles may be restored under another key). Check `saver_entries_separable` first."""
+    for node in _saver_calls(model).values():
+        fdef = model.functions[node.attr["f"].func.name]
+        params = [a.name for a in fdef.signature.input_arg]
+        carried = _keys_by_argument(fdef)
+        drop = [i for i, p in enumerate(params) if carried.get(p) and carried[p] <= keys]
+        _clean_saver_body(fdef, {params[i] for i in drop})
+        _drop_call_inputs(node, drop)
+        _drop_function_args(fdef, drop)
+    model.invalidate()
+
+
+def set_saved_object_graph(model: SavedModel, data: bytes) -> None:
+    """Make the saver write `data` as the checkpoint's object graph.
+
+    TF's traced save function stores the TrackableObjectGraph it was built with as a
+    constant and saves it under `_CHECKPOINTABLE_OBJECT_GRAPH` with every checkpoint
+    (tensorflow/python/checkpoint/functional_saver.py; tensorflow/python/saved_model/save.py
+    passes it in from a graph-level Const). A model whose object graph was edited must
+    carry the edited one there too, or a session-based save writes the old graph."""
+    call = _saver_calls(model).get("save")
+    if call is None:
+        return
+    fdef = model.functions[call.attr["f"].func.name]
+    nodes = {n.name: n for n in fdef.node_def}
+    params = [a.name for a in fdef.signature.input_arg]
+    graph = {n.name: n for n in model.meta_graph.graph_def.node}
+    for node in fdef.node_def:
+        if node.op != "SaveV2":
+            continue
+        names = [s.decode() for s in nodes[_name(node.input[1])].attr["value"].tensor.string_val]
+        tensors = [r for r in node.input if not r.startswith("^")][3:]
+        if OBJECT_GRAPH_KEY not in names:
+            continue
+        ref = tensors[names.index(OBJECT_GRAPH_KEY)]
+        while _name(ref) in nodes and nodes[_name(ref)].op == "Identity":
+            ref = nodes[_name(ref)].input[0]
+        if _name(ref) in nodes:
+            const = nodes[_name(ref)]
+        elif _name(ref) in params:
+            const = graph.get(_name(_call_args(call)[params.index(_name(ref))]))
+        else:
+            const = None
+        if const is not None and const.op == "Const":
+            del const.attr["value"].tensor.string_val[:]
+            const.attr["value"].tensor.string_val.append(data)
 
 
 def served_functions(model: SavedModel) -> set[str]:
@@ -488,7 +592,8 @@ def drop_unserved_objects(model: SavedModel, checkpoint: trackable_object_graph_
             node.function.concrete_functions.extend(kept)
     for name in unserved:
         del objects.concrete_functions[name]
-    _renumber_objects(model, checkpoint, nodes)
+    renumber_objects(model, checkpoint, nodes)
+    set_saved_object_graph(model, checkpoint.SerializeToString(deterministic=True))
     kept = served_functions(model) | {n for n in objects.concrete_functions if n in model.functions}
     called = set(kept)
     for name in kept:
@@ -509,7 +614,7 @@ def prune(model: SavedModel) -> tuple[list[str], bytes | None, set[str]]:
     if not any(n.WhichOneof("kind") == "variable" for n in objects.nodes):
         drop_dead_arguments(model)
         return [], None, set()
-    checkpoint = _checkpoint_graph(model.path)
+    checkpoint = checkpoint_graph(model.path)
     dropped = drop_unserved_objects(model, checkpoint)
     drop_dead_arguments(model)
     unread = unread_variables(model, checkpoint)

@@ -11,6 +11,11 @@ a random uuid. The rest (node names, the object graph, the variables bundle) cam
 byte-identical from processes with different counters and hash seeds
 (tests/savedmodel/test_reproducible.py compares every file).
 
+jax2tf's `XlaCallModule` holds a StableHLO module whose locations name the exporting
+script's path and lines and autograph's randomly named temporary files: they are replaced
+by one fixed position (`xla_call_module.strip_source_locations`), op names kept, before the
+functions are named from their content.
+
 Not covered: a call node's `config_proto` attr holds the tracing process's device counts
 (`context.config` in tensorflow/python/eager/context.py), so an export with a visible
 GPU differs from one without; export workers should run with the same devices.
@@ -78,6 +83,7 @@ def make_reproducible(saved_model_dir: Path) -> None:
     except Exception as exc:  # protobuf raises DecodeError or RuntimeError by version
         raise ConversionError(f"{pb}: cannot parse SavedModel proto: {exc}") from None
     for meta_graph in proto.meta_graphs:
+        strip_module_sources(meta_graph)
         canonicalize(meta_graph)
     canonical = proto.SerializeToString(deterministic=True)
     if canonical != data:
@@ -85,6 +91,27 @@ def make_reproducible(saved_model_dir: Path) -> None:
         write_fingerprint(directory)  # its hashes cover the pb we just changed
     else:
         make_fingerprint_reproducible(directory)
+
+
+def strip_module_sources(meta_graph: MetaGraphDef) -> int:
+    """Source positions out of every XlaCallModule's StableHLO; returns how many changed.
+    A module that cannot be rewritten (no jax here) is left as it is: still correct, only
+    not reproducible."""
+    from tpubuild.savedmodel.xla_call_module import (
+        OP,
+        ModuleError,
+        strip_source_locations,
+    )
+
+    nodes = [n for n in meta_graph.graph_def.node if n.op == OP]
+    nodes += [n for f in meta_graph.graph_def.library.function for n in f.node_def if n.op == OP]
+    changed = 0
+    for node in nodes:
+        try:
+            changed += strip_source_locations(node)
+        except ModuleError:
+            continue
+    return changed
 
 
 def canonicalize(meta_graph: MetaGraphDef) -> None:
@@ -278,7 +305,10 @@ def _apply(meta_graph: MetaGraphDef, rename: Rename, rename_op_type: Rename) -> 
     for gradient_func, op_type in sorted(registered):
         library.registered_gradients.add(gradient_func=gradient_func, registered_op_type=op_type)
     aliases = meta_graph.meta_info_def.function_aliases
-    renamed_aliases = {rename(name): alias for name, alias in aliases.items()}
+    # TF aliases every trace of an aliased tf.function, saved or not
+    # (tensorflow/python/saved_model/save.py, `_list_all_concrete_functions()`): an alias of
+    # a trace the library does not hold names nothing, and keeps its process-numbered name.
+    renamed_aliases = {rename(name): alias for name, alias in aliases.items() if rename(name) in kept}
     aliases.clear()
     aliases.update(renamed_aliases)
     _apply_object_graph(meta_graph, rename)
@@ -311,7 +341,9 @@ def write_fingerprint(saved_model_dir: Path) -> None:
     """Recompute fingerprint.pb for an edited pb, as tf.saved_model.save does."""
     directory = Path(saved_model_dir)
     try:
-        from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting as fp
+        from tensorflow.python.saved_model.pywrap_saved_model import (
+            fingerprinting as fp,
+        )
 
         data = fp.CreateFingerprintDef(str(directory))
     except Exception:  # an older/newer TF without the binding: the fingerprint is optional

@@ -93,3 +93,34 @@ def tensorflow_reads(data: bytes) -> bool:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+# A source position as MLIR prints it: "file":line:col, optionally " to [line:]col".
+_FILE_LOCATION = re.compile(r'"(?:[^"\\]|\\.)*":\d+:\d+(?: to (?:\d+)?:\d+)?')
+# What a source position becomes: a FileLineColLoc still (it may sit inside a NameLoc or a
+# CallSiteLoc, where `unknown` is not accepted), naming no file.
+NO_SOURCE = '"":0:0'
+
+
+def strip_source_locations(node: NodeDef) -> bool:
+    """Replace every source position in the node's module with one fixed position; op names
+    (NameLocs, which XLA keeps as HLO op_name metadata for profiles) stay. Returns whether
+    the module changed.
+
+    JAX records where each op was traced: the exporting script's absolute path and line
+    numbers, and for code autograph converted, a temporary file with a random name
+    (tensorflow/python/autograph/pyct/loader.py). The bytes then change with a comment
+    edit, the checkout's path and every run; the computation does not."""
+    from jaxlib.mlir import ir
+
+    with open_module(node) as module:
+        text = module.operation.get_asm(enable_debug_info=True)
+        stripped = _FILE_LOCATION.sub(NO_SOURCE, text)
+        if stripped == text:
+            return False
+        try:
+            rewritten = ir.Module.parse(stripped)
+        except Exception as exc:
+            raise ModuleError(f"its StableHLO module does not read back without source positions: {_first_line(exc)}") from None
+        write_module(node, rewritten)
+    return True

@@ -57,12 +57,16 @@ def run(input_dir: Path | None, output_dir: Path, options: dict[str, Any], conte
         raise user_error(f"{where}: raised", exc, context) from None
     if not (output_dir / "saved_model.pb").is_file():
         raise StageError(f"{where}: wrote no SavedModel (no saved_model.pb in its output directory)")
+    from tpubuild.savedmodel.alias_variables import drop_alias_lists_in_place
     from tpubuild.savedmodel.reproducible import make_reproducible
     from tpubuild.savedmodel.variable_handles import Duplicate, normalize_in_place
 
     # One graph handle per weight, restored by the checkpoint: Keras 3 models are saved
     # with a duplicate (savedmodel/variable_handles.py says why and what is rewritten).
     changed = normalize_in_place(output_dir)
+    # One object per weight: Keras's export also saves a list of aliases, in an order that
+    # changes from process to process (savedmodel/alias_variables.py).
+    aliases = drop_alias_lists_in_place(output_dir)
     # The same script gives the same bytes in any process on any machine: function names
     # from content, not TensorFlow's per-process counters (savedmodel/reproducible.py).
     make_reproducible(output_dir)
@@ -70,6 +74,8 @@ def run(input_dir: Path | None, output_dir: Path, options: dict[str, Any], conte
     summary = {"merged_variable_handles": merged} if merged else {}
     if len(changed) > merged:
         summary["removed_unused_variable_handles"] = len(changed) - merged
+    if aliases:
+        summary["removed_alias_objects"] = aliases
     return StageResult(summary=summary)
 
 

@@ -42,10 +42,19 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
 
         rule_warnings += batch_checks.recompilation_warnings(model)
     model.save(Path(output_dir))
+    # A Keras export given as `saved_model:` still holds Keras's list of variable aliases
+    # (the export stage drops it from the models it writes): one object per weight from
+    # here on, so no later stage keeps a float32 copy of a weight it converts.
+    from tpubuild.savedmodel.alias_variables import drop_alias_lists_in_place
+
+    aliases = drop_alias_lists_in_place(Path(output_dir))
     for placement in placements:
         sites = ", ".join(f"{s['caller']}/{s['node']}" for s in placement.call_sites) or "none"
         context.log(f"tpu: placed {placement.alias or placement.function} (call sites: {sites})")
+    summary = {"placed": [p.to_json() for p in placements]}
+    if aliases:
+        summary["removed_alias_objects"] = aliases
     return StageResult(
-        summary={"placed": [p.to_json() for p in placements]},
+        summary=summary,
         warnings=[*warnings, *place_warnings, *rule_warnings],
     )
