@@ -41,10 +41,12 @@ def test_a_change_and_its_revert_leave_git_clean(built_workspace):
     _committed(ws)
     recipe = ws / "recipes" / "toy.yaml"
     committed = recipe.read_text()
-    for changed in (source_recipe("toy", timeout=200), source_recipe("toy", samples=5)):
+    for changed, said in ((source_recipe("toy", timeout=200), "published: toy -> out/toy/2\n"),
+                          (source_recipe("toy", samples=5), "toy: out/toy/3 unchanged (report updated)\n")):
         recipe.write_text(changed)
-        doc = build_json(ws, "toy")
-        assert statuses(doc, "toy")["publish"] == "built"
+        result = tpubuild(ws, "build", "toy")
+        assert result.returncode == 0, result.stderr
+        assert said in result.stdout, result.stdout
         assert _git(ws, "status", "--porcelain") == " M recipes/toy.lock.yaml\n M recipes/toy.yaml\n"
         recipe.write_text(committed)
         build_json(ws, "toy")
