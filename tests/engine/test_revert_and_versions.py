@@ -10,8 +10,13 @@ import os
 import subprocess
 from pathlib import Path
 
-from tests.engine.conftest import build_json, source_recipe, statuses, tpubuild
-from tests.engine.test_lock_stability import _as_another_machine_wrote_it
+from tests.engine.conftest import (
+    as_another_machine_wrote_it,
+    build_json,
+    source_recipe,
+    statuses,
+    tpubuild,
+)
 from tpubuild.engine.keys import ENV_THREADS, key_env, worker_env
 
 THREADS = {name: "1" for name in ENV_THREADS}
@@ -172,7 +177,7 @@ def test_gc_keeps_the_measured_records_the_last_build_used(built_workspace):
     # Lock files another machine wrote: its measured keys are not this machine's, and a
     # build keeps them (only measured keys differ), so they name records this cache lacks.
     for lock in (ws / "recipes").glob("*.lock.yaml"):
-        lock.write_text(_as_another_machine_wrote_it(lock.read_text()))
+        lock.write_text(as_another_machine_wrote_it(lock.read_text()))
     assert {row["status"] for row in build_json(ws)["rows"]} == {"cached"}
     gc = tpubuild(ws, "gc", "--keep-days", "0")
     assert gc.returncode == 0, gc.stderr

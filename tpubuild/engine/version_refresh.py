@@ -37,6 +37,7 @@ from tpubuild.engine.target_versions import MANIFEST
 from tpubuild.engine.versions import OWN_FILES, read_manifest
 from tpubuild.provenance.statement import PROVENANCE, SIGNATURE
 
+
 def update_version(
     recipe_dir: Path,
     number: int,
