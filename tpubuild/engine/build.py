@@ -533,7 +533,8 @@ class Engine:
         }
 
     def write_lock(self, run: RecipeRun) -> None:
-        write_lock(run.recipe.lock_file, lock_for(run, self.stat, self.ws.file), force=self.relock)
+        write_lock(run.recipe.lock_file, lock_for(run, self.stat, self.ws.file), force=self.relock,
+                   history=Path(self.ws.state_dir) / "lock-history" / f"{run.name}.json")
 
 
 def lock_for(run: RecipeRun, stat: StatCache, ws_file: Path) -> dict[str, Any]:

@@ -278,9 +278,11 @@ def older_layout(recorded: dict[str, Any]) -> bool:
     return "published_version" in recorded
 
 
-def write_lock(path: Path, document: dict[str, Any], force: bool = False) -> bool:
+def write_lock(path: Path, document: dict[str, Any], force: bool = False, history: Path | None = None) -> bool:
     """Write `document` atomically when a key changed (or with `force`, when any byte
-    would); False, and no write, otherwise."""
+    would); False, and no write, otherwise. With `history` (a file of the workspace's
+    state), the text a write replaces is remembered there, and a document whose keys an
+    earlier text records is written as that text (`recall`)."""
     text = lock_text(document)
     try:
         current = path.read_text()
@@ -290,5 +292,44 @@ def write_lock(path: Path, document: dict[str, Any], force: bool = False) -> boo
         return False
     if not force and current is not None and same_keys(parse_lock_keys(current), document):
         return False
+    if history is not None:
+        earlier = None if force else recall(history, document)
+        if current is not None:
+            remember(history, current)
+        text = earlier if earlier is not None else text
     write_text_atomic(path, text)
     return True
+
+
+# Texts a lock file's history keeps (newest first): enough for a change, its revert and a
+# few builds between them.
+HISTORY_LENGTH = 16
+
+
+def recall(history: Path, document: dict[str, Any]) -> str | None:
+    """The newest earlier text of the lock file that records the keys of `document`.
+    A build keeps a lock file whose keys match, whatever this machine measured
+    (`same_keys`): the file committed from another machine, changed by a build and then
+    reverted, is written back as it was, byte for byte, not with this machine's figures."""
+    for text in _history(history):
+        if same_keys(parse_lock_keys(text), document):
+            return text
+    return None
+
+
+def remember(history: Path, text: str) -> None:
+    """Keep `text`, a lock file's content a build is about to replace, in its history."""
+    texts = [text] + [t for t in _history(history) if t != text]
+    try:
+        history.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(history, json.dumps(texts[:HISTORY_LENGTH]))
+    except OSError:
+        pass  # only a memory: without it a revert writes this machine's measured figures
+
+
+def _history(history: Path) -> list[str]:
+    try:
+        texts = json.loads(history.read_text())
+    except (OSError, ValueError):
+        return []
+    return [t for t in texts if isinstance(t, str)] if isinstance(texts, list) else []
