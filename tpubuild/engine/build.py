@@ -772,8 +772,15 @@ def build(
             if engine.pool is not None:
                 _settle_logs(engine, todo)
         # What each recipe's build used, measured keys included, for gc: a no-op build
-        # opens the store's index only when that differs from what it registered last.
-        register_used(engine.store, ws, runs)
+        # opens the store's index only when that differs from what it registered last,
+        # and one that cannot write it (a read-only shared cache) still succeeds.
+        try:
+            register_used(engine.store, ws, runs)
+        except OSError as exc:
+            if todo:
+                raise  # a build that wrote the cache: its index's fault is the build's (README)
+            engine.errors(f"warning: {_unexpected(exc)}: what this build used is not registered with the "
+                          "cache (`tpubuild gc` may remove it)")
         engine.stat.save()
     finally:
         engine.store.close()
