@@ -59,7 +59,7 @@ def test_the_line_reader_reads_what_the_yaml_parser_reads(lock):
 def test_a_lock_file_of_another_layout_is_read_by_the_yaml_parser(tmp_path):
     document = lock_document("r", "d" * 64, {"python": "CPython 3.11"}, {"file:a b.py": "a" * 64},
                              [{"stage": "export", "key": "b" * 64, "output": "c" * 64,
-                               "discovered": {"m/x.py": "absent", "dist:keras": "3.1"}}], 1)
+                               "discovered": {"m/x.py": "absent", "dist:keras": "3.1"}}])
     path = tmp_path / "r.lock.yaml"
     path.write_text(lock_text(document))
     written = read_lock_keys(path)

@@ -53,15 +53,18 @@ def test_option_edit_reruns_that_stage_and_later_ones(built_workspace):
         "publish": "built",
     }
     assert set(statuses(doc, "other").values()) == {"cached"}
+    # The same model (its warmup requests come from the first samples, the same ones):
+    # version 1 is updated in place, no new version (issue 38 item 3).
+    assert doc["versions"] == {"toy": 1, "other": 1}
     (ws / "recipes" / "toy.yaml").write_text(source_recipe("toy", timeout=200, samples=5))
     doc = build_json(ws, "toy")
     assert statuses(doc, "toy") == {
         "source": "cached", "batch": "built", "verify": "built", "warmup": "built", "report": "built",
         "publish": "built",
     }
-    assert doc["versions"] == {"toy": 3}
-    assert sorted(os.listdir(ws / "out" / "toy")) == ["2", "3"]  # keep_versions: 2
-    assert_close(serve(ws / "out" / "toy" / "3", [[1.0, 1.0]]), [[3.0]], FLOAT32_REORDERED)  # float32: within ulps
+    assert doc["versions"] == {"toy": 2}
+    assert sorted(os.listdir(ws / "out" / "toy")) == ["1", "2"]  # keep_versions: 2
+    assert_close(serve(ws / "out" / "toy" / "2", [[1.0, 1.0]]), [[3.0]], FLOAT32_REORDERED)  # float32: within ulps
 
 
 def test_comment_edit_and_key_order_rerun_nothing(built_workspace):

@@ -4,30 +4,21 @@ it changes when a key changes, and with `build --relock`."""
 
 from __future__ import annotations
 
-import re
-
-from tests.engine.conftest import build_json, source_recipe, statuses, tpubuild
-
-MEASURED = "# measured on the building machine"
-
-
-def _as_another_machine_wrote_it(text: str) -> str:
-    """The lock file as a machine with other floats would have written it: every digest
-    on a measured line replaced, the measured verification error changed."""
-    lines = []
-    for line in text.splitlines(keepends=True):
-        if line.rstrip("\n").endswith(MEASURED):
-            line = re.sub(r"\b[0-9a-f]{64}\b", lambda m: m.group(0)[::-1], line)
-            line = line.replace("max_abs_error: 0.0 ", "max_abs_error: 0.0001 ")
-        lines.append(line)
-    return "".join(lines)
+from tests.engine.conftest import (
+    as_another_machine_wrote_it,
+    build_json,
+    source_recipe,
+    statuses,
+    tpubuild,
+)
+from tpubuild.engine.lockfile import MEASURED
 
 
 def test_measured_lines_of_another_machine_stay_byte_identical(built_workspace):
     ws = built_workspace
     lock = ws / "recipes" / "toy.lock.yaml"
     ours = lock.read_text()
-    theirs = _as_another_machine_wrote_it(ours)
+    theirs = as_another_machine_wrote_it(ours)
     assert theirs != ours and theirs.count(MEASURED) == ours.count(MEASURED)
     lock.write_text(theirs)
     # build --check's quick path pins only the keys every machine computes alike: another
@@ -56,7 +47,7 @@ def test_measured_lines_of_another_machine_stay_byte_identical(built_workspace):
 def test_a_changed_key_rewrites_the_lock_file(built_workspace):
     ws = built_workspace
     lock = ws / "recipes" / "toy.lock.yaml"
-    lock.write_text(_as_another_machine_wrote_it(lock.read_text()))
+    lock.write_text(as_another_machine_wrote_it(lock.read_text()))
     (ws / "recipes" / "toy.yaml").write_text(source_recipe("toy", samples=5))
     document = build_json(ws, "toy")
     assert statuses(document, "toy")["verify"] == "built"

@@ -19,8 +19,10 @@ def test_lock_file_contents_and_determinism(built_once, built_workspace):
     text = (ws0 / "recipes" / "toy.lock.yaml").read_text()
     lock = yaml.safe_load(text)
     assert text.startswith("# Written by `tpubuild build`; commit it, do not edit it.\nschema: 2\nrecipe: toy\n")
+    # No published version's number: what the local out/ holds is not the lock file's (a revert
+    # restores the committed file byte for byte).
     assert list(lock) == ["schema", "recipe", "recipe_digest", "toolchain", "planning", "inputs", "stages",
-                          "published_version", "artifact"]
+                          "artifact"]
     # What build --check compares before trusting the keys without computing them.
     assert re.search(r"^planning: [0-9a-f]{64}  # tpubuild's code, the workspace file, the key", text, re.M)
     # What a reviewer reads in a pull request's diff, from the published report.
@@ -37,14 +39,13 @@ def test_lock_file_contents_and_determinism(built_once, built_workspace):
     measured = [s["stage"] for s in lock["stages"] if s.get("measured")]
     assert measured == ["verify", "report", "publish"]
     # verify's key hashes nothing measured; the report's and publish's keys hash verify's output.
-    stages_text = text.split("\npublished_version:")[0]
+    stages_text = text.split("\nartifact:")[0]
     assert stages_text.count("# measured on the building machine") == 2 * len(measured) - 1
     assert list(lock["inputs"]) == ["dir:recipes/models/tiny"]
     assert [(s["stage"], s["key"]) for s in lock["stages"]] == [
         (row["stage"], row["key"]) for row in first["rows"] if row["recipe"] == "toy"
     ]
     assert all(len(s["key"]) == 64 and len(s["output"]) == 64 for s in lock["stages"])
-    assert lock["published_version"] == 1
     manifest = json.loads((ws0 / "out" / "toy" / "1" / "tpubuild-manifest.json").read_text())
     assert manifest["content"] == lock["stages"][-1]["output"]
     assert manifest["recipe_digest"] == lock["recipe_digest"]

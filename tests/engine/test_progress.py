@@ -59,7 +59,8 @@ def screen(received: str) -> list[str]:
 
 
 def edit_toy(ws, samples: int) -> None:
-    """A verify option: toy's verify, warmup, report and publish rerun, the rest is cached."""
+    """A verify option: toy's verify, warmup, report and publish rerun, the rest is cached
+    (the same model: its version is updated in place)."""
     (ws / "recipes" / "toy.yaml").write_text(source_recipe("toy", samples=samples))
 
 
@@ -80,8 +81,8 @@ def test_a_terminal_gets_a_live_line_colour_and_rows_of_work_only(built_workspac
     assert [ROW.match(line).group(2) for line in plain[:4]] == ["verify", "warmup", "report", "publish"]
     assert all(ROW.match(line).group(3) == "built" for line in plain[:4])
     assert "toy: verify: \x1b[32mbuilt\x1b[0m (" in shown[0]
-    # A new version of toy only: the other recipes published nothing new.
-    assert plain[4:] == ["published: toy -> out/toy/2", f"3 recipes: 4 built, {total - 4} cached"]
+    # The same model re-measured: toy's version 1 updated in place, no new version.
+    assert plain[4:] == ["toy: out/toy/1 unchanged (report updated)", f"3 recipes: 4 built, {total - 4} cached"]
     assert shown[-1] == f"3 recipes: \x1b[32m4 built\x1b[0m, \x1b[34m{total - 4} cached\x1b[0m"
 
 
@@ -106,7 +107,7 @@ def test_piped_output_has_rows_of_work_and_published_versions_without_live_line_
     lines = result.stdout.splitlines()
     assert [ROW.match(line).group(2, 3) for line in lines[:4]] == [
         ("verify", "built"), ("warmup", "built"), ("report", "built"), ("publish", "built")]
-    assert lines[4:] == ["published: toy -> out/toy/2", "3 recipes: 4 built, 12 cached"]
+    assert lines[4:] == ["toy: out/toy/1 unchanged (report updated)", "3 recipes: 4 built, 12 cached"]
     # Nothing changed: one summary line.
     again = tpubuild(ws, "build")
     assert (again.returncode, again.stdout) == (0, "3 recipes: 16 cached\n")
@@ -145,7 +146,7 @@ def test_verbose_lists_every_stage_and_a_stage_time_is_its_own_work(built_once, 
     # import: seconds), which is not in the stage's own time (this tiny verify: well under).
     first = built["verify"]
     assert float(first.group(5)) > float(first.group(4)), first.group(0)
-    assert lines[-2:] == ["published: toy -> out/toy/2", "3 recipes: 4 built, 12 cached"]
+    assert lines[-2:] == ["toy: out/toy/1 unchanged (report updated)", "3 recipes: 4 built, 12 cached"]
     # The same in build --json, in the session's first build: each worker's first stage.
     _, document = built_once
     startups = [row for row in document["rows"] if row["worker_startup_seconds"] is not None]

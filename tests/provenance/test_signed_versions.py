@@ -177,3 +177,23 @@ def test_target_versions_carry_their_own_statement_and_signature(tmp_path, tiny_
     failed = tpubuild(ws, "verify", str(copy), "--key", str(public))
     assert failed.returncode == 1
     assert f"{copy}: model.sig: saved_model.pb differs from what was signed" in failed.stderr.splitlines()
+
+
+def test_a_version_updated_in_place_is_signed_again(tmp_path, tiny_saved_model) -> None:  # noqa: F811
+    # Issue 38 item 3: the same model re-measured updates its version's report in place;
+    # the statement and the signature cover the new files.
+    private, public = key_pair(tmp_path, "ci")
+    ws = write_workspace(tmp_path / "ws", tiny_saved_model, {"toy": source_recipe("toy")})
+    with open(ws / "tpubuild.yaml", "a") as f:
+        f.write(f"signing: {{key: {private}}}\n")
+    assert tpubuild(ws, "build").returncode == 0
+    version = ws / "out" / "toy" / "1"
+    signature = (version / "model.sig").read_bytes()
+    (ws / "recipes" / "toy.yaml").write_text(source_recipe("toy").replace("samples: 4}", "samples: 4, rtol: 0.5}"))
+    done = tpubuild(ws, "build")
+    assert done.returncode == 0, done.stderr
+    assert "toy: out/toy/1 unchanged (report updated)" in done.stdout
+    assert (version / "model.sig").read_bytes() != signature
+    done = tpubuild(ws, "verify", str(version), "--key", str(public))
+    assert done.returncode == 0, done.stderr
+    assert "every file matches its manifest and its signature" in done.stdout

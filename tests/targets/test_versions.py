@@ -146,3 +146,54 @@ def test_verify_cache_repair_covers_target_files(tmp_path):
     restored, lost = versions.repair_version(recipe_dir / "1", lambda digest: store.get(digest, tmp_path / "none"))
     assert (restored, lost) == ([damaged], [])
     assert damaged.read_bytes() == b"cpua"
+
+
+def test_the_same_model_re_measured_updates_the_newest_version_in_place(tmp_path):
+    # Issue 38 item 3: only the report differs; no new number, the model files untouched.
+    import hashlib
+
+    from tpubuild.engine.version_refresh import update_version
+    from tpubuild.provenance import statement
+    from tpubuild.provenance.signature import check_manifest
+
+    recipe_dir = tmp_path / "out" / "toy"
+
+    def finish(directory, manifest, target):
+        statement.write(directory, manifest, None, target)
+
+    def build(content: str, report: dict[str, bytes]):
+        (tmp_path / content).mkdir()
+        files = objects(tmp_path / content, {"saved_model.pb": b"tpu", "cpu_savedmodel/saved_model.pb": b"cpu",
+                                              **report})
+        target = {f.path.split("/", 1)[1]: f.hash for f, _ in files if f.path.startswith("cpu_savedmodel/")}
+        manifest = {"recipe": "toy", "recipe_file": "recipes/toy.yaml", "recipe_digest": "d", "content": content,
+                    "model": "m", "created": content, "targets": {"cpu_savedmodel": {"files": target}},
+                    "files": {f.path: f.hash for f, _ in files if not f.path.startswith("cpu_savedmodel/")}}
+        return files, manifest
+
+    first, manifest = build("c1", {"tpubuild-report.json": b"one", "hlo/a.txt": b"a"})
+    assert versions.publish(recipe_dir, first, manifest, None, finish=finish) == 1
+    model = [recipe_dir / "1" / "saved_model.pb", recipe_dir / "cpu_savedmodel" / "1" / "saved_model.pb"]
+    inodes = [os.stat(p).st_ino for p in model]
+    assert versions.newest_same_model(recipe_dir, "m") == 1
+    assert versions.newest_same_model(recipe_dir, "another model") is None
+
+    second, manifest = build("c2", {"tpubuild-report.json": b"two", "hlo/b.txt": b"b"})
+    stat = StatCache(tmp_path / "stat.json")
+    update_version(recipe_dir, 1, second, manifest, stat, finish=finish)
+    assert sorted(os.listdir(recipe_dir)) == ["1", "cpu_savedmodel"]
+    assert [os.stat(p).st_ino for p in model] == inodes  # never rewritten
+    version = recipe_dir / "1"
+    assert (version / "tpubuild-report.json").read_bytes() == b"two"
+    assert sorted(os.listdir(version / "hlo")) == ["b.txt"]  # the old report's file is gone
+    written = json.loads((version / "tpubuild-manifest.json").read_text())
+    assert (written["content"], written["version"], written["created"]) == ("c2", 1, "c1")
+    assert check_manifest(version) == []
+    for directory, target in ((version, None), (recipe_dir / "cpu_savedmodel" / "1", "cpu_savedmodel")):
+        assert versions.not_published_reason(directory, "toy", target) is None
+        subjects = {s["name"]: s["digest"]["sha256"]
+                    for s in json.loads((directory / "tpubuild-provenance.json").read_text())["subject"]}
+        assert subjects == {p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                            for p in directory.rglob("*") if p.is_file() and p.name != "tpubuild-provenance.json"}
+    assert versions.newest_matching(recipe_dir, "c2", stat) == 1  # intact, target manifests current
+    assert not [p for d in (recipe_dir, recipe_dir / "cpu_savedmodel") for p in d.iterdir() if p.name.startswith(".")]

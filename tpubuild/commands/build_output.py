@@ -3,7 +3,9 @@
 - A row per stage that did work (built) or failed, never one per cached stage: a build of
   200 recipes where two changed prints a few rows, not 2000. `-v` lists every stage,
   cached and skipped ones too, and each built stage's worker start-up; `-q` prints no rows.
-- `published: RECIPE -> out/RECIPE/N` for each recipe that published a new version.
+- `published: RECIPE -> out/RECIPE/N` for each recipe that published a new version;
+  `RECIPE: out/RECIPE/N unchanged (report updated)` for one that re-measured the same
+  model (engine/version_refresh.py).
 - The summary line last: `14 recipes: 108 built, 2 cached, 1 failed`.
 - On a terminal, one live line at the bottom, redrawn in place: `[n/N]` stages done of
   the build's, the stages running and for how long (Bazel's `[n / N]`). Colour for
@@ -109,7 +111,10 @@ class BuildOutput:
             if self.verbosity >= NORMAL and row.stage == "publish" and row.status == "built" \
                     and run.version is not None:
                 where = self.display(run.outputs["publish"].directory / str(run.version))
-                lines.append(f"{paint('published', 'published', self.colour)}: {run.name} -> {where}")
+                if run.updated_in_place:  # re-measured, the same model: no new version
+                    lines.append(f"{run.name}: {where} unchanged (report updated)")
+                else:
+                    lines.append(f"{paint('published', 'published', self.colour)}: {run.name} -> {where}")
             if lines:
                 self._clear()
                 self.out.write("".join(line + "\n" for line in lines))

@@ -9,7 +9,7 @@ from tpubuild.commands._common import workspace_from
     "gc",
     short_help="Remove cache entries no workspace references.",
     epilog="\b\nExamples:\n  tpubuild gc                   keep what lock files use, and 30 days of others\n"
-    "  tpubuild gc --keep-days 0     keep only what lock files use\n"
+    "  tpubuild gc --keep-days 0     keep only what lock files and the last builds use\n"
     "  tpubuild gc --max-size 2G     drop least recently used entries until 2 GiB\n"
     "  tpubuild gc --remote          the same rules for the remote cache (remote_cache: in tpubuild.yaml)",
 )
@@ -23,12 +23,13 @@ def command(ctx: click.Context, keep_days: float | None, max_size: str | None, r
             remote_cache: str | None) -> int:
     """Garbage-collect the workspace cache.
 
-    Stage outputs referenced by this workspace's lock files, or by any other existing
-    workspace that uses the same cache_dir, are always kept. Published versions are
-    never touched (they are copies, or hard links that stay intact).
+    Stage outputs referenced by this workspace's lock files or used by its last build of
+    each recipe (measured keys included), or by any other existing workspace that uses
+    the same cache_dir, are always kept. Published versions are never touched (they are
+    copies, or hard links that stay intact).
     """
     from tpubuild.config.recipe import LOCK_SUFFIX, discover
-    from tpubuild.engine.gc import collect, parse_size, referenced_keys
+    from tpubuild.engine.gc import collect, parse_size, workspace_references
     from tpubuild.engine.store import Store
     from tpubuild.engine.wslock import WorkspaceLock
     from tpubuild.errors import UsageError
@@ -43,13 +44,15 @@ def command(ctx: click.Context, keep_days: float | None, max_size: str | None, r
     locks = [p.with_name(p.name.rsplit(".", 1)[0] + LOCK_SUFFIX) for p in discover(ws)]
     notify = lambda m: click.echo(m, err=True)  # noqa: E731
     if remote or remote_cache is not None:
-        return _remote_gc(ws, remote_cache, referenced_keys(locks), keep_days, limit, notify)
+        refs, _ = workspace_references(ws, locks)
+        return _remote_gc(ws, remote_cache, set().union(*refs.values()), keep_days, limit, notify)
     with WorkspaceLock(ws.state_dir) as lock:
         lock.acquire(3600, notify=notify)
         store = Store(ws.cache_dir)
-        referenced = referenced_keys(locks)
-        store.register_workspace(ws.root, referenced, ws.file)  # its lock files are what it uses now
-        result = collect(store, referenced, keep_days, limit, notify=notify)
+        refs, recipes = workspace_references(ws, locks, store)
+        # Its lock files and its last builds are what it uses now; recipes gone are forgotten.
+        store.register_workspace(ws.root, refs, ws.file, only={*refs, *recipes})
+        result = collect(store, set().union(*refs.values()), keep_days, limit, notify=notify)
     click.echo(
         f"removed {result.entries_removed} stage entries and {result.objects_removed} objects "
         f"({result.bytes_freed} bytes); {result.bytes_kept} bytes kept"

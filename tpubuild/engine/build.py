@@ -35,6 +35,7 @@ from tpubuild.engine.resolve import (
 )
 from tpubuild.engine.statcache import StatCache
 from tpubuild.engine.store import StageEntry, Store
+from tpubuild.engine.used_keys import register as register_used
 from tpubuild.errors import StageError
 from tpubuild.provenance.digests import dependency_digests
 from tpubuild.pipeline import ENGINE_STEPS, TARGET_STAGES, PlannedStage, entry, spec
@@ -448,12 +449,21 @@ class Engine:
         return True
 
     def _publish(self, run: RecipeRun) -> None:
+        """A new version, or, when the newest one holds the same model (only the report's
+        figures differ), that version with its report, manifest and provenance updated."""
         from tpubuild.engine import versions
 
         out = run.outputs["publish"]
         with self.state_lock:
             manifest = self.manifest(run, out.tree)
             paths = [(f, self.store.object_path(f.hash)) for f in out.files]
+            same = versions.newest_same_model(out.directory, manifest["model"])
+            if same is not None:
+                from tpubuild.engine.version_refresh import update_version
+
+                update_version(out.directory, same, paths, manifest, self.stat, self.link_type, finish=self._attest)
+                run.version, run.updated_in_place = same, True
+                return
             run.version = versions.publish(out.directory, paths, manifest, self.ws.keep_versions, self.stat,
                                            link_type=self.link_type,
                                            warn=lambda m: self.errors(f"warning: {m}"), finish=self._attest,
@@ -498,6 +508,9 @@ class Engine:
             "recipe_file": run.recipe.rel_file,
             "recipe_digest": run.recipe.digest,
             "content": content,
+            # The content without the report's files and the targets' verdicts: what decides
+            # whether a build publishes a new version (versions.newest_same_model).
+            "model": self.resolver.model_digest(run, run.outputs["publish"].files),
             "files": {f.path: f.hash for f in main},
             # Each target version `<recipe>/<target>/<N>/`: its files, build facts and verdict.
             **({"targets": {
@@ -520,7 +533,8 @@ class Engine:
         }
 
     def write_lock(self, run: RecipeRun) -> None:
-        write_lock(run.recipe.lock_file, lock_for(run, self.stat, self.ws.file), force=self.relock)
+        write_lock(run.recipe.lock_file, lock_for(run, self.stat, self.ws.file), force=self.relock,
+                   history=Path(self.ws.state_dir) / "lock-history" / f"{run.name}.json")
 
 
 def lock_for(run: RecipeRun, stat: StatCache, ws_file: Path) -> dict[str, Any]:
@@ -539,7 +553,7 @@ def lock_for(run: RecipeRun, stat: StatCache, ws_file: Path) -> dict[str, Any]:
     model_measured = dict(zip((p.name for p in run.plan), (m for _, m in flags)))[run.plan[-1].consumes["model"]]
     recipe = run.recipe
     planning = planning_digest(ws_file, stat, recipe.files or [recipe.file], Path(recipe.root), stages, recipe)
-    return lock_document(run.name, recipe.digest, toolchain(), run_inputs(run), stages, run.version,
+    return lock_document(run.name, recipe.digest, toolchain(), run_inputs(run), stages,
                          artifact_facts(run, model_measured), planning=planning)
 
 
@@ -757,7 +771,16 @@ def build(
                     engine.write_lock(run)
             if engine.pool is not None:
                 _settle_logs(engine, todo)
-            _register(engine, todo)  # a no-op build never opens the store's index
+        # What each recipe's build used, measured keys included, for gc: a no-op build
+        # opens the store's index only when that differs from what it registered last,
+        # and one that cannot write it (a read-only shared cache) still succeeds.
+        try:
+            register_used(engine.store, ws, runs)
+        except OSError as exc:
+            if todo:
+                raise  # a build that wrote the cache: its index's fault is the build's (README)
+            engine.errors(f"warning: {_unexpected(exc)}: what this build used is not registered with the "
+                          "cache (`tpubuild gc` may remove it)")
         engine.stat.save()
     finally:
         engine.store.close()
@@ -791,14 +814,6 @@ def _skip_rest(engine: Engine, run: RecipeRun) -> None:
     for planned in run.plan:
         if planned.name not in done:
             engine.row(run, Row(run.name, planned.name, "skipped", None, 0.0))
-
-
-def _register(engine: Engine, runs: list[RecipeRun]) -> None:
-    """Tell the (possibly shared) store which records each built recipe of this workspace
-    references, so a `gc` run from any workspace keeps them."""
-    keys = {run.name: {out.key for name, out in run.outputs.items() if name != "publish"}
-            for run in runs if not run.failed}
-    engine.store.register_workspace(Path(engine.ws.root), keys, getattr(engine.ws, "file", None))
 
 
 def _result(out: Output) -> dict[str, Any]:

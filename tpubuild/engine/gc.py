@@ -3,8 +3,10 @@ was used recently.
 
 A cache can be shared by several workspaces (`cache_dir` pointing to one directory), so
 the lock files of the workspace running `gc` are not enough: every workspace registers
-the stage keys it references in the store's index after each build (and at each `gc`),
-and `gc` keeps the keys of every registered workspace that still exists. It runs with
+the stage keys it references in the store's index: at the end of each build, per recipe,
+the keys that build used (measured keys included, which a lock file written on another
+machine does not name: engine/used_keys.py); at each `gc`, the keys its lock files name.
+`gc` keeps the keys of every registered workspace that still exists. It runs with
 the store held exclusively (`Store.exclusive`): no build using the cache is running.
 """
 
@@ -15,7 +17,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from tpubuild.engine.store import Store
 
@@ -118,14 +120,27 @@ def _object_sizes(store: Store) -> dict[str, int]:
     return sizes
 
 
-def referenced_keys(lock_files: list[Path]) -> set[str]:
+def workspace_references(ws: Any, lock_files: list[Path],
+                         store: Store | None = None) -> tuple[dict[str, set[str]], set[str]]:
+    """What a workspace references, as its store registration holds it: the keys its lock
+    files name (under used_keys.LOCK_FILES), and per recipe that still has a lock file,
+    the keys its last build used (engine/used_keys.py: the measured keys of this machine,
+    which the lock file may not name), when it registered them with `store`'s index. And
+    the names of the recipes that have a lock file: the others' references are forgotten."""
     from tpubuild.engine.lockfile import read_lock
+    from tpubuild.engine.used_keys import LOCK_FILES, registered
 
-    keys = set()
+    refs: dict[str, set[str]] = {LOCK_FILES: set()}
+    recipes = set()
     for path in lock_files:
         lock = read_lock(path) or {}
-        keys.update(s["key"] for s in lock.get("stages", []))
-    return keys
+        refs[LOCK_FILES].update(s["key"] for s in lock.get("stages", []) if s.get("key"))
+        if isinstance(lock.get("recipe"), str):
+            recipes.add(lock["recipe"])
+    for recipe, keys in (registered(ws, store) if store is not None else {}).items():
+        if recipe in recipes and recipe != LOCK_FILES:
+            refs[recipe] = set(keys)
+    return refs, recipes
 
 
 def parse_size(text: str) -> int:

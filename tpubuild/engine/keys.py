@@ -21,26 +21,37 @@ from tpubuild.engine.hashing import SCHEME, hash_bytes
 
 RECORD_SCHEMA = 2
 
-# Variables that change what TensorFlow computes or how (kernels, XLA, devices, threads,
+# Variables that change what TensorFlow computes or how (kernels, XLA, devices,
 # determinism, float formats). They are part of every key and passed to the workers.
 ENV_ALLOWLIST = (
     "CUDA_VISIBLE_DEVICES",
-    "OMP_NUM_THREADS",
     "TF_CUDNN_DETERMINISTIC",
     "TF_DETERMINISTIC_OPS",
     "TF_ENABLE_ONEDNN_OPTS",
     "TF_MLIR_ENABLE_MERGE_CONTROL_FLOW_PASS",
-    "TF_NUM_INTEROP_THREADS",
-    "TF_NUM_INTRAOP_THREADS",
     "TF_USE_LEGACY_KERAS",
     "TF_XLA_FLAGS",
     "XLA_FLAGS",
 )
+# Thread-pool sizes, passed to the workers but not keyed, like the machine's CPU count and
+# model that they stand in for. They size TensorFlow's inter- and intra-op pools
+# (tensorflow/core/common_runtime/process_util.cc: NumInterOpThreadsFromEnvironment,
+# NumIntraOpThreadsFromEnvironment; OMP_NUM_THREADS only in oneDNN-with-OpenMP builds,
+# which the pip wheel is not), so they change which thread sums what: the last bits of
+# measured figures (verification errors, latencies, a static-range calibration, all
+# marked measured in lock files), not what tpubuild's stages write (an export script that
+# trains is as machine-dependent as it is on another CPU). The XLA AOT compiler's child is
+# not given them (targets/xla_aot/libraries.py compiler_env). Checked on
+# the example workspace with the three set to 1 and to 8 against unset: its 62 unmeasured
+# stage outputs (export, tpu, bfloat16, io_shape, batch, quantize, warmup, the targets'
+# builds) byte-identical; with 8, the static-range calibration (measured) differed in its
+# last bits, as it does between CPUs (README: "What is hashed").
+ENV_THREADS = ("OMP_NUM_THREADS", "TF_NUM_INTEROP_THREADS", "TF_NUM_INTRAOP_THREADS")
 # Variables a worker needs to run at all. PYTHONPATH is passed but not keyed: what an
 # export imports from the workspace is discovered and hashed; modules from outside it are
 # installed packages, like TensorFlow (README: "What is hashed").
 ENV_PASSTHROUGH = ("HOME", "LANG", "LC_ALL", "LC_CTYPE", "PATH", "PYTHONPATH", "TMPDIR", "VIRTUAL_ENV",
-                   "SYSTEMROOT", "TPUBUILD_DEBUG", "TPUBUILD_QUIET_TENSORFLOW")
+                   "SYSTEMROOT", "TPUBUILD_DEBUG", "TPUBUILD_QUIET_TENSORFLOW", *ENV_THREADS)
 TOOLCHAIN_PACKAGES = {"tensorflow": ("tensorflow", "tensorflow-cpu", "tf-nightly"), "numpy": ("numpy",),
                       "protobuf": ("protobuf",)}
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tpubuild.engine.lockfile import read_lock_keys, same_keys
+from tpubuild.engine.lockfile import older_layout, read_lock_keys, same_keys
 from tpubuild.engine.records import discovered_final_key
 from tpubuild.engine.resolve import (
     Output,
@@ -83,6 +83,8 @@ class LockCheck:
         return f"{run.recipe.rel_file}: building would change {self.ws.display(run.recipe.lock_file)}: {problem}"
 
     def _problem(self, run: RecipeRun, lock: dict[str, Any]) -> str | None:
+        if older_layout(lock):
+            return "the lock file records the published version's number (written by an older tpubuild); build to rewrite it"
         recorded = {s.get("stage"): s for s in lock.get("stages") or []}
         stages = []
         for planned, (key_measured, _) in zip(run.plan, measured_flags(run.plan)):

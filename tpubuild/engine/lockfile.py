@@ -41,7 +41,6 @@ def lock_document(
     toolchain: dict[str, str],
     inputs: dict[str, str],
     stages: list[dict[str, Any]],
-    version: int | None,
     artifact: list[tuple[str, Any, bool]] | None = None,
     planning: str | None = None,
 ) -> dict[str, Any]:
@@ -60,7 +59,6 @@ def lock_document(
              **({"discovered": dict(sorted(s["discovered"].items()))} if s.get("discovered") else {})}
             for s in stages
         ],
-        "published_version": version,
         "artifact": [(name, value, bool(measured)) for name, value, measured in (artifact or [])],
     }
 
@@ -106,9 +104,8 @@ def lock_text(document: dict[str, Any]) -> str:
         if stage.get("discovered"):  # what its user code imported or looked for and found absent; packages it used
             lines.append("  discovered:  # what its code imported or used, and where an import looked and found nothing")
             lines.extend(f"    {_scalar(k)}: {_scalar(v)}" for k, v in stage["discovered"].items())
-    lines.append(f"published_version: {_scalar(document['published_version'])}")
+    lines.append("artifact:  # what was published: a reviewer's view of the change")
     if document.get("artifact"):
-        lines.append("artifact:  # what was published: a reviewer's view of the change")
         for name, value, measured in document["artifact"]:
             mark = f"  {MEASURED}" if measured else ""
             if isinstance(value, dict):
@@ -171,7 +168,8 @@ def _with_defaults(data: Any) -> dict[str, Any] | None:
     for stage in data.get("stages", []):
         stage.setdefault("measured", False)
         stage.setdefault("key_measured", False)
-    data.setdefault("artifact", {})
+    if data.get("artifact") is None:
+        data["artifact"] = {}
     return data
 
 
@@ -208,7 +206,7 @@ def _string(quoted: str) -> str:
 
 
 def _parse_layout(text: str) -> dict[str, Any]:
-    """The document `lock_text` wrote, up to its published version; _OtherLayout otherwise."""
+    """The document `lock_text` wrote, up to its `artifact:` section; _OtherLayout otherwise."""
     doc: dict[str, Any] = {}
     section: Any = None  # the mapping or list the indented lines fill
     inner: dict[str, Any] | None = None  # a stage's `discovered`
@@ -229,10 +227,10 @@ def _parse_layout(text: str) -> dict[str, Any]:
             if key in ("toolchain", "inputs", "stages") and not has_value:
                 section = doc[key] = [] if key == "stages" else {}
                 continue
+            if key == "artifact" and not has_value:
+                return doc  # the artifact's facts follow: a reviewer's, no key among them
             doc[key] = value
             section = None
-            if key == "published_version":
-                return doc  # the artifact's facts follow: a reviewer's, no key among them
         elif isinstance(section, dict) and indent == 2 and not dash and has_value:
             section[key] = value
         elif isinstance(section, list) and indent == 0 and dash and has_value:
@@ -255,11 +253,11 @@ def same_keys(recorded: dict[str, Any] | None, document: dict[str, Any]) -> bool
     `document`: the same recipe and digest, the same inputs, the same stages in the same
     order, each with the same key. A stage whose key hashes a measured output (its
     `key_measured`, known from the plan: read_lock cannot see the marker comment) is
-    compared by name only, as are the outputs, the published version, the toolchain
-    (every part of it that decides an output is in the keys) and the artifact's facts.
-    What a stage's user code imported is in its key; a lock file that does not record it
-    yet (written before it did) is rewritten, so that `build --check` can use it."""
-    if recorded is None:
+    compared by name only, as are the outputs, the toolchain (every part of it that
+    decides an output is in the keys) and the artifact's facts. What a stage's user code
+    imported is in its key; a lock file that does not record it yet (written before it
+    did) is rewritten, so that `build --check` can use it, as is one of the older layout."""
+    if recorded is None or older_layout(recorded):
         return False
     if (recorded.get("recipe"), recorded.get("recipe_digest")) != (document["recipe"], document["recipe_digest"]):
         return False
@@ -273,9 +271,18 @@ def same_keys(recorded: dict[str, Any] | None, document: dict[str, Any]) -> bool
                and (o.get("discovered") or {}) == (n.get("discovered") or {}) for o, n in zip(old, new))
 
 
-def write_lock(path: Path, document: dict[str, Any], force: bool = False) -> bool:
+def older_layout(recorded: dict[str, Any]) -> bool:
+    """Whether a lock file as read records what lock files no longer do: the number of the
+    version published locally (`published_version`, which made a revert leave the file
+    modified). The next build rewrites it, and `build --check` says so."""
+    return "published_version" in recorded
+
+
+def write_lock(path: Path, document: dict[str, Any], force: bool = False, history: Path | None = None) -> bool:
     """Write `document` atomically when a key changed (or with `force`, when any byte
-    would); False, and no write, otherwise."""
+    would); False, and no write, otherwise. With `history` (a file of the workspace's
+    state), the text a write replaces is remembered there, and a document whose keys an
+    earlier text records is written as that text (`recall`)."""
     text = lock_text(document)
     try:
         current = path.read_text()
@@ -285,5 +292,44 @@ def write_lock(path: Path, document: dict[str, Any], force: bool = False) -> boo
         return False
     if not force and current is not None and same_keys(parse_lock_keys(current), document):
         return False
+    if history is not None:
+        earlier = None if force else recall(history, document)
+        if current is not None:
+            remember(history, current)
+        text = earlier if earlier is not None else text
     write_text_atomic(path, text)
     return True
+
+
+# Texts a lock file's history keeps (newest first): enough for a change, its revert and a
+# few builds between them.
+HISTORY_LENGTH = 16
+
+
+def recall(history: Path, document: dict[str, Any]) -> str | None:
+    """The newest earlier text of the lock file that records the keys of `document`.
+    A build keeps a lock file whose keys match, whatever this machine measured
+    (`same_keys`): the file committed from another machine, changed by a build and then
+    reverted, is written back as it was, byte for byte, not with this machine's figures."""
+    for text in _history(history):
+        if same_keys(parse_lock_keys(text), document):
+            return text
+    return None
+
+
+def remember(history: Path, text: str) -> None:
+    """Keep `text`, a lock file's content a build is about to replace, in its history."""
+    texts = [text] + [t for t in _history(history) if t != text]
+    try:
+        history.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(history, json.dumps(texts[:HISTORY_LENGTH]))
+    except OSError:
+        pass  # only a memory: without it a revert writes this machine's measured figures
+
+
+def _history(history: Path) -> list[str]:
+    try:
+        texts = json.loads(history.read_text())
+    except (OSError, ValueError):
+        return []
+    return [t for t in texts if isinstance(t, str)] if isinstance(texts, list) else []

@@ -26,7 +26,7 @@ from typing import Any
 from tpubuild.engine.code import package_content_digest
 from tpubuild.engine.hashing import hash_bytes
 from tpubuild.engine.keys import canonical_dumps, current_input_hash, key_env
-from tpubuild.engine.lockfile import read_lock_keys
+from tpubuild.engine.lockfile import older_layout, read_lock_keys
 from tpubuild.engine.statcache import StatCache
 
 
@@ -94,7 +94,8 @@ def quick_check(start: Path, override: Path | None) -> int | None:
     names: set[str] = set()
     for recipe_file in files:
         lock = read_lock_keys(lock_file_of(recipe_file))
-        if lock is None or lock.get("recipe") in names or dict(lock.get("toolchain") or {}) != tools:
+        if lock is None or lock.get("recipe") in names or dict(lock.get("toolchain") or {}) != tools \
+                or older_layout(lock):
             return None
         chain = extends_chain(recipe_file)  # each file read once, to find its base and to hash it
         hashed = None if chain is None else [(path, hash_bytes(data)) for path, data in chain]

@@ -67,6 +67,9 @@ class RecipeRun:
     rows: list[Any] = field(default_factory=list)
     error: str | None = None
     version: int | None = None
+    # The publish step updated version `version` in place: the same model, re-measured
+    # (engine/version_refresh.py); no new version was published.
+    updated_in_place: bool = False
     # With `build --keep-going`: target -> why its chain failed; the rest still publishes.
     failed_targets: dict[str, str] = field(default_factory=dict)
 
@@ -292,6 +295,16 @@ class Resolver:
             content = hash_bytes(canonical_dumps({"files": content, "verified": verdicts}).encode())
         return content
 
+    def model_digest(self, run: RecipeRun, files: list[FileEntry]) -> str:
+        """What a published version holds that is the model: every published file but the
+        report stage's (figures measured on this machine, the HLO it printed), target
+        files included. Two builds with the same model digest publish one version
+        (versions.newest_same_model)."""
+        planned = run.plan[-1]
+        report = planned.consumes.get("report")
+        measured = {f.path for f in run.outputs[report].files} if report in run.outputs else set()
+        return tree_digest([f for f in files if f.path not in measured])
+
     def publish_key(self, run: RecipeRun, content: str) -> str:
         return hash_bytes(canonical_dumps({"stage": "publish", "recipe": run.name, "content": content}).encode())
 
@@ -313,10 +326,15 @@ class Resolver:
         """Why the publish step would write a new version (the newest one does not hold the result)."""
         from tpubuild.engine import versions
 
-        foreign = versions.foreign_in_newest(Path(self.ws.output_dir) / run.name)
-        return (f"the newest published version holds what tpubuild did not write ({', '.join(foreign[:3])}); "
-                "a new version is published beside it" if foreign else
-                "the newest published version has other content (or none exists)")
+        recipe_dir = Path(self.ws.output_dir) / run.name
+        foreign = versions.foreign_in_newest(recipe_dir)
+        if foreign:
+            return (f"the newest published version holds what tpubuild did not write ({', '.join(foreign[:3])}); "
+                    "a new version is published beside it")
+        same = versions.newest_same_model(recipe_dir, self.model_digest(run, self.publish_files(run)))
+        if same is not None:
+            return f"version {same} holds the same model with other figures: its report would be updated in place"
+        return "the newest published version has other content (or none exists)"
 
     # --- planning -----------------------------------------------------------------
     def resolve(self, run: RecipeRun) -> list[Resolved]:

@@ -19,8 +19,9 @@ workspaces and concurrent builds on one machine.
   sessions; `gc` and `verify-cache` hold it and wait for every live session to end, so
   nothing is collected from under a running build.
 - `v1/index.sqlite`: objects, stage records, and the workspaces that use this cache with
-  the stage keys each references; `gc` keeps everything a still-existing registered
-  workspace references.
+  the stage keys each references (per recipe, what its last build used; and what its
+  lock files name, engine/used_keys.py); `gc` keeps everything a still-existing
+  registered workspace references.
 
 Durability: every file is fsynced before the rename that publishes it, and the directory
 holding the new name after it; a killed process leaves no half entry, object or checkout.
@@ -277,14 +278,20 @@ class Store:
                 raise
             db.execute("COMMIT")
 
-    def register_workspace(self, root: Path, keys: set[str] | dict[str, set[str]], file: Path | None = None) -> None:
+    def register_workspace(self, root: Path, keys: set[str] | dict[str, set[str]], file: Path | None = None,
+                           only: set[str] | None = None) -> None:
         """Record which stage keys the workspace at `root` references (gc keeps them while
         the workspace exists). A set replaces all of the workspace's references; a dict
-        {recipe: keys} replaces those recipes' only (a build of some recipes)."""
+        {recipe: keys} replaces those recipes' only (a build of some recipes), and with
+        `only` drops the references of every recipe not in it (gc: recipes gone)."""
         root_s = os.fspath(Path(root).resolve())
         file_s = os.fspath(file or Path(root_s) / WORKSPACE_FILE)
         with self._transaction() as db:
             db.execute("INSERT OR REPLACE INTO workspaces VALUES (?, ?, ?)", (root_s, file_s, time.time()))
+            if only is not None:
+                kept = sorted(only)
+                db.execute(f"DELETE FROM refs WHERE root = ? AND recipe NOT IN ({', '.join('?' * len(kept))})",
+                           (root_s, *kept))
             if isinstance(keys, dict):
                 for recipe, recipe_keys in keys.items():
                     db.execute("DELETE FROM refs WHERE root = ? AND recipe = ?", (root_s, recipe))

@@ -2,7 +2,10 @@
 
 A version is assembled in a hidden temp directory beside the numbered ones, fsynced and
 renamed into place, so the highest number (what TF Serving serves) is always complete.
-A new number appears only when the content differs from the newest version's.
+A new number appears only when the model differs from the newest version's: its files,
+the report's aside (a manifest's `model` digest). A build that re-measured the same model
+(new verification figures, latencies, report) updates the newest version's report,
+manifest and provenance in place instead (engine/version_refresh.py).
 
 Publishing modes (workspace `link_type`):
 - `copy` (default): each file is a reflink of the cache object where the file system
@@ -176,6 +179,22 @@ def newest_matching(
         stat_cache.record(os.fspath(paths[rel]), os.stat(paths[rel]), entry.hash)
         if restored is not None:
             restored.append(paths[rel])
+    return numbers[-1]
+
+
+def newest_same_model(recipe_dir: Path, model: str) -> int | None:
+    """The newest version's number when it holds the model whose digest is `model` (its
+    manifest's `model`: every file but the report's, target files included) and nothing
+    tpubuild did not write; else None. A query: nothing is written (the build's publish
+    step updates that version in place, engine/version_refresh.py)."""
+    numbers = version_numbers(recipe_dir)
+    if not numbers:
+        return None
+    manifest = read_manifest(recipe_dir / str(numbers[-1]))
+    if not manifest or manifest.get("model") != model or manifest.get("recipe") != recipe_dir.name:
+        return None
+    if foreign_entries(recipe_dir, numbers[-1], manifest):
+        return None  # as in newest_matching: a new version is published beside it
     return numbers[-1]
 
 
