@@ -69,10 +69,13 @@ def bound_inputs(model: SavedModel, name: str) -> list[int] | str:
     fdef = model.functions[name]
     recorded = _recorded(model)
     sources = []
-    for index in range(len(fdef.signature.input_arg)):
+    for index, arg in enumerate(fdef.signature.input_arg):
         found = _arg_source(model, recorded, name, index, frozenset())
         if isinstance(found, str):
-            return f"argument {fdef.signature.input_arg[index].name}: {found}"
+            if arg.type != DT_RESOURCE:
+                found = _DATA  # a tensor the lowered body takes as a parameter, whatever made it
+            else:
+                return f"argument {arg.name}: {found}"
         sources.append(found)
     captured = [s for s in sources if s != _DATA]
     if sources[len(sources) - len(captured):] != captured:
@@ -93,34 +96,31 @@ def _recorded(model: SavedModel) -> set[str]:
 
 
 def _arg_source(model: SavedModel, recorded: set[str], name: str, index: int, seen: frozenset) -> int | str:
-    """The node id argument `index` of `name` is bound to, _DATA, or why not known."""
+    """The node id argument `index` of `name` is bound to, _DATA (an argument of a function
+    the object graph records, not one of its captures), or why not known."""
     fdef = model.functions[name]
     if name in recorded:
         bound = model.meta_graph.object_graph_def.concrete_functions[name].bound_inputs
         first = len(fdef.signature.input_arg) - len(bound)
         return bound[index - first] if index >= first else _DATA
-    resource = fdef.signature.input_arg[index].type == DT_RESOURCE
     if (name, index) in seen:
         return "it is passed around a recursive call"
     sites = model.call_sites(name)
     if not sites:
-        return "nothing calls its function and the object graph does not record it" if resource else _DATA
+        return "nothing calls its function and the object graph does not record it"
     found: set[int] = set()
     for caller, node in sites:
-        if node.op not in _PASS_THROUGH_CALLS or node.attr["f"].func.name != name:
-            return f"{caller} calls it through {node.op} node '{node.name}'"
         data = [i for i in node.input if not i.startswith("^")]
+        if node.op not in _PASS_THROUGH_CALLS or node.attr["f"].func.name != name or index >= len(data):
+            return f"{caller} calls it through {node.op} node '{node.name}'"
         source = _through_identities(model.functions[caller], data[index])
         args = [a.name for a in model.functions[caller].signature.input_arg]
-        if source in args:
-            upstream = _arg_source(model, recorded, caller, args.index(source), seen | {(name, index)})
-            if isinstance(upstream, str):
-                return upstream
-            found.add(upstream)
-        elif resource:
+        if source not in args:
             return f"{caller} passes it from '{source}', not from an argument"
-        else:
-            found.add(_DATA)
+        upstream = _arg_source(model, recorded, caller, args.index(source), seen | {(name, index)})
+        if isinstance(upstream, str):
+            return upstream
+        found.add(upstream)
     if len(found) > 1:
         return "its call sites pass it different objects"
     return found.pop()
