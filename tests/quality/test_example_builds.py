@@ -86,7 +86,7 @@ def test_two_tpu_functions_report_splits_cost_and_saves_hlo(workspace: Path) -> 
 def test_class_ids_are_verified_exactly(workspace: Path, name: str) -> None:
     """The examples' class id is an argmax (int64): compared element for element, judged
     (not reported as a comparison that says nothing), and not constant on the samples."""
-    version, report = published(workspace, name)
+    _, report = published(workspace, name)
     (output,) = [o for o in report["verify"]["outputs"] if o["output"] == "class_id"]
     assert output["exact"] is True and output["mismatched"] == 0 and output["elements"] == 16
     assert report["verify"]["vacuous"] == [] and report["verify"]["passed"] is True
