@@ -2,8 +2,9 @@
 
 token ids -> embedding lookup -> LSTM -> dense head (`tpu_func`, placed on the TPU) -> logits.
 
-The embedding lookup and the LSTM are composites that TensorFlow's LiteRT converter fuses
-into one op each (tensorflow/compiler/mlir/lite/transforms/prepare_composite_functions_tf.cc):
+The embedding lookup and the LSTM are composites that TensorFlow's LiteRT converter can fuse
+into one op each (tensorflow/compiler/mlir/lite/transforms/prepare_composite_functions_tf.cc;
+the recipe fuses the lookup only: a fused LSTM keeps its state between calls, see below):
 
   * `embedding_matmul` is annotated `experimental_implements="embedding_matmul"`; the
     converter replaces its body with EMBEDDING_LOOKUP(ids, table), so it must take
@@ -18,6 +19,10 @@ into one op each (tensorflow/compiler/mlir/lite/transforms/prepare_composite_fun
     Keras 3's own LSTM layer carries none of this (keras/src/backend/tensorflow/rnn.py),
     so the cell is written out here. The fused kernel clips the cell state to +-10
     (cell_clip 10.0 in ConvertKerasLSTMLayer); this model's cell state stays far inside.
+    `init_h` and `init_c` become the fused op's state: variable tensors the kernel updates
+    in place at every step (tensorflow/lite/kernels/lstm_eval.cc, LstmStepWithAuxInput),
+    so the next call starts from the last one's state (measured: the second call's logits
+    differ from the source's by 1.7e-2), where the source starts every call from zeros.
 
 Shapes are fixed ([1, 8] ids): the LSTM fusion needs a static batch, and XLA's AOT
 compiler needs static shapes anyway. The step loop is unrolled in Python so every op is

@@ -1,7 +1,10 @@
-"""The example recipes for quantization and the report build end to end with `tpubuild build`."""
+"""The example recipes for quantization and the report build end to end with `tpubuild build`,
+without a warning (the README's first build is every example's: CI's step 1 checks all of
+them; these and tests/targets/test_example_all_targets.py check the ones they build)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -15,7 +18,8 @@ import tensorflow as tf
 
 REPO = Path(__file__).resolve().parents[2]
 QUANTIZED = ["dynamic_range", "weight_only", "static_range_generator", "quantized"]
-RECIPES = [*QUANTIZED, "two_tpu_functions"]
+# toy and batch_function serve an argmax (`class_id`) beside their scores.
+RECIPES = [*QUANTIZED, "two_tpu_functions", "toy", "batch_function"]
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +32,13 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     result = subprocess.run([sys.executable, "-m", "tpubuild", "build", *RECIPES], cwd=root,
                             capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr
+    assert not warning_lines(result.stderr), result.stderr
     return root
+
+
+def warning_lines(stderr: str) -> list[str]:
+    """The build's warnings: `<recipe file>: stage <stage>: warning: ...` lines."""
+    return [line for line in stderr.splitlines() if "warning:" in line]
 
 
 def published(root: Path, name: str) -> tuple[Path, dict]:
@@ -70,3 +80,21 @@ def test_two_tpu_functions_report_splits_cost_and_saves_hlo(workspace: Path) -> 
     for label in ("tpu_func_1", "tpu_func_2"):
         assert (version / report["hlo"][label]["file"]).read_text().startswith("HloModule ")
     assert report["verify"]["passed"] is True and report["verify"]["tolerance"]["kind"] == "bfloat16"
+
+
+@pytest.mark.parametrize("name", ["toy", "batch_function"])
+def test_class_ids_are_verified_exactly(workspace: Path, name: str) -> None:
+    """The examples' class id is an argmax (int64): compared element for element, judged
+    (not reported as a comparison that says nothing), and not constant on the samples."""
+    _, report = published(workspace, name)
+    (output,) = [o for o in report["verify"]["outputs"] if o["output"] == "class_id"]
+    assert output["exact"] is True and output["mismatched"] == 0 and output["elements"] == 16
+    assert report["verify"]["vacuous"] == [] and report["verify"]["passed"] is True
+    # On inputs like verify's random ones (standard normal features), the classes differ:
+    # the comparison can tell a wrong class from a right one.
+    spec = importlib.util.spec_from_file_location(name, workspace / "recipes" / "models" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = module.Toy() if name == "toy" else module.BatchedClassifier()
+    x = np.random.default_rng(0).standard_normal((16, module.FEATURES)).astype(np.float32)
+    assert len(set(model.serve(tf.constant(x))["class_id"].numpy().tolist())) > 1

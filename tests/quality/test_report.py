@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from quality_helpers import Runner
@@ -53,6 +54,62 @@ def test_hlo_of_each_tpu_function_is_saved(runner: Runner, two_tpu: Path, two_tp
     assert "f32[1,32]" in first and "f32[32,64]" in first and "dot(" in first
     assert "f32[64,8]" in (got["dir"] / hlo["tpu_func_2"]["file"]).read_text()
     assert not [p.name for p in got["dir"].iterdir() if p.name.startswith(".")]
+
+
+def _without_metadata(hlo: str) -> str:
+    """HLO text without its metadata (the TF op names, which carry the callers' names)."""
+    return re.sub(r", metadata=\{[^}]*\}", "", hlo)
+
+
+def test_a_body_split_from_a_signature_has_its_hlo_and_cost(runner: Runner, dense_placed: dict[str, Path]) -> None:
+    """Placed by signature, the TPU body is a copy of the signature's function that no
+    object-graph node holds; its variables come from the signature's captures (tpu/captures.py).
+    Its HLO is the computation that placing the same function by alias lowers."""
+    source = dense_placed["alias"].parent.parent / "models" / "dense_aliased"
+    got = verify_and_report(runner, source, dense_placed["signature"], ["tpu"])
+    assert got["result"].warnings == []
+    (label, entry), = got["report"]["hlo"].items()
+    assert label.endswith("_tpu") and "error" not in entry, entry
+    (row,) = got["report"]["cost"]["tpu_functions"]
+    assert row["function"] == entry["function"] and row["cost"] == got["report"]["cost"]["tpu"] > 0
+    by_signature = (got["dir"] / entry["file"]).read_text()
+    assert "f32[64,128]" in by_signature and "f32[128,10]" in by_signature and "dot(" in by_signature
+
+    runner.inputs.clear()
+    runner.results.clear()
+    alias = verify_and_report(runner, source, dense_placed["alias"], ["tpu"])
+    assert alias["result"].warnings == []
+    by_alias = (alias["dir"] / alias["report"]["hlo"]["serve"]["file"]).read_text()
+    assert _without_metadata(by_signature) == _without_metadata(by_alias)
+
+
+def test_a_body_whose_variables_cannot_be_told_says_why(dense_placed: dict[str, Path], tmp_path: Path) -> None:
+    """A TPU body called with a resource its caller makes itself (no captured variable)
+    is not exposed; the report's line names the argument and the node."""
+    from tpubuild.savedmodel.model import SavedModel
+    from tpubuild.tpu.captures import bound_inputs
+    from tpubuild.tpu.hlo import function_hlo
+    from tpubuild.tpu.twin import make_cpu_twin
+
+    model = SavedModel.load(dense_placed["signature"], TAGS)
+    wrapper = model.signatures["serving_default"]
+    (body,) = model.callees(wrapper)
+    assert isinstance(bound_inputs(model, body), list) and len(bound_inputs(model, body)) == 3
+    (call,) = [n for n in model.functions[wrapper].node_def if n.op == "TPUPartitionedCall"]
+    handle = model.functions[wrapper].node_def.add(name="own_handle", op="VarHandleOp")
+    handle.attr["dtype"].type = 1
+    handle.attr["shape"].shape.unknown_rank = True
+    handle.attr["shared_name"].s = b"own_handle"
+    call.input[1] = "own_handle:resource:0"
+    model.invalidate()
+    edited = tmp_path / "edited"
+    edited.mkdir()
+    model.save(edited)
+    why = bound_inputs(SavedModel.load(edited, TAGS), body)
+    assert why == f"argument {model.functions[body].signature.input_arg[1].name}: {wrapper} passes it from " \
+                  "'own_handle:resource:0', not from an argument", why
+    make_cpu_twin(edited, tmp_path / "twin", TAGS)
+    assert function_hlo(tmp_path / "twin", TAGS, [body])[body] == {"error": f"{why}; no HLO"}
 
 
 def test_unplaced_model_is_all_cpu(runner: Runner, dense: Path) -> None:

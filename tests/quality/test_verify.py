@@ -199,3 +199,46 @@ def test_beside_a_source_that_cannot_take_random_inputs_the_verdict_is_on_the_da
     assert result.summary["passed"] is True and result.summary["verdict_on"] == "representative_dataset"
     assert result.summary["samples"]["serving_default"]["count"] == 2
     assert "fails on its verification samples" in result.summary["random_inputs"]["skipped"]
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory) -> Path:
+    """Scores and the class id (an argmax: int64) of 3 classes, as the example models serve them."""
+
+    class Classifier(tf.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = tf.Variable(np.random.default_rng(2).standard_normal((4, 3)).astype(np.float32))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32, name="x")])
+        def serve(self, x):
+            logits = tf.matmul(x, self.w)
+            return {"logits": logits, "class_id": tf.argmax(logits, axis=-1)}
+
+    path = tmp_path_factory.mktemp("classifier") / "model"
+    model = Classifier()
+    tf.saved_model.save(model, str(path), signatures={"serving_default": model.serve})
+    return path
+
+
+def test_an_integer_output_is_compared_exactly_and_never_called_vacuous(runner: Runner, classifier: Path) -> None:
+    """A class id is compared element for element: any difference fails, so no tolerance can
+    make its comparison say nothing (verdict.is_vacuous), whatever its values."""
+    from tpubuild.verify.compare import compare_outputs
+    from tpubuild.verify.verdict import is_vacuous, vacuous_warnings
+
+    runner.inputs["source"] = classifier
+    _, result = runner.run("verify", classifier, verify_options(["bfloat16"]))
+    assert result.warnings == [] and result.summary["vacuous"] == [] and result.summary["passed"] is True
+    by_name = {o["output"]: o for o in result.summary["outputs"]}
+    assert by_name["class_id"]["exact"] is True and by_name["logits"]["exact"] is False
+    # All zeros in both: equal, judged, not vacuous; one id off: a failure, not a tolerance.
+    zeros = np.zeros((4, 1), np.int64)
+    (same,) = compare_outputs("k", {"id": zeros}, {"id": zeros.copy()}, 2e-2, 1e-3)
+    (off,) = compare_outputs("k", {"id": zeros}, {"id": np.array([[0], [2], [0], [0]], np.int64)}, 2e-2, 1e-3)
+    assert same.passed and not is_vacuous(same, 2e-2, 1e-3) and vacuous_warnings([same], 2e-2, 1e-3) == []
+    assert (off.passed, off.mismatched) == (False, 1)
+    # A float output that small is still vacuous: the rule holds where a tolerance applies.
+    (tiny,) = compare_outputs("k", {"y": np.full((2, 1), 1e-9, np.float32)}, {"y": np.zeros((2, 1), np.float32)},
+                              2e-2, 1e-3)
+    assert tiny.passed and is_vacuous(tiny, 2e-2, 1e-3)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -40,6 +41,9 @@ RECIPES = {
                  "converter:\n  tpu_functions: [{function_alias: tpu_func}]\n" + BATCHING +
                  "  bfloat16_optimization: DISABLED\nverify:\n  samples: 8\n",
 }
+# orbax's serving signature placed whole: the TPU body is split from the signature wrapper
+# (no object-graph record of its own) and holds the alias's computation.
+RECIPES["jax_orbax_signature"] = RECIPES["jax_orbax"].replace("function_alias: tpu_func", "signature_name: serving_default")
 # jax_mlp with a tolerance bfloat16 cannot meet: verify fails, explain-error looks inside.
 RECIPES["jax_tight"] = RECIPES["jax_mlp"].replace("  samples: 8\n", "  samples: 8\n  rtol: 0.00001\n  atol: 0.0000001\n")
 BUILT = ("jax_mlp", "jax_orbax")
@@ -64,6 +68,29 @@ def test_jax2tf_and_orbax_exports_build_every_stage(jax_built):
         assert set(statuses(document, recipe).values()) == {"built"}, statuses(document, recipe)
     assert statuses(document, "jax_mlp")["bfloat16"] == "built"
     assert statuses(document, "jax_orbax")["batch"] == "built"
+
+
+def test_orbax_placed_by_signature_has_the_alias_hlo_and_cost_without_a_warning(jax_built):
+    """No `no HLO` warning on either placement, and the signature's TPU body lowers to the
+    alias's computation (metadata aside: it names the callers' ops)."""
+    ws, document, stderr = jax_built
+    stages = statuses(document, "jax_orbax_signature")
+    assert stages["tpu"] == stages["report"] == "built", stages  # its export is jax_orbax's, cached
+    assert set(stages.values()) <= {"built", "cached"}, stages
+    assert "no HLO" not in stderr, stderr
+    reports = [row for row in document["rows"] if row["recipe"] in ("jax_orbax", "jax_orbax_signature")
+               and row["stage"] == "report"]
+    assert len(reports) == 2 and not [row.get("warnings") for row in reports if row.get("warnings")], reports
+    hlo = {}
+    for recipe in ("jax_orbax", "jax_orbax_signature"):
+        version = ws / "out" / recipe / "1"
+        report = json.loads((version / "tpubuild-report.json").read_text())
+        (entry,) = report["hlo"].values()
+        (row,) = report["cost"]["tpu_functions"]
+        assert row["function"] == entry["function"] and row["cost"] > 0, (recipe, report["cost"])
+        hlo[recipe] = re.sub(r", metadata=\{[^}]*\}", "", (version / entry["file"]).read_text())
+        assert hlo[recipe].startswith("HloModule ") and " call(" in hlo[recipe], hlo[recipe]
+    assert hlo["jax_orbax_signature"] == hlo["jax_orbax"]
 
 
 def test_quantization_of_an_xla_call_module_is_refused_in_one_line(jax_built):

@@ -129,6 +129,30 @@ def test_no_unknown_rank_warning(keras_exported):
     assert not [w for w in warnings if "unknown rank" in w], warnings
 
 
+def test_every_placement_has_its_hlo_and_cost_in_the_report(keras_exported):
+    """model.export() is placed by signature: the TPU body split from the signature has no
+    object-graph record, and its variables come from the signature's captures
+    (tpu/captures.py). No `no HLO` warning; each report holds the body's HLO, taking the
+    input at batch size one and every variable it reads, and its cost."""
+    from tpubuild.savedmodel.model import SavedModel
+
+    ws, document = keras_exported
+    warnings = [w for row in document["rows"] for w in row.get("warnings", [])]
+    assert not [w for w in warnings if "HLO" in w], warnings
+    for recipe in RECIPES:
+        version = ws / "out" / recipe / "1"
+        report = json.loads((version / "tpubuild-report.json").read_text())
+        (entry,) = report["hlo"].values()
+        (row,) = report["cost"]["tpu_functions"]
+        assert row["function"] == entry["function"] and row["cost"] > 0, (recipe, report["cost"])
+        hlo = (version / entry["file"]).read_text()
+        entry_line = next(line for line in hlo.splitlines() if line.startswith("ENTRY "))
+        body = SavedModel.load(version).functions[entry["function"]]
+        # One HLO parameter per argument of the body: its inputs and its variables.
+        assert entry_line.count(": ") == len(body.signature.input_arg), (recipe, entry_line)
+        assert "[1," in entry_line, (recipe, entry_line)
+
+
 def test_every_published_version_restores_and_runs_in_the_session_loader(keras_exported):
     import tensorflow as tf
 

@@ -200,6 +200,38 @@ def test_signature_placed_on_tpu_becomes_a_thin_wrapper(zoo, tmp_path, inputs):
     assert_twin_matches(zoo, out, tmp_path, inputs)
 
 
+def test_a_signature_traced_with_jit_compile_false_is_placed(tmp_path):
+    """tf.function(jit_compile=False) (orbax's serving function) marks the signature's call
+    `_XlaMustCompile = false`; inside the TPU cluster TF's MLIR bridge refuses that beside
+    the cluster's tag, so placement drops it: the whole body is compiled anyway."""
+
+    class NotJit(tf.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = tf.Variable(np.arange(6, dtype=np.float32).reshape(2, 3))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32, name="x")], jit_compile=False)
+        def serve(self, x):
+            return {"y": tf.matmul(x, self.w)}
+
+    src = tmp_path / "src"
+    model = NotJit()
+    tf.saved_model.save(model, str(src), signatures={"serving_default": model.serve})
+    wrapper = SavedModel.load(src).signatures["serving_default"]
+    assert [n.attr["_XlaMustCompile"].b for n in SavedModel.load(src).functions[wrapper].node_def
+            if "_XlaMustCompile" in n.attr] == [False]
+    out = tmp_path / "placed"
+    result = place(src, out, [{"signature_name": "serving_default"}])  # the MLIR bridge's check included
+    (placement,) = result.summary["placed"]
+    body = SavedModel.load(out).functions[placement["function"]]
+    assert not [n.name for n in body.node_def if "_XlaMustCompile" in n.attr and not n.attr["_XlaMustCompile"].b]
+    x = tf.constant([[1.0, 2.0]])
+    twin = tmp_path / "twin"
+    make_cpu_twin(out, twin)
+    assert_close(run_signature(twin, "serving_default", x)["y"], run_signature(src, "serving_default", x)["y"],
+                 FLOAT32_REORDERED)
+
+
 def test_jit_compile_functions_placement(jit, tmp_path, inputs):
     out = tmp_path / "jit"
     result = place(jit, out, [{"jit_compile_functions": True}])

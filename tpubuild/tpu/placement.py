@@ -38,7 +38,7 @@ from tensorflow.core.framework.node_def_pb2 import NodeDef
 from tpubuild.errors import ConversionError
 from tpubuild.savedmodel.fnedit import CALL_OPS, TPU_CALL
 from tpubuild.savedmodel.model import SavedModel, node_functions
-from tpubuild.tpu.functions import TpuFunction
+from tpubuild.tpu.functions import XLA_MUST_COMPILE, TpuFunction
 
 ORDINAL_SELECTOR = "TPUOrdinalSelector"
 METADATA = "TPUReplicateMetadata"
@@ -152,8 +152,8 @@ def _plain_copies(model: SavedModel, targets: set[str]) -> dict[str, str]:
         copy = FunctionDef()
         copy.CopyFrom(snapshot[target])
         copy.signature.name = name
-        if "_XlaMustCompile" in copy.attr:
-            del copy.attr["_XlaMustCompile"]  # compiled as part of the computation that calls it
+        if XLA_MUST_COMPILE in copy.attr:
+            del copy.attr[XLA_MUST_COMPILE]  # compiled as part of the computation that calls it
         model.add_function(copy)
     # The copies call each other's copies, never the TPU bodies.
     for name in names.values():
@@ -314,7 +314,7 @@ def split_wrapper(model: SavedModel, name: str) -> str:
     wrapper = FunctionDef()
     wrapper.signature.CopyFrom(original.signature)
     for key, value in original.attr.items():
-        if key != "_XlaMustCompile":
+        if key != XLA_MUST_COMPILE:
             wrapper.attr[key].CopyFrom(value)
     for index, value in original.arg_attr.items():
         wrapper.arg_attr[index].CopyFrom(value)
@@ -378,6 +378,15 @@ def _mark_body(fdef: FunctionDef, cluster: str, metadata: dict[str, Any]) -> Non
     """Tag every node with the cluster, add TPUReplicateMetadata and the output chains, as tpu.rewrite does."""
     for node in fdef.node_def:
         node.attr[REPLICATE_ATTR].s = cluster.encode()
+        # A call traced with jit_compile=False (orbax's serving function, for one) carries
+        # `_XlaMustCompile = false`. Inside the cluster the whole body is compiled, and TF's
+        # MLIR bridge refuses an op with both that and the cluster's tag ("has both
+        # '_XlaMustCompile = false' and '_xla_compile_device_type' attribute which
+        # contradicts each other": CanonicalizeCompileAndReplicateAttributesPass,
+        # tensorflow/compiler/mlir/tensorflow/transforms/
+        # canonicalize_compile_and_replicate_attributes.cc).
+        if XLA_MUST_COMPILE in node.attr and not node.attr[XLA_MUST_COMPILE].b:
+            del node.attr[XLA_MUST_COMPILE]
     meta = fdef.node_def.add()
     meta.name = _unique_node_name(fdef, METADATA)
     meta.op = METADATA

@@ -1,7 +1,9 @@
 """The CPU twin of a TPU-placed SavedModel: TPU call sites mapped back to ordinary calls.
 
 Only the TPU plumbing is undone; BatchFunction, bfloat16 casts, IO reshapes stay, so
-running the twin on CPU checks every other rewrite numerically.
+running the twin on CPU checks every other rewrite numerically. A TPU body the object
+graph does not hold (one split from a signature) becomes an attribute of the twin's root
+with its variables bound (tpu/captures.py), so that the report can lower it to HLO.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from tensorflow.core.framework.node_def_pb2 import NodeDef
 
 from tpubuild.savedmodel.model import SavedModel
 from tpubuild.savedmodel.xla_call_module import OP as XLA_CALL_MODULE
+from tpubuild.tpu.captures import expose
 from tpubuild.tpu.placement import (
     COMPILATION_RESULT,
     METADATA,
@@ -42,7 +45,9 @@ TPU_ONLY_ATTRS = (REPLICATE_ATTR, OUTPUT_IDENTITY_ATTR, OUTPUT_SHARD_ATTR)
 def make_cpu_twin(src: Path, dst: Path, tags: list[str] | None = None) -> dict[str, int]:
     """Write the CPU twin of the SavedModel `src` into the empty directory `dst`; returns counts."""
     model = SavedModel.load(Path(src), tags)
+    bodies = tpu_call_targets(model)
     counts = untpu(model)
+    expose(model, bodies)  # those it cannot expose, report's HLO names with the reason
     Path(dst).mkdir(parents=True, exist_ok=True)
     model.save(Path(dst))
     return counts
@@ -101,6 +106,12 @@ def _made_from(src: Path) -> tuple:
             st = path.stat()
             found.append((str(path.relative_to(src)), st.st_ino, st.st_size, st.st_mtime_ns))
     return (str(src.resolve()), tuple(found))
+
+
+def tpu_call_targets(model: SavedModel) -> set[str]:
+    """The functions a TPUPartitionedCall calls: the TPU bodies."""
+    return {node.attr["f"].func.name for fdef in model.functions.values() for node in fdef.node_def
+            if node.op == TPU_CALL}
 
 
 def untpu(model: SavedModel) -> dict[str, int]:

@@ -58,6 +58,9 @@ class OutputError:
     elements: int
     nan_in_artifact: int = 0
     nan_in_source: int = 0
+    # Compared element for element (integer, bool, string outputs: class ids, token ids):
+    # any difference fails, so no tolerance can make the comparison vacuous.
+    exact: bool = False
 
     @property
     def passed(self) -> bool:
@@ -107,7 +110,8 @@ def compare_outputs(
 def _compare(key: str, name: str, ref: np.ndarray, got: np.ndarray, rtol: float, atol: float) -> OutputError:
     if ref.dtype.kind not in "fc" and got.dtype.kind not in "fc":
         unequal = int(np.sum(ref != got))
-        return OutputError(key, name, float(unequal > 0), float(unequal > 0), 0.0, None, unequal, int(ref.size))
+        return OutputError(key, name, float(unequal > 0), float(unequal > 0), 0.0, None, unequal, int(ref.size),
+                           exact=True)
     ref64, got64 = ref.astype(np.float64), got.astype(np.float64)
     # Error figures over the elements finite in both; the others are counted, never averaged in.
     finite = np.isfinite(ref64) & np.isfinite(got64)

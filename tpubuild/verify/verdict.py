@@ -82,9 +82,16 @@ def error_summary(errors: list[Any], tolerance: tuple[str, float, float], option
         "max_rel_error": max((e.max_rel_error for e in errors), default=0.0),
         "passed": all(e.passed for e in errors),
         # Outputs whose comparison could not fail (vacuous_warnings): not verified.
-        "vacuous": [f"{e.signature}/{e.output}" for e in errors
-                    if e.elements and e.max_reference <= atol + rtol * e.max_reference],
+        "vacuous": [f"{e.signature}/{e.output}" for e in errors if is_vacuous(e, rtol, atol)],
     }
+
+
+def is_vacuous(error: Any, rtol: float, atol: float) -> bool:
+    """An artifact returning zeros would pass: |0 - b| <= atol + rtol * max|b| for every
+    source value b. Never for an output compared exactly (integers, bools, strings: any
+    difference fails) nor for one holding NaN (which fails anyway)."""
+    return bool(error.elements and not error.exact and error.max_reference <= atol + rtol * error.max_reference
+                and not (error.nan_in_artifact or error.nan_in_source))
 
 
 def vacuous_warnings(errors: list[Any], rtol: float, atol: float, where: str = "verify") -> list[str]:
@@ -96,7 +103,7 @@ def vacuous_warnings(errors: list[Any], rtol: float, atol: float, where: str = "
         f"{e.max_reference:.3g}, within the tolerance (atol {atol:g}, rtol {rtol:g}): an artifact returning "
         "zeros would pass, so this comparison says nothing; give this recipe a smaller atol"
         for e in errors
-        if e.elements and e.max_reference <= atol + rtol * e.max_reference and not (e.nan_in_artifact or e.nan_in_source)
+        if is_vacuous(e, rtol, atol)
     ]
 
 
