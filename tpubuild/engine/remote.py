@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from tpubuild.engine.hashing import FileEntry, hash_file
 from tpubuild.engine.keys import canonical_dumps, stage_key
-from tpubuild.engine.records import DIGEST, StageEntry, discovered_final_key, parse_entry
+from tpubuild.engine.records import DIGEST, StageEntry, discovered_final_key, parse_candidate, parse_entry
 from tpubuild.engine.remote_backends import Backend, ObjectTooLarge, RemoteSetupError, open_backend
 from tpubuild.engine.remote_url import Timeouts
 
@@ -446,15 +446,9 @@ class RemoteCache:
 # --- records and candidates --------------------------------------------------------------
 def _parse_candidate(declared_key: str, raw: bytes) -> dict[str, Any] | None:
     try:
-        data = json.loads(raw)
-        files, final = data["files"], data["key"]
-    except (ValueError, TypeError, KeyError):
+        return parse_candidate(declared_key, json.loads(raw))
+    except ValueError:
         return None
-    if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
-        return None
-    if final != discovered_final_key(declared_key, files):
-        return None
-    return {"files": files, "key": final}
 
 
 def _stage_rel(key: str) -> str:
