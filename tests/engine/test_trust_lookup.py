@@ -1,0 +1,131 @@
+"""Issue 39: what a lookup reads from the cache is bound to its key (a dep file cannot send a
+stage to another record), and publish verifies the bytes it wrote before the version appears.
+Two real users (the second one needs root to be made) share a 2775 cache, umask 002."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.engine.conftest import CLI, REPO, build_json, export_recipe, statuses
+from tpubuild.engine.keys import stage_key
+
+CO_USER, GROUP = 4302, 4300  # the co-user and the group the cache is shared with (no passwd entry needed)
+NEEDS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="running a process as a second uid needs root")
+
+
+@pytest.fixture
+def shared_dir():
+    """A directory every user can reach (pytest's tmp dirs are 0700) holding `cache/`, made
+    as docs/shared-cache.md says: group GROUP, mode 2775."""
+    top = Path(tempfile.mkdtemp(prefix="tpubuild-shared-"))
+    os.chmod(top, 0o755)
+    cache = top / "cache"
+    cache.mkdir()
+    if os.geteuid() == 0:
+        os.chown(cache, -1, GROUP)
+    os.chmod(cache, 0o2775)
+    yield cache
+    shutil.rmtree(top, ignore_errors=True)
+
+
+def build_shared(ws: Path, *args: str, expect: int = 0) -> subprocess.CompletedProcess:
+    """`tpubuild build --json` as this user with umask 002 (a cache shared by a group)."""
+    result = subprocess.run([*CLI, "build", "--json", *args], cwd=ws, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, umask=0o002)
+    assert result.returncode == expect, result.stderr
+    return result
+
+
+def as_co_user(*command: str) -> None:
+    """Run `command` as the co-user, a member of the cache's group, umask 002."""
+    result = subprocess.run(list(command), user=CO_USER, group=GROUP, extra_groups=[GROUP], umask=0o002,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+def _lock_keys(ws: Path, recipe: str) -> dict[str, str]:
+    lock = yaml.safe_load((ws / "recipes" / f"{recipe}.lock.yaml").read_text())
+    return {stage["stage"]: stage["key"] for stage in lock["stages"]}
+
+
+def _dep_file(cache: Path, final_key: str) -> tuple[Path, list]:
+    """The dep file that leads from a user-code stage's declared key to `final_key`, and its candidates."""
+    record = json.loads((cache / "v1" / "stages" / final_key[:2] / f"{final_key}.json").read_text())
+    declared = stage_key({k: v for k, v in record["record"].items() if k != "discovered"})
+    path = cache / "v1" / "discovered" / declared[:2] / f"{declared}.json"
+    return path, json.loads(path.read_text())
+
+
+def _stale_export_setup(ws: Path, cache: Path, build) -> tuple[Path, str, str]:
+    """`cut` built with note "first", then with note "second": (its export's dep file, and
+    its candidate for the current files pointed at the first export's key), old key, new key."""
+    build(ws)
+    old = _lock_keys(ws, "cut")["export"]
+    notes = ws / "recipes" / "models" / "notes.py"
+    notes.write_text(notes.read_text().replace('"first"', '"second"'))
+    build(ws)
+    new = _lock_keys(ws, "cut")["export"]
+    assert new != old
+    path, candidates = _dep_file(cache, new)
+    newest = next(c for c in candidates if c["key"] == new)
+    return path, json.dumps([{"files": newest["files"], "key": old}]), new
+
+
+def _assert_current_export_published(ws: Path, result: subprocess.CompletedProcess, dep: Path, new: str) -> None:
+    assert _lock_keys(ws, "cut")["export"] == new
+    assert statuses(json.loads(result.stdout), "cut")["export"] == "built"
+    versions = sorted(int(p.name) for p in (ws / "out" / "cut").iterdir() if p.name.isdigit())
+    assert versions == [1, 2]  # the rebuilt export is the one already published: no version of the old one
+    assert (ws / "out" / "cut" / "2" / "assets" / "note.txt").read_text() == "second"
+    warnings = [line for line in result.stderr.splitlines() if "dep file" in line]
+    assert warnings == [f"warning: cache dep file {dep}: 1 candidate(s) whose key is not the final key of their "
+                        "files (not written by tpubuild); ignored"], result.stderr
+
+
+@NEEDS_ROOT
+def test_a_co_user_cannot_send_an_export_lookup_to_an_older_record(make_workspace, shared_dir):
+    # Before: the dep file's `key` was used as written; a co-user pointed the candidate that
+    # matches today's files at the victim's older export (a valid record, MACed by the
+    # victim), and the build said export: cached and published the old model.
+    ws = make_workspace({"cut": export_recipe("cut", "models/copy_export.py", "models/notes.py")})
+    with open(ws / "tpubuild.yaml", "a") as f:
+        f.write(f"cache_dir: {shared_dir}\n")
+    dep, forged, new = _stale_export_setup(ws, shared_dir, build_shared)
+    assert os.stat(dep.parent).st_gid == GROUP and os.stat(dep.parent).st_mode & 0o020  # the co-user may write here
+    as_co_user("/bin/sh", "-c", 'printf %s "$2" > "$1.new" && mv -f "$1.new" "$1"', "sh", str(dep), forged)
+    assert os.stat(dep).st_uid == CO_USER
+    result = build_shared(ws)
+    _assert_current_export_published(ws, result, dep, new)
+    # The stage's build rewrote the dep file with the candidates that check, its own among them.
+    assert [c["key"] for c in json.loads(dep.read_text())] == [new]
+
+
+def test_a_dep_file_edited_or_replaced_by_a_link_redirects_no_lookup(built_workspace, tmp_path):
+    ws = built_workspace
+    cache = ws / ".tpubuild" / "cache"
+    dep, forged, new = _stale_export_setup(ws, cache, build_json)
+    dep.write_text(forged)
+    result = subprocess.run([*CLI, "build", "--json"], cwd=ws, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr
+    _assert_current_export_published(ws, result, dep, new)
+    # A link in its place is not followed (its target, the user's file, is left alone) nor read.
+    elsewhere = tmp_path / "mine.json"
+    elsewhere.write_text(forged)
+    dep.unlink()
+    dep.symlink_to(elsewhere)
+    result = subprocess.run([*CLI, "build", "--json", "cut"], cwd=ws, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr
+    assert f"warning: cache dep file {dep}: not a regular file; ignored" in result.stderr.splitlines()
+    assert statuses(json.loads(result.stdout), "cut")["export"] == "built"
+    assert elsewhere.read_text() == forged and not dep.is_symlink()
+    assert _lock_keys(ws, "cut")["export"] == new
