@@ -9,8 +9,10 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
+import blake3
 import pytest
 import yaml
 
@@ -129,3 +131,84 @@ def test_a_dep_file_edited_or_replaced_by_a_link_redirects_no_lookup(built_works
     assert statuses(json.loads(result.stdout), "cut")["export"] == "built"
     assert elsewhere.read_text() == forged and not dep.is_symlink()
     assert _lock_keys(ws, "cut")["export"] == new
+
+
+def _swap(path: Path, content: str, co_user: bool) -> None:
+    """Rename a file holding `content` over `path` (a cache object in a group-writable shard)."""
+    command = ["/bin/sh", "-c", 'printf %s "$2" > "$1.new" && mv -f "$1.new" "$1"', "sh", str(path), content]
+    if co_user:
+        as_co_user(*command)
+    else:
+        subprocess.run(command, check=True, timeout=60)
+
+
+def test_publish_refuses_an_object_changed_between_its_check_and_its_copy(make_workspace, shared_dir):
+    # Before: publish copied each object without hashing the copy; an object swapped after
+    # the export's lookup checked it (during verify) was published and attested (EVIL).
+    # With root the swap is a co-user's (a second uid of the cache's group), else this user's.
+    ws = make_workspace({"cut": export_recipe("cut", "models/copy_export.py", "models/notes.py")})
+    with open(ws / "tpubuild.yaml", "a") as f:
+        f.write(f"cache_dir: {shared_dir}\n")
+    build = subprocess.Popen([*CLI, "build", "--json"], cwd=ws, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, umask=0o002)
+    obj = None
+    while obj is None and build.poll() is None:  # the export's record: its objects were checked
+        for record in (shared_dir / "v1" / "stages").glob("*/*.json"):
+            data = json.loads(record.read_text())
+            if data["stage"] == "export":
+                digest = next(h for p, h, _ in data["files"] if p == "assets/note.txt")
+                obj = shared_dir / "v1" / "objects" / digest[:2] / digest[2:]
+        time.sleep(0.01)
+    assert obj is not None, build.communicate()
+    _swap(obj, "EVIL", co_user=os.geteuid() == 0)
+    out, err = build.communicate(timeout=300)
+    assert build.returncode == 1, err
+    assert statuses(json.loads(out), "cut")["publish"] == "failed"
+    errors = [line for line in err.splitlines() if "publish" in line]
+    assert errors == [f"recipes/cut.yaml: stage publish: cache object {obj} changed after it was checked (what was "
+                      f"read from it hashes {blake3.blake3(b'EVIL').hexdigest()[:16]}, not {digest[:16]}); nothing "
+                      "published, build again"], err
+    assert not [p for p in (ws / "out" / "cut").iterdir()]  # nothing published, no temp directory left
+    # The next build finds the object damaged, rebuilds the export and publishes it.
+    document = build_json(ws)
+    assert statuses(document, "cut")["export"] == "built"
+    published = [p for p in (ws / "out" / "cut").iterdir()]
+    assert len(published) == 1 and (published[0] / "assets" / "note.txt").read_text() == "first"
+
+
+@pytest.mark.parametrize("link_type", ["copy", "hardlink"])
+def test_every_published_file_is_checked_before_any_version_appears(tmp_path, link_type):
+    # Objects that changed after their check: one in a target version, one in a restore.
+    from tpubuild.engine import versions
+    from tpubuild.engine.hashing import FileEntry, hash_file
+    from tpubuild.errors import StageError
+
+    objects = tmp_path / "objects"
+    objects.mkdir()
+    pairs = []
+    for rel, content in (("saved_model.pb", b"model"), ("cpu_savedmodel/saved_model.pb", b"cpu model")):
+        obj = objects / rel.replace("/", "-")
+        obj.write_bytes(content)
+        os.chmod(obj, 0o444)
+        pairs.append((FileEntry(rel, hash_file(obj), len(content)), obj))
+    manifest = {"recipe": "r", "content": "c", "files": {"saved_model.pb": pairs[0][0].hash},
+                "targets": {"cpu_savedmodel": {"files": {"saved_model.pb": pairs[1][0].hash}}}}
+    recipe_dir, reserved = tmp_path / "out" / "r", tmp_path / "reserved"  # number 1 stays used
+    changed = pairs[1][1]
+    os.chmod(changed, 0o644)
+    changed.write_bytes(b"EVIL model")
+    with pytest.raises(StageError, match=f"cache object {changed} changed after it was checked"):
+        versions.publish(recipe_dir, pairs, manifest, None, link_type=link_type, reservation=reserved)
+    assert sorted(os.listdir(recipe_dir)) == ["cpu_savedmodel"] and not os.listdir(recipe_dir / "cpu_savedmodel")
+    changed.write_bytes(b"cpu model")
+    assert versions.publish(recipe_dir, pairs, manifest, None, link_type=link_type, reservation=reserved) == 2
+    published = recipe_dir / "2" / "saved_model.pb"
+    assert published.read_bytes() == b"model"
+    assert (recipe_dir / "cpu_savedmodel" / "2" / "saved_model.pb").read_bytes() == b"cpu model"
+    # A damaged published file is restored only with bytes that hash as its manifest says.
+    os.chmod(published, 0o644) if link_type == "copy" else published.unlink()
+    published.write_bytes(b"damaged")
+    os.chmod(pairs[0][1], 0o644)
+    pairs[0][1].write_bytes(b"EVIL")
+    restored, lost = versions.repair_version(recipe_dir / "2", lambda digest: pairs[0][1], link_type)
+    assert (restored, lost) == ([], [published]) and published.read_bytes() == b"damaged"
