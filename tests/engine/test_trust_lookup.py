@@ -212,3 +212,36 @@ def test_every_published_file_is_checked_before_any_version_appears(tmp_path, li
     pairs[0][1].write_bytes(b"EVIL")
     restored, lost = versions.repair_version(recipe_dir / "2", lambda digest: pairs[0][1], link_type)
     assert (restored, lost) == ([], [published]) and published.read_bytes() == b"damaged"
+
+
+def test_an_upload_signs_the_record_the_build_made_not_the_file_under_its_name(tmp_path):
+    # The upload read the local record file back and signed those bytes: a co-user who
+    # replaced it (the stages/ shard of a shared cache is group-writable) between the
+    # build's write and the upload had this builder vouch for their files under its key.
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from tpubuild.engine.record_signing import key_id
+    from tpubuild.engine.remote import RemoteCache
+    from tpubuild.engine.statcache import StatCache
+    from tpubuild.engine.store import Store
+
+    store = Store(tmp_path / "cache")
+    outputs = {}
+    for name, key in (("mine", "a" * 64), ("theirs", "b" * 64)):
+        work = store.new_workdir(name)
+        (Path(work) / "model.bin").write_text(name)
+        outputs[name] = store.put(key, "export", Path(work), {}, [], {"stage": name}, StatCache(None))
+    mine = outputs["mine"]
+    theirs = json.loads(store.entry_path(outputs["theirs"].key).read_text())
+    theirs["key"] = mine.key
+    store.entry_path(mine.key).write_text(json.dumps(theirs))
+    key = ec.generate_private_key(ec.SECP256R1())
+    remote = RemoteCache(f"file://{tmp_path / 'remote'}", signing_key=key)
+    remote.connect()
+    assert remote.push_entry(mine, store)
+    signed = tmp_path / "remote" / "v1" / "signed" / key_id(key.public_key()) / mine.key[:2] / f"{mine.key}.json"
+    for path in (signed, tmp_path / "remote" / "v1" / "stages" / mine.key[:2] / f"{mine.key}.json"):
+        document = json.loads(path.read_text())
+        record = json.loads(document["record"]) if "signature" in document else document
+        assert (record["key"], record["files"]) == (mine.key, [[f.path, f.hash, f.size] for f in mine.files]), path
+    store.close()

@@ -411,10 +411,10 @@ class RemoteCache:
             return False
         if not self.push_objects(entry.files, store, stat_cache):
             return False
-        try:
-            data = store.entry_path(entry.key).read_bytes()  # byte for byte the local record
-        except OSError:
-            data = json.dumps(entry.to_json(), sort_keys=True).encode()
+        # The record this build made, not the file under its name now: whoever can write the
+        # cache can replace that file, and the upload (signed with this builder's key) would
+        # vouch for their files under this key.
+        data = json.dumps(entry.to_json(), sort_keys=True).encode()
         try:
             created = self._write(lambda io: io.create(_stage_rel(entry.key), data))
         except _Off:
