@@ -5,7 +5,8 @@ for it must be the record's (else it is stale, engine/lockshape.py); a fresh clo
 has none (CI), and then the lock file's outputs are trusted as below. A lock file no build
 wrote (a key given twice, an unknown field or stage) is named with its line.
 
-A build rewrites a lock file only when a key it records changed (lockfile.same_keys). So
+A build rewrites a lock file only when a key it records changed (lockfile.same_keys), or
+when it is malformed or stale (above). So
 each stage's key is computed the way the resolver computes it (engine/resolve.py
 `record_for`): from the recipe's options, the stage code digests, the toolchain, the
 hashes of its input files (through the stat cache), and, for an output of an earlier

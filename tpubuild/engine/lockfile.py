@@ -11,8 +11,9 @@ floats, such as verification errors, and everything keyed on them) end with MEAS
 `.ci/run` rebuilds the example workspace on a machine that did not write the lock files
 (`build --relock`) and compares them with `git diff --exit-code -I '<MEASURED>$'`.
 
-A build rewrites a lock file only when a key it records changed (`same_keys`): a clean
-checkout built on another machine stays clean, whatever that machine measured (a
+A build rewrites a lock file only when a key it records changed (`same_keys`), or when no
+build wrote it as it is (engine/lockshape.py: malformed, an output its key did not make):
+a clean checkout built on another machine stays clean, whatever that machine measured (a
 verification error, a calibrated output's size). Measured figures belong in the report.
 """
 

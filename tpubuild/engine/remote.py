@@ -411,10 +411,7 @@ class RemoteCache:
             return False
         if not self.push_objects(entry.files, store, stat_cache):
             return False
-        # The record this build made, not the file under its name now: whoever can write the
-        # cache can replace that file, and the upload (signed with this builder's key) would
-        # vouch for their files under this key.
-        data = json.dumps(entry.to_json(), sort_keys=True).encode()
+        data = _record_bytes(entry, store)
         try:
             created = self._write(lambda io: io.create(_stage_rel(entry.key), data))
         except _Off:
@@ -444,6 +441,22 @@ class RemoteCache:
 
 
 # --- records and candidates --------------------------------------------------------------
+def _record_bytes(entry: StageEntry, store: Store) -> bytes:
+    """What to upload for `entry`: the local record byte for byte when it still says what
+    the build made, else `entry` itself. Whoever can write the cache can replace that file
+    between the build's write and this upload, and the upload (signed with this builder's
+    key) would vouch for their files under this key."""
+    try:
+        data = store.entry_path(entry.key).read_bytes()
+    except OSError:
+        data = b""
+    local, _ = parse_entry(entry.key, data, hash_record=False) if data else (None, "")
+    same = local is not None and (local.stage, local.tree, local.files, local.summary, local.warnings,
+                                  local.record) == (entry.stage, entry.tree, entry.files, entry.summary,
+                                                    entry.warnings, entry.record)
+    return data if same else json.dumps(entry.to_json(), sort_keys=True).encode()
+
+
 def _parse_candidate(declared_key: str, raw: bytes) -> dict[str, Any] | None:
     try:
         return parse_candidate(declared_key, json.loads(raw))
