@@ -20,6 +20,7 @@ from tpubuild.engine import target_versions
 from tpubuild.engine.imports import ABSENT
 from tpubuild.engine.keys import installed_dist, toolchain, worker_env
 from tpubuild.engine.lockfile import lock_document, write_lock
+from tpubuild.engine.lockshape import rewrite_reason
 from tpubuild.engine.quickcheck import planning_digest
 from tpubuild.engine.resolve import (
     Output,
@@ -533,8 +534,12 @@ class Engine:
         }
 
     def write_lock(self, run: RecipeRun) -> None:
-        write_lock(run.recipe.lock_file, lock_for(run, self.stat, self.ws.file), force=self.relock,
-                   history=Path(self.ws.state_dir) / "lock-history" / f"{run.name}.json")
+        path, document = run.recipe.lock_file, lock_for(run, self.stat, self.ws.file)
+        # Keys the build's but a malformed or stale file (engine/lockshape.py): rewritten, said once.
+        why = None if self.relock else rewrite_reason(path, self.ws.display, document)
+        history = Path(self.ws.state_dir) / "lock-history" / f"{run.name}.json"
+        if write_lock(path, document, force=self.relock or why is not None, history=history) and why is not None:
+            self.errors(f"{run.recipe.rel_file}: rewrote {self.ws.display(path)}: {why}")
 
 
 def lock_for(run: RecipeRun, stat: StatCache, ws_file: Path) -> dict[str, Any]:
@@ -552,9 +557,11 @@ def lock_for(run: RecipeRun, stat: StatCache, ws_file: Path) -> dict[str, Any]:
     # Whether the published model's output may differ between machines.
     model_measured = dict(zip((p.name for p in run.plan), (m for _, m in flags)))[run.plan[-1].consumes["model"]]
     recipe = run.recipe
-    planning = planning_digest(ws_file, stat, recipe.files or [recipe.file], Path(recipe.root), stages, recipe)
-    return lock_document(run.name, recipe.digest, toolchain(), run_inputs(run), stages,
-                         artifact_facts(run, model_measured), planning=planning)
+    document = lock_document(run.name, recipe.digest, toolchain(), run_inputs(run), stages,
+                             artifact_facts(run, model_measured))
+    document["planning"] = planning_digest(ws_file, stat, recipe.files or [recipe.file], Path(recipe.root),
+                                           document, recipe)
+    return document
 
 
 def artifact_facts(run: RecipeRun, model_measured: bool) -> list[tuple[str, Any, bool]]:
@@ -626,7 +633,7 @@ def lock_problem(engine: Engine, run: RecipeRun, states: list[Any]) -> str | Non
         return None if current == lock_text(document) else "the lock file does not record this machine's build"
     if not same_keys(parse_lock_keys(current), document):
         return "the lock file does not record the current build"
-    return None
+    return rewrite_reason(run.recipe.lock_file, engine.ws.display, document, Path(engine.ws.output_dir) / run.name)
 
 
 def up_to_date(engine: Engine, run: RecipeRun) -> bool:

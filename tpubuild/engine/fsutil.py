@@ -15,6 +15,7 @@ import stat
 from pathlib import Path
 
 from tpubuild.atomic import fsync_path
+from tpubuild.engine.hashing import hash_file
 from tpubuild.errors import StageError
 
 # linux/fs.h: _IOW(0x94, 9, int). Shares the source's extents (btrfs, XFS with
@@ -87,7 +88,7 @@ def open_regular(src: Path | str, follow: bool = False) -> tuple[int, os.stat_re
 
 
 def place_file(src: Path | str, dst: Path | str, link_type: str = "copy", durable: bool = True,
-               follow: bool = False) -> str:
+               follow: bool = False, expect: str | None = None) -> str:
     """Create `dst` (which must not exist) with the content of `src`: a hard link when
     `link_type` is "hardlink" (falling back to a copy across file systems), else a
     reflink or copy. The file is read-only (0444) and fsynced when `durable`.
@@ -97,24 +98,34 @@ def place_file(src: Path | str, dst: Path | str, link_type: str = "copy", durabl
     symlink itself, and a copy through it copies whatever it points to now. A hard link is
     made only to a file this user owns and only when the name still is the inode that was
     checked: another user's file in a shared cache can be rewritten by its owner later,
-    so it is copied."""
+    so it is copied.
+
+    With `expect` (the object's BLAKE3), what was written is hashed and must be it, else
+    `dst` is removed and a StageError names `src`: the object was checked earlier (its
+    lookup), and whoever can write the cache can change it between that check and this
+    copy (publish attests these bytes)."""
     fd, st = open_regular(src, follow)
     try:
+        how = None
         if link_type == "hardlink" and st.st_uid == os.getuid():
             try:
                 os.link(src, dst)
                 linked = os.lstat(dst)
                 if (linked.st_dev, linked.st_ino) == (st.st_dev, st.st_ino):
-                    return "hardlink"
-                os.unlink(dst)  # the name was swapped after the check: copy what was checked
+                    how = "hardlink"
+                else:
+                    os.unlink(dst)  # the name was swapped after the check: copy what was checked
             except OSError as exc:
                 if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
                     raise
-        with os.fdopen(os.dup(fd), "rb") as fsrc:
-            how = clone_or_copy(fsrc, dst)
-        os.chmod(dst, 0o444)
-        if durable:
-            fsync_path(dst)
+        if how is None:
+            with os.fdopen(os.dup(fd), "rb") as fsrc:
+                how = clone_or_copy(fsrc, dst)
+            os.chmod(dst, 0o444)
+            if durable:
+                fsync_path(dst)
+        if expect is not None:
+            _check_written(src, dst, expect)
         return how
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
@@ -124,9 +135,21 @@ def place_file(src: Path | str, dst: Path | str, link_type: str = "copy", durabl
         os.close(fd)
 
 
-def replace_file(src: Path | str, dst: Path | str, link_type: str = "copy") -> None:
+def _check_written(src: Path | str, dst: Path | str, expect: str) -> None:
+    """`dst` (a copy, reflink or hard link of `src`) hashes to `expect`, or it is removed
+    and a StageError says `src` changed. A hard link is the object's own inode: hashed too,
+    as cheap as a copy's pages, which the copy left in the page cache."""
+    actual = hash_file(dst)
+    if actual != expect:
+        os.unlink(dst)
+        raise StageError(f"cache object {src} changed after it was checked (what was read from it hashes "
+                         f"{actual[:16]}, not {expect[:16]}); nothing published, build again")
+
+
+def replace_file(src: Path | str, dst: Path | str, link_type: str = "copy", expect: str | None = None) -> None:
     """Atomically replace `dst` with a fresh file holding `src`'s content (temp + rename):
-    a reader that has `dst` open keeps the old inode, a new open gets the new content."""
+    a reader that has `dst` open keeps the old inode, a new open gets the new content.
+    `expect`: as place_file's, checked before the rename."""
     dst = os.fspath(dst)
     tmp = os.path.join(os.path.dirname(dst), f".restore-{os.getpid()}-{os.path.basename(dst)}")
     try:
@@ -134,7 +157,7 @@ def replace_file(src: Path | str, dst: Path | str, link_type: str = "copy") -> N
     except FileNotFoundError:
         pass
     try:
-        place_file(src, tmp, link_type)
+        place_file(src, tmp, link_type, expect=expect)
         os.rename(tmp, dst)
     except BaseException:
         try:

@@ -1,8 +1,12 @@
 """`build --check`: would building change a lock file? Answered from the lock files and the
-workspace alone, at the cost of a no-op build: no stage record, no dep file, no published
-version is read (CI runs it in a fresh clone, whose cache is empty), nor TensorFlow.
+workspace, at the cost of a no-op build: no dep file is read, nor TensorFlow. Where the
+cache has a record of this user's for a key the lock file records, the lock file's output
+for it must be the record's (else it is stale, engine/lockshape.py); a fresh clone's cache
+has none (CI), and then the lock file's outputs are trusted as below. A lock file no build
+wrote (a key given twice, an unknown field or stage) is named with its line.
 
-A build rewrites a lock file only when a key it records changed (lockfile.same_keys). So
+A build rewrites a lock file only when a key it records changed (lockfile.same_keys), or
+when it is malformed or stale (above). So
 each stage's key is computed the way the resolver computes it (engine/resolve.py
 `record_for`): from the recipe's options, the stage code digests, the toolchain, the
 hashes of its input files (through the stat cache), and, for an output of an earlier
@@ -25,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from tpubuild.engine.lockfile import older_layout, read_lock_keys, same_keys
+from tpubuild.engine.lockshape import defect, stale_output, well_formed
 from tpubuild.engine.records import discovered_final_key
 from tpubuild.engine.resolve import (
     Output,
@@ -53,6 +58,7 @@ class LockCheck:
         self.stat = StatCache(Path(ws.state_dir) / "statcache.json")
         self.resolver = Resolver(ws, None, self.stat)  # keys only: it never looks in a store
         self._engine: Any = None
+        self._store: Any = None  # the cache, read for the outputs of the lock file's keys
 
     @property
     def engine(self) -> Any:
@@ -67,7 +73,11 @@ class LockCheck:
         """None when building would leave the recipe's lock file as it is, else one line
         saying why not (or why it cannot be told)."""
         lock = read_lock_keys(run.recipe.lock_file)
-        if lock is None:
+        stages = [planned.name for planned in run.plan]
+        malformed = self._malformed(run, stages) if lock is None or not well_formed(lock, stages) else None
+        if malformed is not None:
+            problem = f"malformed: {malformed}"
+        elif lock is None:
             problem = "no lock file" if not run.recipe.lock_file.exists() else \
                 "the lock file does not record the current build"
         else:
@@ -82,12 +92,32 @@ class LockCheck:
             return None
         return f"{run.recipe.rel_file}: building would change {self.ws.display(run.recipe.lock_file)}: {problem}"
 
+    def _malformed(self, run: RecipeRun, stages: list[str]) -> str | None:
+        """Where the lock file is one no build wrote (engine/lockshape.py), or None."""
+        try:
+            text = run.recipe.lock_file.read_text()
+        except OSError:
+            return None
+        return defect(text, self.ws.display(run.recipe.lock_file), stages)
+
+    def _cached_output(self, key: str | None) -> str | None:
+        """The output the cache records for `key` (a record of this user's), or None: a
+        fresh clone's cache has none, and then the lock file's outputs are trusted."""
+        if not key:
+            return None
+        if self._store is None:
+            from tpubuild.engine.store import Store
+
+            self._store = Store(self.ws.cache_dir, report=lambda message: None)  # the build says what is damaged
+        entry = self._store.get(key)
+        return entry.tree if entry is not None else None
+
     def _problem(self, run: RecipeRun, lock: dict[str, Any]) -> str | None:
         if older_layout(lock):
             return "the lock file records the published version's number (written by an older tpubuild); build to rewrite it"
         recorded = {s.get("stage"): s for s in lock.get("stages") or []}
         stages = []
-        for planned, (key_measured, _) in zip(run.plan, measured_flags(run.plan)):
+        for planned, (key_measured, measured) in zip(run.plan, measured_flags(run.plan)):
             old = recorded.get(planned.name)
             if old is None:
                 return f"stage {planned.name} would run (not built before (no entry in the lock file))"
@@ -109,7 +139,11 @@ class LockCheck:
                             "(written by an older tpubuild); build to rewrite it")
                 why = self._reasons(run, lock, old, key, record, reasons)
                 return f"stage {planned.name} would run ({'; '.join(why)})"
-            # Later keys hash this output as the lock file records it (trusted: the key matches).
+            made = None if measured else self._cached_output(key)
+            if made is not None and made != old.get("output"):  # a measured output differs between machines
+                return stale_output(planned.name, old.get("output"), made)
+            # Later keys hash this output as the lock file records it (trusted: the key matches,
+            # and the cache, when it has the key, made that output).
             run.outputs[planned.name] = Output(planned.name, old.get("key"), old.get("output"), Path(), [],
                                                record={**record, **({"discovered": discovered}
                                                                     if discovered is not None else {})})

@@ -11,8 +11,9 @@ floats, such as verification errors, and everything keyed on them) end with MEAS
 `.ci/run` rebuilds the example workspace on a machine that did not write the lock files
 (`build --relock`) and compares them with `git diff --exit-code -I '<MEASURED>$'`.
 
-A build rewrites a lock file only when a key it records changed (`same_keys`): a clean
-checkout built on another machine stays clean, whatever that machine measured (a
+A build rewrites a lock file only when a key it records changed (`same_keys`), or when no
+build wrote it as it is (engine/lockshape.py: malformed, an output its key did not make):
+a clean checkout built on another machine stays clean, whatever that machine measured (a
 verification error, a calibrated output's size). Measured figures belong in the report.
 """
 
@@ -133,11 +134,15 @@ def read_lock(path: Path) -> dict[str, Any] | None:
 def parse_lock(text: str) -> dict[str, Any] | None:
     """The lock document in `text` (a lock file already read), or None when it is not one
     of this schema."""
-    import yaml  # only for a layout lock_text does not write: `build --check` reads the others without it
+    # Only for a layout lock_text does not write: `build --check` reads the others without
+    # YAML. The recipes' loader: a key given twice (a second `stages:` from a bad merge) makes
+    # the file unreadable, not the last one silently read (engine/lockshape.py says where).
+    from tpubuild.config.yamlload import load_yaml
+    from tpubuild.errors import ConfigError
 
     try:
-        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except (yaml.YAMLError, ValueError):
+        data, _ = load_yaml(text, "lock file")
+    except (ConfigError, ValueError):
         return None
     return _with_defaults(data)
 
@@ -206,11 +211,13 @@ def _string(quoted: str) -> str:
 
 
 def _parse_layout(text: str) -> dict[str, Any]:
-    """The document `lock_text` wrote, up to its `artifact:` section; _OtherLayout otherwise."""
+    """The document `lock_text` wrote, up to its `artifact:` section; _OtherLayout otherwise
+    (a key given twice too: parse_lock refuses it)."""
     doc: dict[str, Any] = {}
     section: Any = None  # the mapping or list the indented lines fill
     inner: dict[str, Any] | None = None  # a stage's `discovered`
-    for line in text.splitlines():
+    lines = text.splitlines()
+    for number, line in enumerate(lines):
         if not line or line.startswith("#"):
             continue
         match = _LINE.fullmatch(line)
@@ -228,10 +235,14 @@ def _parse_layout(text: str) -> dict[str, Any]:
                 section = doc[key] = [] if key == "stages" else {}
                 continue
             if key == "artifact" and not has_value:
-                return doc  # the artifact's facts follow: a reviewer's, no key among them
+                # The artifact's facts follow: a reviewer's, no key among them; a field after
+                # them is not lock_text's (engine/lockshape.py names it).
+                if any(rest[:1] not in ("", " ", "#") for rest in lines[number + 1:]):
+                    raise _OtherLayout
+                return doc
             doc[key] = value
             section = None
-        elif isinstance(section, dict) and indent == 2 and not dash and has_value:
+        elif isinstance(section, dict) and indent == 2 and not dash and has_value and key not in section:
             section[key] = value
         elif isinstance(section, list) and indent == 0 and dash and has_value:
             section.append({key: value})
@@ -241,7 +252,7 @@ def _parse_layout(text: str) -> dict[str, Any]:
             inner = None if has_value else section[-1][key]
             if key == "key" and comment == MEASURED:
                 section[-1]["key_measured"] = True  # the marker lock_text writes; the YAML parser drops it
-        elif inner is not None and indent == 4 and not dash and has_value:
+        elif inner is not None and indent == 4 and not dash and has_value and key not in inner:
             inner[key] = value
         else:
             raise _OtherLayout

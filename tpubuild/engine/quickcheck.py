@@ -9,9 +9,10 @@ building would not change the lock file. That is the no-op memo's proof (engine/
 made from content instead of stats, which a fresh clone has. Anything else and the full
 check (engine/lockcheck.py) decides, computing the keys and naming the stage and cause.
 
-The digest also covers the stage keys as the lock file records them: a key line edited by
+The digest also covers the lock file's own content as the build wrote it (`_pinned`:
+stage names, keys, outputs, inputs, version), measured values aside: a line edited by
 hand or stitched together by a merge no longer matches, and the full check, which
-computes the keys, finds it.
+computes the keys and compares the outputs with the cache, finds it.
 
 Imports only what that needs (no recipe loader, resolver or stage registry): the whole
 check of 200 recipes costs about what a no-op build does.
@@ -31,25 +32,37 @@ from tpubuild.engine.statcache import StatCache
 
 
 def planning_digest(ws_file: Path, stat: StatCache, recipe_files: list[Path], root: Path,
-                    stages: list[dict[str, Any]], recipe: Any | None = None) -> str | None:
+                    document: dict[str, Any], recipe: Any | None = None) -> str | None:
     """What decides a lock file's keys besides the inputs its stages read: tpubuild's code
     (schemas included), the workspace file (defaults, layout), the key variables set and
-    the recipe's own files (the recipe, then each `extends` base); and the keys of
-    `stages` (the lock document's) themselves. None for a recipe that names files by glob,
-    whose meaning depends on the files that match."""
+    the recipe's own files (the recipe, then each `extends` base); and the lock
+    `document` itself (`_pinned`). None for a recipe that names files by glob, whose
+    meaning depends on the files that match."""
     if recipe is not None and recipe.globs:
         return None
     hashed = [(path, stat.file_hash(str(path))) for path in recipe_files]
-    return _planning(stat.file_hash(str(ws_file)), root, hashed, stages)
+    return _planning(stat.file_hash(str(ws_file)), root, hashed, document)
 
 
-def _planning(workspace_hash: str, root: Path, hashed: list[tuple[Path, str]], stages: list[dict[str, Any]]) -> str:
+def _planning(workspace_hash: str, root: Path, hashed: list[tuple[Path, str]], document: dict[str, Any]) -> str:
     files = [[_relative(path, root), digest] for path, digest in hashed]
-    # A measured key (one keyed on a measured output) may differ on the next machine, and
-    # a build keeps the recorded one (lockfile.same_keys): only the others are pinned here.
-    keys = [[stage.get("stage"), stage.get("key")] for stage in stages if not stage.get("key_measured")]
     return hash_bytes(canonical_dumps({"code": package_content_digest(), "env": key_env(),
-                                       "workspace": workspace_hash, "recipe": files, "keys": keys}).encode())
+                                       "workspace": workspace_hash, "recipe": files,
+                                       "lock": _pinned(document)}).encode())
+
+
+def _pinned(document: dict[str, Any]) -> dict[str, Any]:
+    """The part of a lock document its `planning` digest covers: every field a build writes
+    (stage names, keys, outputs, what the stages discovered, the inputs) and
+    any other, so that a lock file edited by hand or stitched by a merge goes to the full
+    check (engine/lockcheck.py compares its outputs with the cache), but `planning` and the
+    artifact's facts (a reviewer's, no key among them), and what may differ on the next
+    machine: a measured key or output (a build keeps the recorded one, lockfile.same_keys)."""
+    stages = [{**stage, "key": None if stage.get("key_measured") else stage.get("key"),
+               "output": None if stage.get("measured") else stage.get("output")}
+              if isinstance(stage, dict) else stage for stage in document.get("stages") or []]
+    return {**{name: value for name, value in document.items() if name not in ("planning", "artifact")},
+            "stages": stages}
 
 
 def _relative(path: Path, root: Path) -> str:
@@ -99,7 +112,7 @@ def quick_check(start: Path, override: Path | None) -> int | None:
             return None
         chain = extends_chain(recipe_file)  # each file read once, to find its base and to hash it
         hashed = None if chain is None else [(path, hash_bytes(data)) for path, data in chain]
-        if hashed is None or lock.get("planning") != _planning(ws_hash, root, hashed, lock.get("stages") or []):
+        if hashed is None or lock.get("planning") != _planning(ws_hash, root, hashed, lock):
             return None
         names.add(lock.get("recipe"))
         inputs = lock.get("inputs") or {}

@@ -66,6 +66,22 @@ def discovered_final_key(declared_key: str, discovered: dict[str, str]) -> str:
     return hash_bytes(canonical_dumps({"key": declared_key, "discovered": discovered}).encode())
 
 
+def parse_candidate(declared_key: str, data: Any) -> dict[str, Any] | None:
+    """A discovered-input candidate of `declared_key` ({"files": {path: hash}, "key": final
+    key}) when it is well formed and its key is the final key of its files, else None.
+    Whoever can write a cache (local or remote) can write a candidate; its key taken as
+    written would send the lookup to any record of the user's own, another stage's (a
+    bfloat16 lookup answered with the raw export), so it is recomputed, never read."""
+    if not isinstance(data, dict):
+        return None
+    files, final = data.get("files"), data.get("key")
+    if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+        return None
+    if final != discovered_final_key(declared_key, files):
+        return None
+    return {"files": files, "key": final}
+
+
 def record_key(record: dict[str, Any]) -> str:
     """The key that a stored key record must be stored under."""
     if "discovered" in record:

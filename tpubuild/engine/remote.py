@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from tpubuild.engine.hashing import FileEntry, hash_file
 from tpubuild.engine.keys import canonical_dumps, stage_key
-from tpubuild.engine.records import DIGEST, StageEntry, discovered_final_key, parse_entry
+from tpubuild.engine.records import DIGEST, StageEntry, discovered_final_key, parse_candidate, parse_entry
 from tpubuild.engine.remote_backends import Backend, ObjectTooLarge, RemoteSetupError, open_backend
 from tpubuild.engine.remote_url import Timeouts
 
@@ -411,10 +411,7 @@ class RemoteCache:
             return False
         if not self.push_objects(entry.files, store, stat_cache):
             return False
-        try:
-            data = store.entry_path(entry.key).read_bytes()  # byte for byte the local record
-        except OSError:
-            data = json.dumps(entry.to_json(), sort_keys=True).encode()
+        data = _record_bytes(entry, store)
         try:
             created = self._write(lambda io: io.create(_stage_rel(entry.key), data))
         except _Off:
@@ -444,17 +441,27 @@ class RemoteCache:
 
 
 # --- records and candidates --------------------------------------------------------------
+def _record_bytes(entry: StageEntry, store: Store) -> bytes:
+    """What to upload for `entry`: the local record byte for byte when it still says what
+    the build made, else `entry` itself. Whoever can write the cache can replace that file
+    between the build's write and this upload, and the upload (signed with this builder's
+    key) would vouch for their files under this key."""
+    try:
+        data = store.entry_path(entry.key).read_bytes()
+    except OSError:
+        data = b""
+    local, _ = parse_entry(entry.key, data, hash_record=False) if data else (None, "")
+    same = local is not None and (local.stage, local.tree, local.files, local.summary, local.warnings,
+                                  local.record) == (entry.stage, entry.tree, entry.files, entry.summary,
+                                                    entry.warnings, entry.record)
+    return data if same else json.dumps(entry.to_json(), sort_keys=True).encode()
+
+
 def _parse_candidate(declared_key: str, raw: bytes) -> dict[str, Any] | None:
     try:
-        data = json.loads(raw)
-        files, final = data["files"], data["key"]
-    except (ValueError, TypeError, KeyError):
+        return parse_candidate(declared_key, json.loads(raw))
+    except ValueError:
         return None
-    if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
-        return None
-    if final != discovered_final_key(declared_key, files):
-        return None
-    return {"files": files, "key": final}
 
 
 def _stage_rel(key: str) -> str:

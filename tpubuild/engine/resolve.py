@@ -33,7 +33,8 @@ from tpubuild.engine.keys import (
     stage_key,
     summary_digest,
 )
-from tpubuild.engine.records import discovered_final_key
+from tpubuild.engine.fsutil import open_regular
+from tpubuild.engine.records import discovered_final_key, parse_candidate
 from tpubuild.engine.statcache import StatCache
 from tpubuild.engine.target_versions import MANIFEST
 from tpubuild.errors import StageError
@@ -113,6 +114,7 @@ class Resolver:
         # The engine's own steps: a snapshot copy and a publish (not cached in the store).
         self.codes["source"] = self.codes["publish"] = "engine"
         self._entries: dict[str, StageEntry] = {}
+        self._distrusted: set[Path] = set()  # dep files said to be (partly) ignored
 
     # --- inputs -------------------------------------------------------------------
     def expand(self, recipe: Any, patterns: list[str]) -> list[str]:
@@ -190,12 +192,41 @@ class Resolver:
     def discovered_key(self, run: RecipeRun, key: str) -> str | None:
         """The final key of the candidate whose discovered files all still have the
         content that was imported, newest candidate first."""
-        try:
-            candidates = json.loads(self.depfile(key).read_text())
-        except (OSError, ValueError):
-            return None
-        match = self.matching_candidate(run, reversed(candidates))
+        match = self.matching_candidate(run, reversed(self.candidates(key)))
         return match["key"] if match else None
+
+    def candidates(self, key: str) -> list[dict[str, Any]]:
+        """The discovered-input candidates of the dep file of `key`, oldest first, each one's
+        final key recomputed from its files (records.parse_candidate): the dep file is as
+        writable as the cache and carries no MAC, so a candidate that names another key is
+        said once and never used. A link or a special file in its place is not read."""
+        path = self.depfile(key)
+        try:
+            fd, _ = open_regular(path)
+            with os.fdopen(fd, "rb") as f:
+                data = json.loads(f.read())
+        except FileNotFoundError:
+            return []
+        except StageError:  # a symbolic link (not followed), a FIFO (not waited on)...
+            self._distrust(path, "not a regular file")
+            return []
+        except OSError as exc:
+            self._distrust(path, exc.strerror or type(exc).__name__)
+            return []
+        except ValueError:
+            self._distrust(path, "not JSON")
+            return []
+        found = [c for c in (parse_candidate(key, item) for item in (data if isinstance(data, list) else [])) if c]
+        if not isinstance(data, list) or len(found) != len(data):
+            self._distrust(path, f"{len(data) - len(found) if isinstance(data, list) else 'no'} candidate(s) "
+                                 "whose key is not the final key of their files (not written by tpubuild)")
+        return found
+
+    def _distrust(self, path: Path, why: str) -> None:
+        """Say once that (part of) a dep file is not used; the stage's next build rewrites it."""
+        if self.store is not None and path not in self._distrusted:
+            self._distrusted.add(path)
+            self.store.report(f"warning: cache dep file {path}: {why}; ignored")
 
     def matching_candidate(self, run: RecipeRun, candidates: Any) -> dict[str, Any] | None:
         """The first candidate ({"files": {path: hash}, "key": final key}) whose discovered
@@ -242,14 +273,11 @@ class Resolver:
         return current_input_hash(run.recipe.root, self.stat, rel)
 
     def add_discovered(self, key: str, discovered: dict[str, str]) -> str:
-        """Record a candidate (files -> hashes) for `key`; returns the final key."""
+        """Record a candidate (files -> hashes) for `key`; returns the final key. Only
+        candidates that check (`candidates`) are kept."""
         final = discovered_final_key(key, discovered)
         path = self.depfile(key)
-        try:
-            candidates = json.loads(path.read_text())
-        except (OSError, ValueError):
-            candidates = []
-        candidates = [c for c in candidates if c.get("key") != final][-15:]  # bounded
+        candidates = [c for c in self.candidates(key) if c["key"] != final][-15:]  # bounded
         candidates.append({"files": discovered, "key": final})
         path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(path, json.dumps(candidates, sort_keys=True))

@@ -100,16 +100,23 @@ def write_version(target_dir: Path, number: int, files: list[tuple[str, tuple[Fi
     """Write `<target_dir>/<number>/` atomically and durably; returns it. `finish(dir)`
     runs on the temp directory once its files and manifest are written, before the rename
     (the provenance statement and the signature, as for a main version)."""
+    return commit_version(prepare_version(target_dir, files, manifest, link_type, finish), target_dir, number)
+
+
+def prepare_version(target_dir: Path, files: list[tuple[str, tuple[FileEntry, Path]]], manifest: dict[str, Any],
+                    link_type: str, finish: Callable[[Path], None] | None = None) -> Path:
+    """A target version complete in a temp directory of `target_dir`, every file checked
+    against its digest (fsutil.place_file `expect`), durable; `commit_version` renames it."""
     target_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target_dir))
     try:
         made = {tmp}
-        for rel, (_, obj) in files:
+        for rel, (entry, obj) in files:
             path = tmp / rel
             if path.parent not in made:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 made.add(path.parent)
-            place_file(obj, path, link_type)
+            place_file(obj, path, link_type, expect=entry.hash)
         with open(tmp / MANIFEST, "wb") as f:
             f.write(manifest_bytes(manifest))
             f.flush()
@@ -119,6 +126,15 @@ def write_version(target_dir: Path, number: int, files: list[tuple[str, tuple[Fi
         os.chmod(tmp, 0o755)
         for directory in sorted(made, key=lambda p: -len(p.parts)):
             fsync_path(directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return tmp
+
+
+def commit_version(tmp: Path, target_dir: Path, number: int) -> Path:
+    """Rename a prepared target version into place as `<target_dir>/<number>/`."""
+    try:
         os.rename(tmp, target_dir / str(number))
         fsync_path(target_dir)
     except BaseException:

@@ -175,7 +175,7 @@ def newest_matching(
     for rel in bad:
         entry, obj = objects[rel]
         paths[rel].parent.mkdir(parents=True, exist_ok=True)  # a deleted target version is rebuilt in place
-        replace_file(obj, paths[rel], link_type)
+        replace_file(obj, paths[rel], link_type, expect=entry.hash)
         stat_cache.record(os.fspath(paths[rel]), os.stat(paths[rel]), entry.hash)
         if restored is not None:
             restored.append(paths[rel])
@@ -229,6 +229,7 @@ def publish(
             raise StageError(f"no space left on device while publishing to {recipe_dir}") from None
         raise StageError(f"cannot write the output directory {recipe_dir}: {exc.strerror}") from None
     written: list[Path] = []
+    prepared: list[Path] = []  # target versions complete in temp directories
     try:
         manifest = dict(manifest, version=number)
         made = {tmp}
@@ -237,7 +238,7 @@ def publish(
             if target.parent not in made:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 made.add(target.parent)
-            place_file(obj, target, link_type)
+            place_file(obj, target, link_type, expect=entry.hash)  # the bytes published are the ones checked
         with open(tmp / MANIFEST, "w") as f:
             json.dump(manifest, f, indent=2, sort_keys=True)
             f.write("\n")
@@ -248,16 +249,20 @@ def publish(
         os.chmod(tmp, 0o755)
         for directory in sorted(made, key=lambda p: -len(p.parts)):
             fsync_path(directory)
+        # Every target version is written and checked before anything is renamed: a file
+        # that does not hash as its manifest says fails the publish while nothing is visible.
+        for target in targets:
+            sealed = None if finish is None else (lambda d, t=target: finish(d, manifest, t))
+            prepared.append(target_versions.prepare_version(recipe_dir / target, target_files[target],
+                                                            target_versions.target_manifest(manifest, target),
+                                                            link_type, sealed))
         # The main version first, each target version after it (module docstring: a reader
         # never sees a target version whose main version does not exist).
         os.rename(tmp, recipe_dir / str(number))
         fsync_path(recipe_dir)
         written.append(recipe_dir / str(number))
-        for target in targets:
-            sealed = None if finish is None else (lambda d, t=target: finish(d, manifest, t))
-            written.append(target_versions.write_version(recipe_dir / target, number, target_files[target],
-                                                         target_versions.target_manifest(manifest, target),
-                                                         link_type, sealed))
+        for target, staged in zip(targets, prepared):
+            written.append(target_versions.commit_version(staged, recipe_dir / target, number))
         if stat_cache is not None:  # files whose hashes are known
             for entry, _ in files:
                 path = os.path.join(recipe_dir, str(number), entry.path)
@@ -267,7 +272,8 @@ def publish(
                     path = os.path.join(recipe_dir, target, str(number), rel)
                     stat_cache.record(path, os.stat(path), entry.hash)
     except (OSError, StageError) as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
+        for directory in [tmp, *prepared]:  # those renamed into place are gone from there
+            shutil.rmtree(directory, ignore_errors=True)
         for directory in reversed(written):  # target versions, then their main version; the number stays used
             _delete(directory)
         if isinstance(exc, StageError):
@@ -338,10 +344,10 @@ def repair_version(version_dir: Path, object_path: Callable[[str], Path], link_t
         except OSError:
             pass
         obj = object_path(digest)
-        if obj.is_file():
-            replace_file(obj, path, link_type)
+        try:
+            replace_file(obj, path, link_type, expect=digest)
             restored.append(path)
-        else:
+        except (OSError, StageError):  # no such object, or one that changed since it was checked
             lost.append(path)
     return restored, lost
 
