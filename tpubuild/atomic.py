@@ -53,3 +53,25 @@ def fsync_path(path: Path | str) -> None:
 
 def write_text_atomic(path: Path, text: str) -> None:
     write_atomic(path, text.encode("utf-8"))
+
+
+def create_text_exclusive(path: Path, text: str) -> bool:
+    """Create `path` holding `text` unless something is there already (never replaced);
+    True when created. Atomic and durable as write_atomic, but made with the mode a
+    plain `open` gives (the umask's), since a file the user edits and commits is theirs."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{os.urandom(4).hex()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(text.encode("utf-8"))
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)  # fails when `path` exists: nothing is ever overwritten
+        except FileExistsError:
+            return False
+    finally:
+        os.unlink(tmp)
+    fsync_path(path.parent)
+    return True

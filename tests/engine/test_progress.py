@@ -17,7 +17,8 @@ from tests.engine.conftest import CLI, REPO, export_recipe, source_recipe, tpubu
 
 ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 ERASE = "\r\x1b[K"  # back to the line's start, erase it: how the live line is redrawn
-ROW = re.compile(r"^(\w+): (\w+): (built|cached|failed|skipped) \(([\d.]+) s(?:, worker start-up ([\d.]+) s)?\)$")
+# A row: built and failed stages with their time, cached and skipped ones without (no work).
+ROW = re.compile(r"^(\w+): (\w+): (built|cached|failed|skipped)(?: \(([\d.]+) s(?:, worker start-up ([\d.]+) s)?\))?$")
 
 
 def on_a_terminal(ws, *args: str, env: dict | None = None) -> tuple[int, str, str]:
@@ -39,6 +40,7 @@ def on_a_terminal(ws, *args: str, env: dict | None = None) -> tuple[int, str, st
             break
         chunks.append(data)
     stderr = proc.stderr.read().decode()
+    proc.stderr.close()
     proc.wait(timeout=300)
     os.close(primary)
     return proc.returncode, b"".join(chunks).decode(), stderr
@@ -138,6 +140,10 @@ def test_verbose_lists_every_stage_and_a_stage_time_is_its_own_work(built_once, 
     assert len(rows) == 16 and {r.group(1) for r in rows} == {"toy", "other", "cut"}  # cached ones too
     built = {r.group(2): r for r in rows if r.group(3) == "built"}
     assert set(built) == {"verify", "warmup", "report", "publish"}
+    # A built stage says how long it took; a cached one did no work and says no time.
+    assert all(r.group(4) is not None for r in built.values())
+    assert [r.group(0) for r in rows if r.group(3) == "cached" and r.group(4) is not None] == []
+    assert "toy: source: cached" in lines
     # Stages run by a worker say how long they waited for it; publish runs in the build itself.
     assert all(built[s].group(5) is not None for s in ("verify", "warmup", "report"))
     assert built["publish"].group(5) is None
@@ -157,4 +163,5 @@ def test_verbose_lists_every_stage_and_a_stage_time_is_its_own_work(built_once, 
     # -v on an up-to-date workspace: a cached row per stage (the no-op path prints them too).
     noop = tpubuild(ws, "-v", "build").stdout.splitlines()
     assert len(noop) == 17 and all(ROW.match(line).group(3) == "cached" for line in noop[:-1])
+    assert "toy: source: cached" in noop  # no `(0.00 s)`: a cached row has no time
     assert noop[-1] == "3 recipes: 16 cached"
