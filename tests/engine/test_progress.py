@@ -46,6 +46,15 @@ def on_a_terminal(ws, *args: str, env: dict | None = None) -> tuple[int, str, st
     return proc.returncode, b"".join(chunks).decode(), stderr
 
 
+def assert_colours_close_on_their_line(received: str) -> None:
+    """Each colour is reset on the line it starts, before the newline (issue 42): a colour
+    left open over a line break would tint the next line, or the shell's prompt."""
+    for line in received.split("\r\n"):
+        codes = re.findall(r"\x1b\[([0-9;]*)m", line)
+        assert codes == [c for pair in zip(codes[::2], ["0"] * len(codes)) for c in pair], repr(line)
+        assert not codes or codes[0] != "0", repr(line)
+
+
 def screen(received: str) -> list[str]:
     """The lines left on the terminal: each erase drops what the live line had written."""
     lines, current = [], ""
@@ -85,6 +94,7 @@ def test_a_terminal_gets_a_live_line_colour_and_rows_of_work_only(built_workspac
     # A new version of toy only: the other recipes published nothing new.
     assert plain[4:] == ["published: toy -> out/toy/2", f"3 recipes: 4 built, {total - 4} cached"]
     assert shown[-1] == f"3 recipes: \x1b[32m4 built\x1b[0m, \x1b[34m{total - 4} cached\x1b[0m"
+    assert_colours_close_on_their_line(received)
 
 
 def test_no_color_and_an_up_to_date_workspace_on_a_terminal(built_workspace):
@@ -93,6 +103,7 @@ def test_no_color_and_an_up_to_date_workspace_on_a_terminal(built_workspace):
     assert code == 0
     assert [ESCAPE.sub("", line) for line in screen(received)] == ["3 recipes: 16 cached"]  # one line
     assert "\x1b[34m16 cached\x1b[0m" in received
+    assert_colours_close_on_their_line(received)
     code, received, _ = on_a_terminal(ws, "build", env={"NO_COLOR": "1"})
     assert code == 0
     assert screen(received) == ["3 recipes: 16 cached"]
