@@ -105,7 +105,7 @@ def built(tmp_path_factory, tiny_saved_model):
 
 def test_an_export_opens_a_relative_path_beside_its_script(built):
     ws, result = built
-    assert (ws / "out" / "beside" / "1" / "assets" / "scale.txt").read_text() == "3\n"
+    assert (ws / "out" / "beside" / "1" / "assets" / "scale.txt").read_text() == "3"  # not the root's "root"
 
 
 def test_a_missing_file_names_the_directory_it_was_relative_to(built):
