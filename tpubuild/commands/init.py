@@ -88,6 +88,9 @@ def command(directory: Path, track_outputs: bool) -> int:
     recipes = root / "recipes"
     if recipes.is_dir():
         say(f"kept {_shown(recipes)}/")
+    elif recipes.exists() or recipes.is_symlink():
+        click.echo(f"warning: kept {_shown(recipes)}, which is not a directory: recipes go where the "
+                   f"`recipes:` globs of {WORKSPACE_FILE} say", err=True)
     else:
         recipes.mkdir()
         say(f"created {_shown(recipes)}/")
