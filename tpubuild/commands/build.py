@@ -16,8 +16,7 @@ from tpubuild.commands.build_output import NORMAL, QUIET, VERBOSE, summary_line,
     "  tpubuild build -j 2 'quantized*'   the recipes whose name matches, two at a time\n"
     "  tpubuild build --dry-run       what would run, without running it\n"
     "  tpubuild build -v              a row for every stage, cached ones too\n"
-    "  tpubuild build --check         in CI: exit 1 if a lock file is out of date\n"
-    "  tpubuild build --remote-cache-read-only   in a pull request: the team's cache, no uploads",
+    "  tpubuild build --check         in CI: exit 1 if a lock file is out of date",
 )
 @click.argument("recipe_patterns", nargs=-1, metavar="[RECIPE]...")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
@@ -62,6 +61,9 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry
     Prints a row per stage that built or failed, `published: RECIPE -> DIR` per new
     version and a summary line; on a terminal also a live `[n/N]` line (colour off with
     NO_COLOR). -v: every stage; -q: errors, warnings and the summary only.
+
+    With a shared cache (`remote_cache:` in tpubuild.yaml, or --remote-cache URL), a pull
+    request's build runs `tpubuild build --remote-cache-read-only`: the team's cache, no uploads.
     """
     since_ns = time.time_ns()  # files changed after this are never remembered as up to date
     verbosity = _verbosity(ctx, verbose, quiet)
