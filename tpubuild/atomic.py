@@ -6,6 +6,7 @@ TensorFlow-free and shared by the engine (lock files, cache records) and the sta
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -53,3 +54,49 @@ def fsync_path(path: Path | str) -> None:
 
 def write_text_atomic(path: Path, text: str) -> None:
     write_atomic(path, text.encode("utf-8"))
+
+
+def create_text_exclusive(path: Path, text: str) -> bool:
+    """Create `path` holding `text` unless something is there already (never replaced);
+    True when created. Atomic and durable as write_atomic, but made with the mode a
+    plain `open` gives (the umask's), since a file the user edits and commits is theirs."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{os.urandom(4).hex()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(text.encode("utf-8"))
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)  # fails when `path` exists: nothing is ever overwritten
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            if exc.errno not in _NO_HARD_LINKS:
+                raise
+            return _create_in_place(path, text)  # a file system without hard links
+    finally:
+        os.unlink(tmp)
+    fsync_path(path.parent)
+    return True
+
+
+# What link(2) says on a file system that has no hard links (FAT, some network mounts).
+_NO_HARD_LINKS = {getattr(errno, name) for name in ("EPERM", "ENOTSUP", "EOPNOTSUPP", "EMLINK", "ENOSYS")
+                  if hasattr(errno, name)}
+
+
+def _create_in_place(path: Path, text: str) -> bool:
+    """create_text_exclusive without a hard link: O_EXCL still never replaces a file, but a
+    crash while writing these few bytes could leave them short."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "wb") as f:
+        f.write(text.encode("utf-8"))
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_path(path.parent)
+    return True

@@ -7,6 +7,7 @@ one line each and an exit code; anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import difflib
 import errno
 import importlib
 import importlib.util
@@ -22,6 +23,7 @@ from tpubuild.quiet import quiet_tensorflow
 
 # verb -> module under tpubuild.commands exporting `command`, in --help order.
 VERBS = {
+    "init": "init",
     "build": "build",
     "validate": "validate",
     "list": "list_",
@@ -54,6 +56,15 @@ class LazyGroup(click.Group):
                 return None
             raise
         return module.command
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        """Click's, plus git's `Did you mean` for a mistyped verb (`biuld` -> `build`)."""
+        name = args[0] if args else ""
+        if name and name not in VERBS and not name.startswith("-") and not ctx.resilient_parsing:
+            close = difflib.get_close_matches(name, list(VERBS), n=1)
+            if close:
+                ctx.fail(f"No such command {name!r}. Did you mean {close[0]!r}?")
+        return super().resolve_command(ctx, args)
 
 
 class Options:

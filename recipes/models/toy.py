@@ -43,3 +43,9 @@ def export(output_dir: str) -> None:
         signatures={"serving_default": model.serve},
         options=tf.saved_model.SaveOptions(function_aliases={"tpu_func": model.tpu_func}),
     )
+
+
+if __name__ == "__main__":  # `python recipes/models/toy.py DIR`: the SavedModel alone (`tpubuild convert --help`)
+    import sys
+
+    export(sys.argv[1])

@@ -40,7 +40,8 @@ def test_no_workspace_is_a_one_line_error(tmp_path):
     result = tpubuild("validate", cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr == (
-        f"error: no tpubuild.yaml in {tmp_path} or any parent directory (create one, or pass --workspace PATH)\n"
+        f"error: no tpubuild.yaml in {tmp_path} or any parent directory: `tpubuild init` writes one here (where "
+        "the recipes are, where outputs and the cache go), or pass --workspace PATH\n"
     )
 
 

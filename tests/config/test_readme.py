@@ -33,7 +33,10 @@ def quick_start(tmp_path_factory) -> Path:
     done = subprocess.run(["bash", "-c", shim + script], cwd=cwd, capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stderr) == (0, ""), done.stderr
     root = cwd / "my-models"
-    assert done.stdout.startswith(
+    # `tpubuild init` first: the files it made, and nothing of the build will reach git.
+    assert done.stdout.startswith("created tpubuild.yaml\ncreated recipes/\ncreated .tpubuild/.gitignore "), done.stdout
+    assert (root / ".gitignore").read_text().endswith("\n/out/\n")
+    assert done.stdout[done.stdout.index("1 recipe OK"):].startswith(
         f"1 recipe OK in {root}\n"
         "toy  recipes/toy.py:export  [export > tpu > bfloat16 > io_shape > batch > verify > warmup > report > publish]\n"
         'tpu_functions {\n  function_alias: "tpu_func"\n}\n'

@@ -123,3 +123,14 @@ def test_a_tensorflow_export_script_edited_in_a_comment(make_workspace):
         stage: ["cached if export's output is unchanged"] for stage in ("verify", "report", "publish")}
     doc = build_json(ws)
     assert statuses(doc, "exp") == {"export": "built", "verify": "cached", "report": "cached", "publish": "cached"}
+
+
+def test_a_list_items_field_is_named_by_its_path_as_diff_names_it(built_workspace):
+    """issue 42: `batch_options[0].batch_timeout_micros: 100 -> 200`, not both whole lists."""
+    from tests.engine.conftest import source_recipe
+
+    ws = built_workspace
+    (ws / "recipes" / "toy.yaml").write_text(source_recipe("toy", timeout=200))
+    assert _explain(ws, "toy")["batch"] == ["would run", "option batch_options[0].batch_timeout_micros: 100 -> 200"]
+    dry = tpubuild(ws, "build", "--dry-run", "toy")
+    assert "toy: batch: would run (option batch_options[0].batch_timeout_micros: 100 -> 200)" in dry.stdout.splitlines()

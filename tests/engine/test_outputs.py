@@ -12,6 +12,7 @@ import sys
 import yaml
 
 from tests.engine.conftest import REPO, build_json, source_recipe, statuses, tpubuild
+from tpubuild.report.formats import human_bytes
 
 
 def test_lock_file_contents_and_determinism(built_once, built_workspace):
@@ -172,7 +173,12 @@ def test_gc_keeps_what_lock_files_reference(built_workspace):
     build_json(ws, "toy")
     result = tpubuild(ws, "gc", "--keep-days", "0")
     assert result.returncode == 0, result.stderr
-    assert re.fullmatch(r"removed 3 stage entries and \d+ objects \(\d+ bytes\); \d+ bytes kept\n", result.stdout)
+    # Sizes as people read them (`4.6 MiB kept`); what is kept is every object left in the cache.
+    objects = ws / ".tpubuild" / "cache" / "v1" / "objects"
+    kept = sum(f.stat().st_size for f in objects.rglob("*") if f.is_file())
+    assert re.fullmatch(rf"removed 3 stage entries and \d+ objects \(\d+(\.\d)? (B|KiB|MiB)\); "
+                        rf"{re.escape(human_bytes(kept))} kept\n", result.stdout), result.stdout
+    assert "bytes" not in result.stdout
     doc = build_json(ws)
     assert {row["status"] for row in doc["rows"]} == {"cached"}
 

@@ -17,7 +17,8 @@ from tests.engine.conftest import CLI, REPO, export_recipe, source_recipe, tpubu
 
 ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 ERASE = "\r\x1b[K"  # back to the line's start, erase it: how the live line is redrawn
-ROW = re.compile(r"^(\w+): (\w+): (built|cached|failed|skipped) \(([\d.]+) s(?:, worker start-up ([\d.]+) s)?\)$")
+# A row: built and failed stages with their time, cached and skipped ones without (no work).
+ROW = re.compile(r"^(\w+): (\w+): (built|cached|failed|skipped)(?: \(([\d.]+) s(?:, worker start-up ([\d.]+) s)?\))?$")
 
 
 def on_a_terminal(ws, *args: str, env: dict | None = None) -> tuple[int, str, str]:
@@ -39,9 +40,19 @@ def on_a_terminal(ws, *args: str, env: dict | None = None) -> tuple[int, str, st
             break
         chunks.append(data)
     stderr = proc.stderr.read().decode()
+    proc.stderr.close()
     proc.wait(timeout=300)
     os.close(primary)
     return proc.returncode, b"".join(chunks).decode(), stderr
+
+
+def assert_colours_close_on_their_line(received: str) -> None:
+    """Each colour is reset on the line it starts, before the newline (issue 42): a colour
+    left open over a line break would tint the next line, or the shell's prompt."""
+    for line in received.split("\r\n"):
+        codes = re.findall(r"\x1b\[([0-9;]*)m", line)
+        assert codes == [c for pair in zip(codes[::2], ["0"] * len(codes)) for c in pair], repr(line)
+        assert not codes or codes[0] != "0", repr(line)
 
 
 def screen(received: str) -> list[str]:
@@ -84,6 +95,7 @@ def test_a_terminal_gets_a_live_line_colour_and_rows_of_work_only(built_workspac
     # The same model re-measured: toy's version 1 updated in place, no new version.
     assert plain[4:] == ["toy: out/toy/1 unchanged (report updated)", f"3 recipes: 4 built, {total - 4} cached"]
     assert shown[-1] == f"3 recipes: \x1b[32m4 built\x1b[0m, \x1b[34m{total - 4} cached\x1b[0m"
+    assert_colours_close_on_their_line(received)
 
 
 def test_no_color_and_an_up_to_date_workspace_on_a_terminal(built_workspace):
@@ -92,6 +104,7 @@ def test_no_color_and_an_up_to_date_workspace_on_a_terminal(built_workspace):
     assert code == 0
     assert [ESCAPE.sub("", line) for line in screen(received)] == ["3 recipes: 16 cached"]  # one line
     assert "\x1b[34m16 cached\x1b[0m" in received
+    assert_colours_close_on_their_line(received)
     code, received, _ = on_a_terminal(ws, "build", env={"NO_COLOR": "1"})
     assert code == 0
     assert screen(received) == ["3 recipes: 16 cached"]
@@ -139,6 +152,10 @@ def test_verbose_lists_every_stage_and_a_stage_time_is_its_own_work(built_once, 
     assert len(rows) == 16 and {r.group(1) for r in rows} == {"toy", "other", "cut"}  # cached ones too
     built = {r.group(2): r for r in rows if r.group(3) == "built"}
     assert set(built) == {"verify", "warmup", "report", "publish"}
+    # A built stage says how long it took; a cached one did no work and says no time.
+    assert all(r.group(4) is not None for r in built.values())
+    assert [r.group(0) for r in rows if r.group(3) == "cached" and r.group(4) is not None] == []
+    assert "toy: source: cached" in lines
     # Stages run by a worker say how long they waited for it; publish runs in the build itself.
     assert all(built[s].group(5) is not None for s in ("verify", "warmup", "report"))
     assert built["publish"].group(5) is None
@@ -158,4 +175,5 @@ def test_verbose_lists_every_stage_and_a_stage_time_is_its_own_work(built_once, 
     # -v on an up-to-date workspace: a cached row per stage (the no-op path prints them too).
     noop = tpubuild(ws, "-v", "build").stdout.splitlines()
     assert len(noop) == 17 and all(ROW.match(line).group(3) == "cached" for line in noop[:-1])
+    assert "toy: source: cached" in noop  # no `(0.00 s)`: a cached row has no time
     assert noop[-1] == "3 recipes: 16 cached"

@@ -77,3 +77,18 @@ def test_a_missing_stage_module_is_a_stage_error_not_a_crash(tmp_path):
         "output_dir": str(tmp_path), "options": {}, "inputs": {}, "results": {},
     })
     assert reply == {"ok": False, "error": "stage module tpubuild.stages.no_such_stage does not exist in this tpubuild"}
+
+
+def test_key_record_differences_name_list_items_by_path():
+    """explain's causes: an item of a list of mappings by its path (`[0].field`), an item added
+    or removed whole, a list of scalars whole (short, and clearer than index by index)."""
+    from tpubuild.engine.keys import diff_records
+
+    old = {"options": {"batch_options": [{"timeout": 2000, "sizes": [2, 4, 8]}], "tpu": [{"alias": "a"}]}}
+    new = {"options": {"batch_options": [{"timeout": 3000, "sizes": [2, 4]}], "tpu": [{"alias": "a"}, {"alias": "b"}]}}
+    assert diff_records(old, new) == [
+        "option batch_options[0].sizes: [2,4,8] -> [2,4]",
+        "option batch_options[0].timeout: 2000 -> 3000",
+        'option tpu[1]: added ({"alias":"b"})',
+    ]
+    assert diff_records(new, old)[-1] == 'option tpu[1]: removed (was {"alias":"b"})'

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import click
@@ -12,11 +13,10 @@ from tpubuild.commands.build_output import NORMAL, QUIET, VERBOSE, summary_line,
     "build",
     short_help="Build recipes: run the stages whose inputs changed, publish new versions.",
     epilog="\b\nExamples:\n  tpubuild build                 every recipe of the workspace\n"
-    "  tpubuild build -j 2 'nlp-*'    the recipes whose name matches, two at a time\n"
+    "  tpubuild build -j 2 'quantized*'   the recipes whose name matches, two at a time\n"
     "  tpubuild build --dry-run       what would run, without running it\n"
     "  tpubuild build -v              a row for every stage, cached ones too\n"
-    "  tpubuild build --check         in CI: exit 1 if a lock file is out of date\n"
-    "  tpubuild build --remote-cache-read-only   in a pull request: the team's cache, no uploads",
+    "  tpubuild build --check         in CI: exit 1 if a lock file is out of date",
 )
 @click.argument("recipe_patterns", nargs=-1, metavar="[RECIPE]...")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
@@ -61,6 +61,9 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry
     Prints a row per stage that built or failed, `published: RECIPE -> DIR` per new
     version and a summary line; on a terminal also a live `[n/N]` line (colour off with
     NO_COLOR). -v: every stage; -q: errors, warnings and the summary only.
+
+    With a shared cache (`remote_cache:` in tpubuild.yaml, or --remote-cache URL), a pull
+    request's build runs `tpubuild build --remote-cache-read-only`: the team's cache, no uploads.
     """
     since_ns = time.time_ns()  # files changed after this are never remembered as up to date
     verbosity = _verbosity(ctx, verbose, quiet)
@@ -106,7 +109,7 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry
     from tpubuild.engine.noop import NoopMemo
 
     memo = NoopMemo(ws, discover(ws))
-    out = click.get_text_stream("stdout")
+    out = sys.stdout  # the stream click.echo writes to (click.get_text_stream is deprecated)
     output = BuildOutput(out, QUIET if as_json else verbosity, tty=out.isatty() and not as_json,
                          colour=wants_colour(out) and not as_json, display=ws.display)
     try:
@@ -187,11 +190,11 @@ def _noop_fast_path(ctx: click.Context, recipe_patterns: tuple[str, ...], as_jso
     else:
         from tpubuild.commands.build_output import stage_line
 
-        colour = wants_colour(click.get_text_stream("stdout"))
+        colour = wants_colour(sys.stdout)
         if verbosity >= VERBOSE:  # the rows a full no-op build prints with -v
             for e in entries:
                 for stage, _ in e["rows"]:
-                    click.echo(stage_line(e["name"], stage, "cached", "0.00 s", colour))
+                    click.echo(stage_line(e["name"], stage, "cached", "", colour))
         count = sum(len(e["rows"]) for e in entries)
         click.echo(summary_line(len(entries), {"cached": count}, ("cached",), colour))
     return 0
@@ -233,7 +236,7 @@ def _dry_run(ws, recipes, as_json: bool, verbosity: int = NORMAL) -> int:
     if as_json:
         click.echo(json.dumps({"rows": rows, "summary": counts}, indent=2))
         return 0
-    colour = wants_colour(click.get_text_stream("stdout"))
+    colour = wants_colour(sys.stdout)
     for row in rows:
         if verbosity >= VERBOSE or (verbosity >= NORMAL and row["status"] != "cached"):
             click.echo(stage_line(row["recipe"], row["stage"], row["state"], "; ".join(row["reasons"]), colour))

@@ -155,9 +155,12 @@ class BuildOutput:
         return row.status
 
     def _detail(self, row: Any) -> str:
-        detail = f"{row.seconds:.2f} s"
         if row.status == "cached":
-            return ("from the remote cache, " if row.remote else "") + detail
+            # A local cache hit took no work worth timing (a lookup); a remote one, a download.
+            return f"from the remote cache, {row.seconds:.2f} s" if row.remote else ""
+        if row.status == "skipped":
+            return ""
+        detail = f"{row.seconds:.2f} s"
         startup = getattr(row, "worker_startup_seconds", None)
         if self.verbosity >= VERBOSE and startup is not None:
             detail += f", worker start-up {startup:.2f} s"

@@ -13,8 +13,8 @@ from tpubuild.commands._common import recipes_from
 @click.argument("recipe_patterns", nargs=-1, metavar="[RECIPE]...")
 @click.pass_context
 def command(ctx: click.Context, recipe_patterns: tuple[str, ...]) -> int:
-    """Remove the versions tpubuild published in `<output_dir>/<recipe>/` for TARGETs
-    (names or globs; none = all).
+    """Remove the versions tpubuild published in `<output_dir>/<recipe>/` for each RECIPE
+    (names, globs or recipe files; none = all).
 
     Only directories holding a tpubuild-manifest.json for that recipe, with exactly the
     files it lists, are removed; anything else there is left and reported. The cache is

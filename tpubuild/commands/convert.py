@@ -10,8 +10,10 @@ import click
 @click.command(
     "convert",
     short_help="Convert one SavedModel now, as a recipe or options file says.",
-    epilog="\b\nExamples:\n  tpubuild convert models/toy out/toy --recipe recipes/toy.yaml\n"
-    "  tpubuild convert models/toy out/toy --options-file converter.yaml",
+    epilog="\b\nExamples:\n  python recipes/models/toy.py exported/toy    a SavedModel: the example workspace's toy\n"
+    "  tpubuild convert exported/toy converted/toy --recipe recipes/toy.yaml\n"
+    "  echo 'tpu_functions: [{function_alias: tpu_func}]' > converter.yaml\n"
+    "  tpubuild convert exported/toy converted/toy-tpu --options-file converter.yaml",
 )
 @click.argument("src_dir", type=click.Path(path_type=Path, file_okay=False))
 @click.argument("out_dir", type=click.Path(path_type=Path))

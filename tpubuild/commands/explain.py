@@ -8,8 +8,10 @@ from tpubuild.commands._common import recipes_from
 @click.command(
     "explain",
     short_help="Say for each stage whether it is cached, and what changed if not.",
-    epilog="\b\nExample:\n  tpubuild explain toy\n    source: cached\n    tpu: would run\n"
-    "      - option tpu_functions: ... -> ...",
+    epilog="\b\nExample:\n  tpubuild explain toy\n    recipes/toy.yaml: recipe toy\n"
+    "      export: cached (key 32db2ac10ca86d01)\n      ...\n      batch: would run (key fbdc3962f2bff670)\n"
+    "        - option batch_options[0].batch_timeout_micros: 5000 -> 3000\n"
+    "      verify: cached if batch's output is unchanged",
 )
 @click.argument("recipe_pattern", metavar="RECIPE")
 @click.pass_context

@@ -9,19 +9,23 @@ import click
 from tpubuild.commands._common import recipes_from
 from tpubuild.errors import UsageError
 
-LOSSY_STAGES = ("bfloat16", "quantize")
+# The stages that change numbers, in the order the default takes them: int8 quantization
+# changes them more than bfloat16 does (verify's int8 tolerance is the looser one,
+# verify/verdict.py), so a recipe that runs both is explained at its quantize stage.
+LOSSY_STAGES = ("quantize", "bfloat16")
 
 
 @click.command(
     "explain-error",
     short_help="Name the ops where a bfloat16 or int8 artifact's error starts, and the recipe change that fixes it.",
-    epilog="\b\nExample:\n  tpubuild explain-error sensor\n"
-    "    where the error starts: sub (Sub, bfloat16): max rel error 1\n"
-    "    proposal: bfloat16_optimization_options.filterlist: [Sub]",
+    epilog="\b\nExamples:\n  tpubuild explain-error bfloat16             a bfloat16 recipe\n"
+    "  tpubuild explain-error quantized_tpu_func   int8 and bfloat16: its quantize stage, the larger change\n"
+    "  tpubuild explain-error quantized_tpu_func --stage bfloat16",
 )
 @click.argument("recipe_pattern", metavar="RECIPE")
 @click.option("--stage", type=click.Choice(LOSSY_STAGES),
-              help="The stage to explain. Default: bfloat16 when the recipe applies it, else quantize.")
+              help="The stage to explain. Default: quantize when the recipe quantizes (int8 changes numbers more "
+                   "than bfloat16), else bfloat16.")
 @click.pass_context
 def command(ctx: click.Context, recipe_pattern: str, stage: str | None) -> int:
     """Compare the lossy stage's input and output of RECIPE node by node on the
@@ -32,7 +36,15 @@ def command(ctx: click.Context, recipe_pattern: str, stage: str | None) -> int:
     measured by quantizing again with them.
 
     Reads the stages a build left in the cache (a build whose verification fails keeps
-    them); writes nothing there or in the output directory.
+    them); writes nothing there or in the output directory. On a recipe out of
+    tolerance, for example:
+
+    \b
+      where the error starts (first ops out of tolerance, of 9 compared):
+        serving_default: sub (Sub, bfloat16): max rel error 1, adds 0.998
+      tried bfloat16_optimization_options.filterlist: [Sub]: max rel error 0.00195
+        on serving_default/y (within tolerance)
+      proposal: bfloat16_optimization_options.filterlist: [Sub]
     """
     ws, recipes = recipes_from(ctx, [recipe_pattern])
     for recipe in recipes:
@@ -50,11 +62,16 @@ def explain_recipe(ws: Any, recipe: Any, stage: str | None) -> list[str]:
 
     chain = main_chain(recipe.canonical)
     where = f"{recipe.rel_file}: recipe {recipe.name}"
+    chosen = ""
     if stage is None:
-        stage = next((s for s in LOSSY_STAGES if s in chain), None)
-        if stage is None:
+        lossy = [s for s in LOSSY_STAGES if s in chain]
+        if not lossy:
             raise UsageError(f"{where} applies neither bfloat16 nor quantization: its artifact computes what its "
                              "source computes, up to float32 rounding; there is no conversion error to explain")
+        stage = lossy[0]
+        if len(lossy) > 1:
+            chosen = (f" (of its stages quantize and bfloat16, the one that changes numbers most: int8; "
+                      f"--stage {lossy[1]} explains the other)")
     elif stage not in chain:
         raise UsageError(f"{where} does not run the {stage} stage")
     engine = Engine(ws)
@@ -85,7 +102,7 @@ def explain_recipe(ws: Any, recipe: Any, stage: str | None) -> list[str]:
     served = SavedModel.load(stage_output, tags).meta_graph.signature_def
     keys = sorted(k for k in source_model.meta_graph.signature_def if k != INIT_OP_KEY and k in served)
     samples, origin = verification_samples(source_model, keys, verify.options, context)
-    lines = [f"{where}: stage {stage}, verify's {kind} tolerance (rtol {rtol:g}, atol {atol:g}), "
+    lines = [f"{where}: stage {stage}{chosen}, verify's {kind} tolerance (rtol {rtol:g}, atol {atol:g}), "
              + ", ".join(f"{key}: {len(s)} samples ({origin[key]})" for key, s in sorted(samples.items()))]
     with tempfile.TemporaryDirectory(prefix="explain-error-", dir=ws.state_dir) as scratch:
         if stage == "bfloat16":

@@ -3,6 +3,7 @@ from __future__ import annotations
 import click
 
 from tpubuild.commands._common import workspace_from
+from tpubuild.report.formats import human_bytes
 
 
 @click.command(
@@ -10,8 +11,7 @@ from tpubuild.commands._common import workspace_from
     short_help="Remove cache entries no workspace references.",
     epilog="\b\nExamples:\n  tpubuild gc                   keep what lock files use, and 30 days of others\n"
     "  tpubuild gc --keep-days 0     keep only what lock files and the last builds use\n"
-    "  tpubuild gc --max-size 2G     drop least recently used entries until 2 GiB\n"
-    "  tpubuild gc --remote          the same rules for the remote cache (remote_cache: in tpubuild.yaml)",
+    "  tpubuild gc --max-size 2G     drop least recently used entries until 2 GiB",
 )
 @click.option("--keep-days", type=click.FloatRange(min=0), help="Keep unreferenced entries used within N days (default 30).")
 @click.option("--max-size", help="Drop unreferenced entries, least recently used first, until the cache fits (e.g. 500M, 2G).")
@@ -27,6 +27,9 @@ def command(ctx: click.Context, keep_days: float | None, max_size: str | None, r
     each recipe (measured keys included), or by any other existing workspace that uses
     the same cache_dir, are always kept. Published versions are never touched (they are
     copies, or hard links that stay intact).
+
+    In a workspace with a shared cache (`remote_cache:` in tpubuild.yaml), `tpubuild gc
+    --remote` applies the same rules to it; `--remote-cache URL` names another.
     """
     from tpubuild.config.recipe import LOCK_SUFFIX, discover
     from tpubuild.engine.gc import collect, parse_size, workspace_references
@@ -55,7 +58,7 @@ def command(ctx: click.Context, keep_days: float | None, max_size: str | None, r
         result = collect(store, set().union(*refs.values()), keep_days, limit, notify=notify)
     click.echo(
         f"removed {result.entries_removed} stage entries and {result.objects_removed} objects "
-        f"({result.bytes_freed} bytes); {result.bytes_kept} bytes kept"
+        f"({human_bytes(result.bytes_freed)}); {human_bytes(result.bytes_kept)} kept"
     )
     return 0
 
@@ -73,6 +76,6 @@ def _remote_gc(ws, url: str | None, referenced: set[str], keep_days: float | Non
     result = collect_remote(remote, referenced, keep_days, limit, notify)
     click.echo(
         f"remote cache {remote.url}: removed {result.entries_removed} stage records and {result.objects_removed} "
-        f"objects ({result.bytes_freed} bytes); {result.bytes_kept} bytes kept"
+        f"objects ({human_bytes(result.bytes_freed)}); {human_bytes(result.bytes_kept)} kept"
     )
     return 0

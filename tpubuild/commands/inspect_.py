@@ -9,7 +9,8 @@ import click
 @click.command(
     "inspect",
     short_help="Show a SavedModel's signatures, aliases and functions (to write a recipe).",
-    epilog="\b\nExamples:\n  tpubuild inspect models/toy\n  tpubuild inspect exported/bert --tags serve,tpu --json",
+    epilog="\b\nExamples:\n  tpubuild inspect out/toy/1                 a published version: its TPU functions\n"
+    "  tpubuild inspect out/toy/1 --tags serve --json",
 )
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--tags", default=None, help="Comma-separated tag set of the MetaGraphDef (default: the only one, or serve).")

@@ -10,7 +10,7 @@ from tpubuild.commands._common import asked_broken, changed_recipes, recipes_fro
 @click.command(
     "list",
     short_help="List recipes with their model, the stages they run and their targets.",
-    epilog="\b\nExamples:\n  tpubuild list\n  tpubuild list --json 'nlp-*' | jq '.[].stages'",
+    epilog="\b\nExamples:\n  tpubuild list\n  tpubuild list --json 'quantized*' | jq '.[].stages'",
 )
 @click.argument("recipe_patterns", nargs=-1, metavar="[RECIPE]...")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")

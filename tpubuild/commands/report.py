@@ -13,7 +13,7 @@ from tpubuild.errors import UsageError
     "report",
     short_help="Print the conversion report of a recipe's newest published version.",
     epilog="\b\nExamples:\n  tpubuild report toy\n  tpubuild report toy --format markdown > report.md\n"
-    "  tpubuild report toy --against 3      what changed since version 3",
+    "  tpubuild report toy --against 1      what changed since version 1",
 )
 @click.argument("recipe_pattern", metavar="RECIPE")
 @click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text", show_default=True)

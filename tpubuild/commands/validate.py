@@ -11,7 +11,7 @@ from tpubuild.commands._common import recipes_from, warn_unmatched_globs
     "validate",
     short_help="Check recipes against the schema and the converter's rules.",
     epilog="\b\nExamples:\n  tpubuild validate            every recipe of the workspace\n"
-    "  tpubuild validate 'nlp-*'    the recipes whose name matches\n"
+    "  tpubuild validate 'quantized*'   the recipes whose name matches\n"
     "  tpubuild validate recipes/toy.yaml --json",
 )
 @click.argument("recipe_patterns", nargs=-1, metavar="[RECIPE]...")

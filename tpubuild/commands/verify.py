@@ -8,7 +8,7 @@ import click
 @click.command(
     "verify",
     short_help="Check a published version against its manifest and its signature.",
-    epilog="\b\nExamples:\n  tpubuild verify out/toy/3\n  tpubuild verify out/toy/3 --key ci/signing.pub.pem",
+    epilog="\b\nExample:\n  tpubuild verify out/toy/1",
 )
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--key", type=click.Path(path_type=Path, dir_okay=False),
@@ -19,7 +19,11 @@ def command(path: Path, key: Path | None, chain: tuple[Path, ...]) -> int:
     """Every file of the version PATH must be the one its tpubuild-manifest.json lists (no
     file changed, missing or added); with --key, its model.sig (OpenSSF model-signing
     format) must verify with KEY over exactly these files. Says each difference on a
-    line; exit 1 when there is one. TensorFlow is not imported."""
+    line; exit 1 when there is one. TensorFlow is not imported.
+
+    In a workspace that signs what it publishes (`signing: {key: ...}` in tpubuild.yaml),
+    give the public half of that key: `tpubuild verify out/toy/1 --key signing.pub.pem`.
+    """
     from tpubuild.errors import UsageError
     from tpubuild.provenance.signature import check_manifest, check_signature
 

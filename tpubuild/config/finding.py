@@ -193,3 +193,30 @@ def _scalar(text: str) -> str | None:
     if _PLAIN.fullmatch(text) and ("/" in text or "*" in text or "?" in text or text.endswith((".yaml", ".yml"))):
         return text
     return None
+
+
+# Directories a search of the workspace for stray recipe files never enters: hidden ones
+# (.git, .tpubuild), Python's and node's caches.
+_NOT_SEARCHED = ("__pycache__", "node_modules")
+_SEARCH_LIMIT = 100_000  # directory entries looked at, at most: an error message must not take minutes
+
+
+def yaml_files_named(root: Path, stem_pattern: str, skip: tuple[Path, ...] = ()) -> list[Path]:
+    """The .yaml/.yml files below `root` (not lock files) whose stem matches the shell
+    pattern `stem_pattern`, sorted; `skip` directories (the outputs, the cache) are not
+    entered. For the hint of a target that names no recipe: a file outside the globs."""
+    import fnmatch
+
+    skipped = {os.path.realpath(s) for s in skip}
+    found, seen = [], 0
+    for directory, dirs, files in os.walk(root):
+        seen += len(dirs) + len(files)
+        if seen > _SEARCH_LIMIT:
+            break
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _NOT_SEARCHED
+                         and os.path.realpath(os.path.join(directory, d)) not in skipped)
+        for name in files:
+            stem, suffix = os.path.splitext(name)
+            if suffix in (".yaml", ".yml") and not name.endswith(LOCK_SUFFIX) and fnmatch.fnmatchcase(stem, stem_pattern):
+                found.append(Path(directory) / name)
+    return sorted(found)

@@ -190,9 +190,30 @@ def select(recipes: list, targets: list[str] | tuple[str, ...], ws: Workspace | 
 
             close = difflib.get_close_matches(target, names, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else f" (recipes: {', '.join(names) or 'none'})"
-            raise UsageError(f"no recipe matches {target!r}{hint}")
+            outside = _outside_globs(target, ws) if ws is not None else None
+            raise UsageError(f"no recipe matches {target!r}{outside or hint}")
         wanted.update(id(r) for r in recipes if r.name in matched)
     return [r for r in recipes if id(r) in wanted]
+
+
+def _outside_globs(target: str, ws: Workspace) -> str | None:
+    """When a YAML file named like `target` sits where no `recipes:` glob looks (e.g.
+    recipes/vision/toy2.yaml beside the glob recipes/*.yaml): which file, which globs, and
+    a glob that would match it."""
+    from tpubuild.config.finding import yaml_files_named
+
+    skip = tuple(p for p in (ws.output_dir, ws.cache_dir, ws.state_dir) if p is not None)
+    found = [f for f in yaml_files_named(ws.root, target, skip) if f.resolve() != ws.file]
+    if not found:
+        return None
+    rel = display_path(found[0], ws.root)
+    globs = ", ".join(repr(g) for g in ws.recipe_globs)
+    globs = f"glob {globs} of {display_path(ws.file, ws.root)} does" if len(ws.recipe_globs) == 1 else \
+        f"globs {globs} of {display_path(ws.file, ws.root)} do"
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    suggestion = f"{Path(rel).parent.as_posix()}/*{Path(rel).suffix}" if "/" in rel else f"*{Path(rel).suffix}"
+    return (f": {rel}{more} is not a recipe of this workspace: the recipes {globs} not match it "
+            f"(add {suggestion!r} to `recipes:` to build it)")
 
 
 def is_path_target(target: str, names: list[str]) -> bool:

@@ -4,27 +4,48 @@ TensorFlow (whose proto modules import all of it): a few fields of the protobuf 
 Field numbers from tensorflow/core/protobuf/saved_model.proto (SavedModel.meta_graphs = 2)
 and meta_graph.proto (MetaGraphDef.meta_info_def = 1; MetaInfoDef.tags = 4,
 MetaInfoDef.function_aliases = 8, a map<string, string> from a concrete function's name to
-its alias, whose entries are messages of key = 1, value = 2). Only meta_info_def is read:
-the graph and the function library (most of the file) are skipped with seeks.
+its alias; MetaGraphDef.signature_def = 5, a map<string, SignatureDef> by signature key;
+a map's entries are messages of key = 1, value = 2). Only meta_info_def and the signature
+keys are read: the graph and the function library (most of the file) are skipped with seeks.
 """
 
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
-_META_GRAPHS, _META_INFO_DEF, _TAGS, _FUNCTION_ALIASES = 2, 1, 4, 8
+_META_GRAPHS, _META_INFO_DEF, _TAGS, _FUNCTION_ALIASES, _SIGNATURE_DEF = 2, 1, 4, 8, 5
 _MAX_META_INFO = 64 << 20  # a MetaInfoDef holds a stripped op list: far below this
+_MAX_KEY = 1 << 20  # a signature key is a short string
+# The signature key TF2 gives a SavedModel's initializer (tensorflow/python/saved_model/
+# constants.py INIT_OP_SIGNATURE_KEY; savedmodel/model.py's INIT_OP_KEY, which imports
+# TensorFlow): in signature_def, but no signature a recipe names.
+_INIT_OP_SIGNATURE_KEY = "__saved_model_init_op"
 
 
 class WireError(ValueError):
     """Not a SavedModel proto this reader understands (the build reads it with TensorFlow)."""
 
 
+@dataclass
+class MetaGraphNames:
+    """What a recipe can name in one MetaGraphDef."""
+
+    tags: list[str]
+    aliases: dict[str, str]  # concrete function name -> alias
+    signatures: list[str]  # signature keys, in file order (not TF's initializer's)
+
+
 def meta_graph_aliases(saved_model_pb: Path) -> list[tuple[list[str], dict[str, str]]]:
     """(tags, {concrete function name: alias}) of each MetaGraphDef, in file order."""
+    return [(graph.tags, graph.aliases) for graph in meta_graphs(saved_model_pb)]
+
+
+def meta_graphs(saved_model_pb: Path) -> list[MetaGraphNames]:
+    """The tags, function aliases and signature keys of each MetaGraphDef, in file order."""
     found = []
     with open(saved_model_pb, "rb") as stream:
         end = stream.seek(0, io.SEEK_END)
@@ -35,14 +56,24 @@ def meta_graph_aliases(saved_model_pb: Path) -> list[tuple[list[str], dict[str, 
     return found
 
 
-def _meta_graph(stream: BinaryIO, start: int, size: int) -> tuple[list[str], dict[str, str]]:
-    for field, info_start, info_size in _fields(stream, start + size, at=start):
+def _meta_graph(stream: BinaryIO, start: int, size: int) -> MetaGraphNames:
+    names = MetaGraphNames([], {}, [])
+    for field, field_start, field_size in _fields(stream, start + size, at=start):
         if field == _META_INFO_DEF:
-            if info_size > _MAX_META_INFO:
+            if field_size > _MAX_META_INFO:
                 raise WireError("meta_info_def too large")
-            stream.seek(info_start)
-            return _meta_info(stream.read(info_size))
-    return [], {}
+            stream.seek(field_start)
+            names.tags, names.aliases = _meta_info(stream.read(field_size))
+        elif field == _SIGNATURE_DEF:  # a map entry: the key (1) is all that is read
+            for entry_field, key_start, key_size in _fields(stream, field_start + field_size, at=field_start):
+                if entry_field == 1:
+                    if key_size > _MAX_KEY:
+                        raise WireError("signature key too large")
+                    stream.seek(key_start)
+                    key = stream.read(key_size).decode("utf-8")
+                    if key != _INIT_OP_SIGNATURE_KEY:
+                        names.signatures.append(key)
+    return names
 
 
 def _meta_info(data: bytes) -> tuple[list[str], dict[str, str]]:

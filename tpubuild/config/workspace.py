@@ -74,8 +74,8 @@ def load_workspace(start: Path | None = None, override: Path | None = None) -> W
         path = find_workspace_file(start)
         if path is None:
             raise UsageError(
-                f"no {WORKSPACE_FILE} in {os.path.abspath(start)} or any parent directory "
-                f"(create one, or pass --workspace PATH)"
+                f"no {WORKSPACE_FILE} in {os.path.abspath(start)} or any parent directory: `tpubuild init` "
+                f"writes one here (where the recipes are, where outputs and the cache go), or pass --workspace PATH"
             )
     path = path.resolve()
     root = path.parent

@@ -94,6 +94,31 @@ def _loc(display: str, mark: yaml.Mark) -> Location:
     return Location(display, mark.line + 1, mark.column + 1)
 
 
+def _indentation_message(exc: yaml.MarkedYAMLError) -> str | None:
+    """PyYAML's and libyaml's words for a line indented wrongly ("did not find expected
+    key", "expected <block end>", "mapping values are not allowed"), in words that say so."""
+    problem, context = exc.problem or "", exc.context or ""
+    line = exc.problem_mark.line + 1 if exc.problem_mark else None
+    opened = exc.context_mark
+    if line is None:
+        return None
+    if context == "while parsing a block mapping" and (problem == "did not find expected key"
+                                                       or problem.startswith("expected <block end>")):
+        return (f"bad indentation: line {line} is indented less or more than its neighbours; the keys of one "
+                f"mapping (here the one from line {opened.line + 1}, column {opened.column + 1}) start in the "
+                "same column")
+    if context == "while parsing a block collection" and (problem == "did not find expected '-' indicator"
+                                                          or problem.startswith("expected <block end>")):
+        return (f"bad indentation: line {line} is indented less or more than its neighbours; the items of one "
+                f"list (here the one from line {opened.line + 1}, column {opened.column + 1}) each start with "
+                "`- ` in the same column")
+    if problem.startswith("mapping values are not allowed"):
+        return (f"bad indentation, or a `: ` inside a value: if line {line} holds a key, it is indented more "
+                "than the key above it (the keys of one mapping start in the same column); if the `: ` is part "
+                "of a value, quote the value")
+    return None
+
+
 def load_yaml(text: str, display: str) -> tuple[Any, Marks]:
     """Parse one YAML document; `display` is the path used in error messages."""
     if len(text) > MAX_DOCUMENT_BYTES:  # in characters here: text may come from elsewhere than a file
@@ -114,8 +139,8 @@ def load_yaml(text: str, display: str) -> tuple[Any, Marks]:
             # PyYAML's words ("found character that cannot start any token") hide the cause.
             message = "a tab character in the indentation: YAML indents with spaces, never tabs"
             raise ConfigError([Diagnostic(Location(display, tab[0], tab[1]), "", f"YAML syntax error: {message}")]) from None
-        message = exc.problem or "invalid YAML"
-        if exc.context:
+        message = _indentation_message(exc) or exc.problem or "invalid YAML"
+        if exc.context and not message.startswith("bad indentation"):
             message = f"{exc.context}, {message}" if exc.problem else exc.context
         loc = _loc(display, mark) if mark else Location(display)
         raise ConfigError([Diagnostic(loc, "", f"YAML syntax error: {message}")]) from None

@@ -202,6 +202,11 @@ def diff_records(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return changes
 
 
+def _of_containers(value: Any) -> bool:
+    """A non-empty list of mappings or lists; a list of scalars reads better whole ([2, 4, 8])."""
+    return isinstance(value, list) and bool(value) and all(isinstance(v, (dict, list)) for v in value)
+
+
 def _diff_values(prefix: str, old: Any, new: Any, path: str, out: list[str]) -> None:
     if isinstance(old, dict) and isinstance(new, dict):
         for k in sorted(set(old) | set(new)):
@@ -212,5 +217,16 @@ def _diff_values(prefix: str, old: Any, new: Any, path: str, out: list[str]) -> 
                 out.append(f"{prefix}{sub}: removed (was {canonical_dumps(old[k])})")
             else:
                 _diff_values(prefix, old[k], new[k], sub, out)
+    elif _of_containers(old) and _of_containers(new):
+        # Lists of mappings (batch_options, tpu_functions) item by item, as `tpubuild diff`
+        # prints them: `batch_options[0].batch_timeout_micros: 2000 -> 3000`, not both lists.
+        for i in range(max(len(old), len(new))):
+            sub = f"{path}[{i}]"
+            if i >= len(old):
+                out.append(f"{prefix}{sub}: added ({canonical_dumps(new[i])})")
+            elif i >= len(new):
+                out.append(f"{prefix}{sub}: removed (was {canonical_dumps(old[i])})")
+            else:
+                _diff_values(prefix, old[i], new[i], sub, out)
     elif old != new:
         out.append(f"{prefix}{path or '(all)'}: {canonical_dumps(old)} -> {canonical_dumps(new)}")

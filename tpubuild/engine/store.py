@@ -51,6 +51,7 @@ from tpubuild.engine.hashing import FileEntry, file_kind, hash_file, tree_digest
 from tpubuild.engine.records import StageEntry, parse_entry
 from tpubuild.engine.statcache import StatCache, stat_key
 from tpubuild.errors import StageError, UsageError
+from tpubuild.gitignore import make_ignored_dir
 
 if TYPE_CHECKING:
     import sqlite3
@@ -87,8 +88,13 @@ class Store:
 
     # --- the store lock and per-process sessions -------------------------------------
     def _store_lock(self) -> FileLock:
-        self.root.mkdir(parents=True, exist_ok=True)
+        self._make_root()
         return _lock(self.lock_path)
+
+    def _make_root(self) -> None:
+        # A cache directory this creates ignores itself in git (tpubuild/gitignore.py).
+        make_ignored_dir(self.root.parent)
+        self.root.mkdir(exist_ok=True)
 
     def session_dir(self) -> Path:
         """This process's private temp directory, made on first use. Its flock tells other
@@ -96,7 +102,8 @@ class Store:
         with self._guard:
             if self._session is not None:
                 return self._session
-            self.tmp.mkdir(parents=True, exist_ok=True)
+            self._make_root()
+            self.tmp.mkdir(exist_ok=True)
             name = f"{os.getpid()}-{os.urandom(4).hex()}"
             with self._store_lock():  # never while gc collects; never raced by clean_tmp
                 lock = _lock(self.tmp / f"{name}.lock")
@@ -246,7 +253,7 @@ class Store:
 
     def _open_index(self) -> sqlite3.Connection:
         if self._db is None:
-            self.root.mkdir(parents=True, exist_ok=True)
+            self._make_root()
             import sqlite3  # here: planning commands never open the index
 
             db = sqlite3.connect(self.index_path, timeout=60, check_same_thread=False, isolation_level=None)

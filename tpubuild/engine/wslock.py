@@ -15,6 +15,7 @@ from typing import Callable
 from filelock import FileLock, Timeout
 
 from tpubuild.errors import UsageError
+from tpubuild.gitignore import ignore_itself
 
 
 class WorkspaceLock:
@@ -25,6 +26,7 @@ class WorkspaceLock:
     def acquire(self, wait: float, notify: Callable[[str], None] = lambda m: None) -> None:
         """Take the lock, waiting up to `wait` seconds for another build to finish."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        ignore_itself(self.path.parent)  # the state directory is tpubuild's alone: never in git
         lock = FileLock(self.path, thread_local=False, on_acquired=_write_pid)
         try:
             lock.acquire(timeout=0)

@@ -169,9 +169,16 @@ def _npz_arrays(path: Path, where: str) -> dict[str, np.ndarray]:
 
 
 def generator_samples(
-    spec: str, module_file: Path, num_samples: int, specs: dict[str, InputSpec], where: str
+    spec: str, module_file: Path, num_samples: int, specs: dict[str, InputSpec], where: str,
+    workspace: Path | None = None,
 ) -> list[Sample]:
-    """Call `module.path:function` (loaded from `module_file`) and take `num_samples` samples."""
+    """Call `module.path:function` (loaded from `module_file`) and take `num_samples` samples.
+    `workspace`: a relative file it cannot open is said to be relative to its directory."""
+    from tpubuild.user_code import missing_file_hint
+
+    def hint(exc: BaseException) -> str:
+        return missing_file_hint(exc, "generator", workspace) if workspace is not None else ""
+
     module_name, function_name = spec.split(":", 1)
     if not module_file.is_file():
         raise StageError(f"{where}: generator module file {module_file} does not exist")
@@ -181,7 +188,7 @@ def generator_samples(
     try:
         module_spec.loader.exec_module(module)
     except Exception as exc:
-        raise StageError(f"{where}: importing {module_file} failed: {type(exc).__name__}: {exc}") from None
+        raise StageError(f"{where}: importing {module_file} failed: {type(exc).__name__}: {exc}{hint(exc)}") from None
     finally:
         sys.modules.pop(module_name, None)
     function = getattr(module, function_name, None)
@@ -190,7 +197,7 @@ def generator_samples(
     try:
         produced = list(itertools.islice(iter(function()), num_samples))
     except Exception as exc:
-        raise StageError(f"{where}: generator {spec} raised {type(exc).__name__}: {exc}") from None
+        raise StageError(f"{where}: generator {spec} raised {type(exc).__name__}: {exc}{hint(exc)}") from None
     if not produced:
         raise StageError(f"{where}: no samples (the generator yielded nothing)")
     return [check_sample(s, specs, f"{where}: sample {i}") for i, s in enumerate(produced)]

@@ -32,7 +32,6 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     # are their own imports. The engine runs this stage in a fresh process that records
     # every workspace module imported, so those imports are inputs of this stage too.
     sys.path.insert(0, str(context.workspace))
-    os.chdir(context.workspace)  # relative paths a generator opens: as in the export stage
     from tpubuild.quantize import datasets
     from tpubuild.savedmodel.model import SavedModel
 
@@ -47,9 +46,12 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
             origin = source["npz"]
         else:
             where = f"representative_datasets.{key}: {source['generator']}"
+            module_file = context.workspace / source["module_file"]
+            # A relative path the generator opens resolves beside its module, as an export
+            # script's does beside the script (tpubuild/user_code.py).
+            os.chdir(module_file.parent)
             samples = datasets.generator_samples(
-                source["generator"], context.workspace / source["module_file"],
-                source["num_samples"], specs, where,
+                source["generator"], module_file, source["num_samples"], specs, where, context.workspace,
             )
             origin = source["generator"]
         if len(samples) < datasets.RECOMMENDED_SAMPLES:

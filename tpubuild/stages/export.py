@@ -11,6 +11,7 @@ from typing import Any
 
 from tpubuild.errors import StageError
 from tpubuild.stages.base import StageContext, StageResult, StageSpec
+from tpubuild.user_code import missing_file_hint
 
 SPEC = StageSpec(
     "export",
@@ -35,11 +36,11 @@ def run(input_dir: Path | None, output_dir: Path, options: dict[str, Any], conte
     if spec is None or spec.loader is None:
         raise StageError(f"{options['script']}: cannot be loaded as a Python module")
     module = importlib.util.module_from_spec(spec)
-    # The script imports its neighbours, as it would when run directly, and a relative
-    # path it opens is relative to the workspace root, where `tpubuild` is run (this is a
-    # fresh worker process of its own: the directory change ends with it).
+    # The script imports its neighbours and opens its files as when run from its own
+    # directory: both resolve beside the script, as every path in a recipe resolves beside
+    # the recipe (this is a fresh worker process of its own: the change ends with it).
     sys.path.insert(0, str(script.parent))
-    os.chdir(context.workspace)
+    os.chdir(script.parent)
     try:
         spec.loader.exec_module(module)
     except SyntaxError as exc:
@@ -88,7 +89,7 @@ def user_error(prefix: str, exc: BaseException, context: StageContext) -> StageE
         if _in_workspace(frame.filename, context)
     ]
     where = f" (at {' <- '.join(reversed(frames))})" if frames else ""
-    error = StageError(f"{prefix} {type(exc).__name__}: {exc}{where}")
+    error = StageError(f"{prefix} {type(exc).__name__}: {exc}{where}{missing_file_hint(exc, 'script', context.workspace)}")
     error.detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return error
 
@@ -96,6 +97,8 @@ def user_error(prefix: str, exc: BaseException, context: StageContext) -> StageE
 def _in_workspace(filename: str, context: StageContext) -> bool:
     import tpubuild
 
+    if not os.path.isabs(filename):
+        return False  # `<frozen importlib._bootstrap>`, `<string>`: no file of the user's
     path = os.path.realpath(filename)
     package = os.path.dirname(os.path.realpath(tpubuild.__file__))
     return path.startswith(os.path.join(os.path.realpath(context.workspace), "")) and not path.startswith(package)

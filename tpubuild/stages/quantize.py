@@ -51,7 +51,10 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
             for index, sample in enumerate(datasets.read_tfrecord(path, label))
         ]
         count = sample_counts[key] = len(samples[key])
-        if count < datasets.RECOMMENDED_SAMPLES and method == "STATIC_RANGE":
+        # A dataset the dataset stage wrote (from an npz or a generator) was counted there,
+        # in the words of its source; only a TFRecord file given as it is is counted here.
+        given = "tfrecord_file_path" in options.get("representative_datasets", {}).get(key, {})
+        if count < datasets.RECOMMENDED_SAMPLES and method == "STATIC_RANGE" and given:
             warnings.append(
                 f"{label}: only {count} samples; the converter recommends at least "
                 f"{datasets.RECOMMENDED_SAMPLES} for calibration"

@@ -132,9 +132,22 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
             raise
         raise StageError(f"{exc}; `tpubuild explain-error` on this recipe names the ops where it starts and the "
                          "recipe change that fixes it") from None
-    warnings = [f"signature {k!r} is not in the artifact; not verified" for k in dropped]
+    warnings = [dropped_warning(k, applied) for k in dropped]
     warnings += vacuous_warnings(errors, rtol, atol)
     return StageResult(summary=summary, warnings=warnings)
+
+
+def dropped_warning(key: str, applied: list[str]) -> str:
+    """A source signature the artifact lacks: which stage dropped it when that is known
+    (of the stages, only TF's quantizer writes fewer signatures than it reads: those of
+    quantization_options.signature_keys), and that the artifact is what the warning is about."""
+    if "quantize" in applied:
+        why = ("the quantize stage dropped it, since TF's quantizer writes only the signatures in "
+               "quantization_options.signature_keys (add it there to keep it)")
+    else:
+        why = "a conversion stage dropped it"
+    return (f"signature {key!r} of the source is not in the artifact: {why}; the published model cannot serve "
+            "it, and it was not verified")
 
 
 def _outputs(runnable: Path, source_dir: Path, tags: list[str], tpu_placed: bool,
