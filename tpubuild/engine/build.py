@@ -633,7 +633,7 @@ def lock_problem(engine: Engine, run: RecipeRun, states: list[Any]) -> str | Non
         return None if current == lock_text(document) else "the lock file does not record this machine's build"
     if not same_keys(parse_lock_keys(current), document):
         return "the lock file does not record the current build"
-    return rewrite_reason(run.recipe.lock_file, engine.ws.display, document, Path(engine.ws.output_dir) / run.name)
+    return rewrite_reason(run.recipe.lock_file, engine.ws.display, document)
 
 
 def up_to_date(engine: Engine, run: RecipeRun) -> bool:
