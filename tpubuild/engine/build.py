@@ -413,7 +413,7 @@ class Engine:
                 stored = self.store.put(key, planned.name, out_dir, reply["summary"], reply["warnings"], record, self.stat)
             return stored, reply.get("peak_rss_bytes"), timing
         finally:
-            shutil.rmtree(work, ignore_errors=True)
+            self.store.remove_workdir(work)  # by descriptor, from the session's own
 
     def workers(self) -> Any:
         with self.pool_lock:
@@ -727,7 +727,7 @@ def build(
         if todo:
             from tpubuild.engine.tasks import run_tasks
 
-            engine.store.clean_tmp()
+            engine.store.session_dir()  # the cache lock (a deadline, a line naming who holds it); dead sessions go
             if remote is not None:
                 engine.attach_remote(*remote)
             if engine.executor == "ray":  # checked and connected once: one error line, not one per stage
@@ -798,7 +798,7 @@ def _register(engine: Engine, runs: list[RecipeRun]) -> None:
     references, so a `gc` run from any workspace keeps them."""
     keys = {run.name: {out.key for name, out in run.outputs.items() if name != "publish"}
             for run in runs if not run.failed}
-    engine.store.register_workspace(Path(engine.ws.root), keys, getattr(engine.ws, "file", None))
+    engine.store.register_workspace(Path(engine.ws.root), keys, getattr(engine.ws, "file", None), required=False)
 
 
 def _result(out: Output) -> dict[str, Any]:
