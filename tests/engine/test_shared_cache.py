@@ -337,8 +337,15 @@ def test_finding_5_a_second_user_builds_in_the_documented_shared_cache(two_users
     result = users.tpubuild(users.co, spaces["co"], "build")
     assert result.returncode == 0, result.stderr
     said = [line for line in result.stderr.splitlines() if "cache index" in line]
-    assert len(said) == 1 and said[0].startswith("warning: the cache index cannot be written (") and \
-        f"its owner can run `chmod g+w {v1 / 'index.sqlite'}*`" in said[0], result.stderr
+    assert said == [f"warning: the cache index {v1 / 'index.sqlite'} is not writable by you (index.sqlite belongs to "
+                    f"uid {users.victim.uid}, mode 644; its owner can run `chmod g+w {v1 / 'index.sqlite'}*`); this "
+                    "build is not registered in it, so `tpubuild gc` run from another workspace may remove what "
+                    "this one uses"], result.stderr
+    refused = users.tpubuild(users.co, spaces["co"], "gc")  # it cannot know which workspaces use the cache
+    assert refused.returncode == 2 and refused.stderr.splitlines()[-1] == (
+        f"error: the cache index {v1 / 'index.sqlite'} is not writable by you (index.sqlite belongs to uid "
+        f"{users.victim.uid}, mode 644; its owner can run `chmod g+w {v1 / 'index.sqlite'}*`): gc cannot know "
+        "which workspaces use the cache; nothing removed"), refused.stderr
     build(users.victim)  # the index's owner: made writable for the group again
     assert stat.S_IMODE(os.stat(v1 / "index.sqlite").st_mode) == 0o664
 
@@ -410,3 +417,77 @@ def test_a_process_that_holds_a_session_is_waited_for_by_gc_naming_it(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def _damage_cases(v1: Path) -> dict[str, tuple[Path, str, object]]:
+    """label -> (path, what it is, how to make it)."""
+    def loop(path: Path) -> None:
+        os.symlink(path, path)
+
+    def directory(path: Path) -> None:
+        (path / "theirs").mkdir(parents=True)
+
+    return {
+        "v1/lock a directory": (v1 / "lock", "a directory", directory),
+        "v1/lock a symlink loop": (v1 / "lock", "a symbolic link", loop),
+        "tmp/x.lock a directory": (v1 / "tmp" / "x.lock", "a directory", directory),
+        "tmp/x.lock a dangling symlink": (v1 / "tmp" / "x.lock", "a symbolic link",
+                                          lambda p: os.symlink("/nonexistent", p)),
+    }
+
+
+def test_finding_8_damage_in_the_place_of_a_lock_is_one_warning_in_build_gc_and_verify_cache(built_workspace,
+                                                                                          tmp_path):
+    from tests.engine.conftest import tpubuild
+
+    ws = built_workspace
+    v1 = ws / ".tpubuild" / "cache" / "v1"
+    for case, (label, (path, what, make)) in enumerate(_damage_cases(v1).items()):
+        for command in (["build", "toy"], ["gc"], ["verify-cache"]):
+            if path.is_symlink() or path.is_file():
+                path.unlink()
+            make(path)
+            if command[0] == "build":  # publish only (no TensorFlow): opens a session of the store
+                (ws / "out" / "toy").rename(tmp_path / f"toy-{case}")
+            result = tpubuild(ws, *command, timeout=120)
+            assert result.returncode == 0, (label, command, result.stderr)
+            assert "Traceback" not in result.stderr  # before issue 39: IsADirectoryError, ELOOP
+            how = " (the link itself, not what it points to)" if what == "a symbolic link" else ""
+            assert [line for line in result.stderr.splitlines() if line.startswith("warning: cache ")] == [
+                f"warning: cache {path} is {what}, not what tpubuild keeps there; removed{how}"], (label, command)
+            assert not path.is_symlink() and (path.name == "lock") == path.is_file()
+
+
+def test_finding_8_gc_and_verify_cache_remove_damage_in_objects_and_count_only_what_they_removed(built_workspace):
+    from tests.engine.conftest import tpubuild
+
+    ws = built_workspace
+    v1 = ws / ".tpubuild" / "cache" / "v1"
+    objects = {p: p.stat().st_size for p in (v1 / "objects").rglob("*") if p.is_file()}
+    shard = sorted((v1 / "objects").iterdir())[0]
+    dangling, directory, shard_file = shard / ("0" * 62), shard / ("1" * 62), v1 / "objects" / "zz"
+    fifo_record = v1 / "stages" / "ff" / ("f" * 64 + ".json")
+    for command in (["gc", "--keep-days", "0"], ["verify-cache"]):
+        os.symlink("/nonexistent", dangling)
+        (directory / "x").mkdir(parents=True)
+        shard_file.write_text("not a directory")
+        fifo_record.parent.mkdir(exist_ok=True)
+        os.mkfifo(fifo_record)  # a record gc could not read: before issue 39 it kept it, reading nothing
+        result = tpubuild(ws, *command, timeout=120)
+        assert result.returncode == 0, (command, result.stderr)
+        assert "Traceback" not in result.stderr  # before issue 39: FileNotFoundError, IsADirectoryError
+        warnings = sorted(line for line in result.stderr.splitlines() if line.startswith("warning: cache"))
+        expected = [f"warning: cache object {dangling} is a symbolic link; removed, its stage rebuilds",
+                    f"warning: cache object {directory} is a directory; removed, its stage rebuilds",
+                    f"warning: cache {shard_file} is a regular file, not what tpubuild keeps there; removed"]
+        if command[0] == "gc":
+            expected.append(f"warning: cache record {fifo_record} is invalid (a FIFO (named pipe)); removed")
+            # Every lock file references every record: nothing else goes. Its counts are what it removed.
+            assert result.stdout.strip() == f"removed 1 stage entries and 0 objects (0 bytes); " \
+                                            f"{sum(objects.values())} bytes kept"
+        else:
+            fifo_record.unlink()
+            assert result.stdout.strip().startswith(f"checked {len(objects)} objects and ")
+        assert warnings == sorted(expected), result.stderr
+        assert {p: p.stat().st_size for p in (v1 / "objects").rglob("*") if p.is_file()} == objects
+        assert not any(os.path.lexists(p) for p in (dangling, directory, shard_file, fifo_record))

@@ -48,8 +48,14 @@ def command(ctx: click.Context, keep_days: float | None, max_size: str | None, r
         lock.acquire(3600, notify=notify)
         store = Store(ws.cache_dir)
         referenced = referenced_keys(locks)
-        store.register_workspace(ws.root, referenced, ws.file)  # its lock files are what it uses now
-        result = collect(store, referenced, keep_days, limit, notify=notify)
+        try:
+            store.register_workspace(ws.root, referenced, ws.file)  # its lock files are what it uses now
+            result = collect(store, referenced, keep_days, limit, notify=notify)
+        except PermissionError as exc:  # the index is another user's: which workspaces use the cache is unknown
+            if exc.filename != str(store.index_path):
+                raise
+            raise UsageError(f"the cache index {exc.filename} is {exc.strerror}: gc cannot know which workspaces "
+                             "use the cache; nothing removed") from None
     click.echo(
         f"removed {result.entries_removed} stage entries and {result.objects_removed} objects "
         f"({result.bytes_freed} bytes); {result.bytes_kept} bytes kept"

@@ -14,25 +14,16 @@ workspaces and concurrent builds on one machine, and by users who trust each oth
   directory of the next stage. Never trusted because it exists: each use compares every
   file with its (verified) object and replaces a wrong one by a temp link + rename, so a
   reader of the old file is never disturbed and a partial checkout is repaired.
-- `v1/tmp/<session>/` + `v1/tmp/<session>.lock`: one directory per build process, mode
-  0700 (no other user can enter it), holding its stage work dirs and checkout temps, with
-  a flock the process holds for its whole life. Dead sessions (a free flock) are removed
-  when the next session opens. `tmp/` of a shared cache is sticky, like /tmp.
-- `v1/lock`: the store lock (a flock, engine/flock.py). Taken briefly to open a session;
-  `gc` and `verify-cache` hold it and wait for every live session to end, so nothing is
-  collected from under a running build. Anyone who can read the cache can hold it: every
-  wait for it has a deadline (TPUBUILD_CACHE_LOCK_WAIT) and names the holder.
-- `v1/index.sqlite`: objects, stage records, and the workspaces that use this cache with
-  the stage keys each references; `gc` keeps everything a still-existing registered
-  workspace references. Made group-writable in a shared cache (sqlite gives its -wal and
-  -shm files the same mode).
+- `v1/tmp/<session>/`, `v1/lock`: one private directory per build process, and the store
+  lock gc and verify-cache hold (engine/sessions.py).
+- `v1/index.sqlite`: the workspaces that use this cache and the keys each references, for
+  gc (engine/store_index.py).
 
 Nothing in the cache is walked, written or deleted through a symbolic link: every
-directory is opened component by component with O_NOFOLLOW (engine/nofollow.py), and a
-link, a FIFO or a directory where tpubuild keeps something else is damage, removed (the
-link, never what it points to) with one warning, then made again. New directories take
-the mode of the directory they are made in (a 2775 cache stays group-writable whatever
-the umask); objects and records are read-only files every user of the cache can read.
+directory is opened component by component with O_NOFOLLOW (engine/cache_layout.py,
+nofollow.py), and a link, a FIFO or a directory where tpubuild keeps something else is
+damage, removed (the link, never what it points to) with one warning, then made again.
+Objects and records are read-only files every user of the cache can read.
 
 Durability: every file is fsynced before the rename that publishes it, and the directory
 holding the new name after it; a killed process leaves no half entry, object or checkout.
@@ -40,21 +31,17 @@ holding the new name after it; a killed process leaves no half entry, object or 
 
 from __future__ import annotations
 
-import atexit
-import errno
 import json
 import os
 import stat
 import sys
 import threading
-import time
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import Callable, Iterator
 
-from tpubuild.config.finding import WORKSPACE_FILE
 from tpubuild.engine import record_mac
-from tpubuild.engine.flock import LockTimeout, open_lock_file, try_lock, unlock, wait_lock
+from tpubuild.engine.cache_layout import LAYOUT, CacheLayout
 from tpubuild.engine.fsutil import place_file, replace_file
 from tpubuild.engine.hashing import FileEntry, hash_fd, tree_digest
 from tpubuild.engine.nofollow import (
@@ -73,518 +60,82 @@ from tpubuild.engine.nofollow import (
     write_atomic_at,
 )
 from tpubuild.engine.records import RECORD_LIMIT, StageEntry, parse_entry
+from tpubuild.engine.sessions import Sessions
 from tpubuild.engine.statcache import StatCache, stat_key
-from tpubuild.errors import StageError, UsageError
+from tpubuild.engine.store_index import StoreIndex
+from tpubuild.errors import StageError
 
-if TYPE_CHECKING:
-    import sqlite3
-
-LAYOUT = "v1"
-# sqlite's primary result codes that are the machine's, as the errno they stand for.
-_SQLITE_ERRNO = {13: errno.ENOSPC, 10: errno.EIO, 8: errno.EROFS}  # SQLITE_FULL, SQLITE_IOERR, SQLITE_READONLY
-INDEX = "index.sqlite"
-# The files sqlite keeps beside the index (write-ahead log, its shared memory, a rollback journal).
-_INDEX_COMPANIONS = ("-wal", "-shm", "-journal")
-# How long a build waits for the store lock (held by gc, verify-cache, or anyone who can
-# read the cache), in seconds; this variable sets it.
-LOCK_WAIT_VARIABLE = "TPUBUILD_CACHE_LOCK_WAIT"
-LOCK_WAIT = 600.0
-# Caches this process said are shared (the warning is one line per cache and process).
-_said_shared: set[str] = set()
+__all__ = ["LAYOUT", "Store", "link_or_copy"]
 
 
 class Store:
     def __init__(self, cache_dir: Path, report: Callable[[str], None] | None = None):
-        self.cache_dir = Path(cache_dir)
-        self.root = self.cache_dir / LAYOUT
+        # Where one-line warnings about the store's own damage go (stderr unless told).
+        self.report = report or (lambda message: print(message, file=sys.stderr))
+        self.layout = CacheLayout(Path(cache_dir), lambda message: self.report(message))
+        self.cache_dir, self.root = self.layout.cache_dir, self.layout.root
         self.objects = self.root / "objects"
         self.stages = self.root / "stages"
         self.trees = self.root / "trees"
-        self.tmp = self.root / "tmp"
-        self.lock_path = self.root / "lock"
-        self.index_path = self.root / INDEX
-        # Where one-line warnings about the store's own damage go (stderr unless told).
-        self.report = report or (lambda message: print(message, file=sys.stderr))
-        self._guard = threading.RLock()  # a session is per process; threads share it
-        self._session: Path | None = None
-        self._session_fd: int | None = None  # the session directory itself, whatever its name becomes
-        self._session_lock_fd: int | None = None
-        self._busy: str | None = None  # the store lock timed out once: said once, not waited for again
-        self._db: sqlite3.Connection | None = None
-        self._index_refused = False
+        self.sessions = Sessions(self.layout)
+        self.index = StoreIndex(self.layout)
+        self.sessions.closing.append(self.index.close)
+        self.tmp, self.lock_path, self.index_path = self.sessions.tmp, self.sessions.lock_path, self.index.path
         # Objects this process hashed itself, with the stat they had: trusted while the
         # stat is unchanged (the stat cache cannot keep them: they are too fresh).
         self._verified: dict[str, list[int]] = {}
         self._private: bool | None = None  # private(): computed once
-        self._warned: set[str | Path] = set()  # damage and untrusted records already reported
+        self._guard = threading.RLock()
         self._key: bytes | None = None  # this user's record key (_mac_key)
         self._key_file: Path | None = None  # where it is
         self._key_refused = False
 
-    # --- the layout, never through a link -----------------------------------------------
-    def _say_once(self, what: str | Path, message: str) -> None:
-        with self._guard:
-            if what in self._warned:
-                return
-            self._warned.add(what)
-        self.report(message)
-
-    def _damage(self, path: Path | str, what: str) -> None:
-        """Say (once) that `path` was damage and is removed."""
-        how = " (the link itself, not what it points to)" if what == "a symbolic link" else ""
-        self._say_once(os.fspath(path), f"warning: cache {path} is {what}, not what tpubuild keeps there; "
-                                        f"removed{how}")
-
-    def _remove_damage_at(self, name: str, dir_fd: int, path: Path | str, what: str) -> None:
-        self._damage(path, what)
-        remove_at(name, dir_fd)
-
-    def _dir_mode(self, parent_fd: int, name: str) -> int:
-        """The mode of a new directory `name`: its parent's (a group-writable cache stays
-        group-writable whatever the umask), `tmp/` sticky in a shared cache (no user can
-        rename another's session), `keys/` sticky and writable by all in a shared cache,
-        private to its user otherwise (engine/record_mac.py)."""
-        mode = os.fstat(parent_fd).st_mode & 0o2777
-        shared = mode & 0o022
-        if name == "keys":
-            return 0o1777 if shared else 0o700
-        if name == "tmp" and shared:
-            return mode | 0o1000
-        return mode
-
-    @staticmethod
-    def _file_mode(dir_fd: int) -> int:
-        """The mode of a file every user of the cache writes (the index, the lock): the
-        read and write bits of its directory."""
-        return os.fstat(dir_fd).st_mode & 0o666
-
-    def _open(self, parts: tuple[str, ...], create: bool = True) -> int:
-        """A descriptor of `v1/<parts>`, each component opened without following a link,
-        made (`create`) with `_dir_mode` when absent. A link or a non-directory in the
-        place of one is damage: removed (the link itself), one warning, and a directory
-        made; without `create`, FileNotFoundError."""
-        if create:
-            # The user's own path (it may be a link they made). One tpubuild makes is this
-            # user's alone whatever the umask: a cache is shared only by making its
-            # directory group-writable first (docs/shared-cache.md).
-            os.makedirs(self.cache_dir, mode=0o755, exist_ok=True)
-        fd = os.open(self.cache_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        path = self.cache_dir
-        try:
-            for name in (LAYOUT, *parts):
-                path = path / name
-                try:
-                    child = make_dir(name, fd, self._dir_mode(fd, name)) if create else open_dir(name, fd)
-                except NotAFile as exc:
-                    self._remove_damage_at(name, fd, path, exc.kind)
-                    if not create:
-                        raise FileNotFoundError(errno.ENOENT, "removed as damage", os.fspath(path)) from None
-                    child = make_dir(name, fd, self._dir_mode(fd, name))
-                os.close(fd)
-                fd = child
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
-
-    @contextmanager
-    def _at(self, *parts: str, create: bool = True) -> Iterator[int]:
-        """`_open` as a context: the descriptor is closed on leaving."""
-        fd = self._open(parts, create)
-        try:
-            yield fd
-        finally:
-            os.close(fd)
-
-    def _warn_if_shared(self) -> None:
-        """One line, once per process and cache, when others than its owner can write the
-        cache: its users must trust each other (docs/shared-cache.md)."""
-        where = os.fspath(self.root)
-        if where in _said_shared:
-            return
-        _said_shared.add(where)
-        try:
-            st = os.stat(self.root, follow_symlinks=False)
-        except OSError:
-            return
-        if st.st_mode & 0o002:
-            who = "every user of this machine"
-        elif st.st_mode & 0o020:
-            who = f"the users of group {_group_name(st.st_gid)}"
-        elif st.st_uid != os.getuid():
-            who = f"its owner, uid {st.st_uid}"
-        else:
-            return
-        self.report(f"warning: the cache {self.cache_dir} can be written by {who}: a shared cache is for users who "
-                    "trust each other (docs/shared-cache.md); share builds with others through a remote cache "
-                    "with signed records")
-
-    # --- the store lock and per-process sessions -------------------------------------
-    def _lock_fd(self) -> int:
-        """A descriptor of `v1/lock` to flock (damage there removed and the file made)."""
-        with self._at() as root_fd:
-            for _ in range(3):
-                try:
-                    return open_lock_file("lock", root_fd, self._file_mode(root_fd))
-                except NotAFile as exc:
-                    self._remove_damage_at("lock", root_fd, self.lock_path, exc.kind)
-        raise UsageError(f"the cache lock {self.lock_path} keeps being replaced by something else; not used")
-
-    def _lock_wait(self) -> float:
-        try:
-            return max(0.0, float(os.environ.get(LOCK_WAIT_VARIABLE, LOCK_WAIT)))
-        except ValueError:
-            raise UsageError(f"{LOCK_WAIT_VARIABLE}={os.environ[LOCK_WAIT_VARIABLE]!r} is not a number of seconds") \
-                from None
-
+    # --- sessions, the store lock and the index (engine/sessions.py, store_index.py) -----------
     def session_dir(self) -> Path:
         """This process's private temp directory (mode 0700), made on first use under the
-        store lock, after removing the sessions of dead processes. Its flock tells other
-        processes that it is alive; gc waits for it. A store lock held past its deadline
-        is one UsageError naming the holder (and no second wait in this process)."""
-        with self._guard:
-            if self._session is not None:
-                return self._session
-            if self._busy is not None:
-                raise UsageError(self._busy)
-            wait = self._lock_wait()
-            lock_fd = self._lock_fd()
-            self._warn_if_shared()  # once `v1/` exists, with the mode it was given
-            with opened(lock_fd):
-                try:
-                    wait_lock(lock_fd, wait, self.report, f"the cache lock {self.lock_path}")
-                except LockTimeout as exc:
-                    self._busy = (f"the cache lock {self.lock_path} stayed busy ({exc.holder}); gave up after "
-                                  f"{wait:g} s (set {LOCK_WAIT_VARIABLE} to wait longer)")
-                    raise UsageError(self._busy) from None
-                with self._at("tmp") as tmp_fd:
-                    self._clean_dead_sessions(tmp_fd)
-                    name, session_fd, session_lock_fd = _new_session(tmp_fd)
-            self._session, self._session_fd, self._session_lock_fd = self.tmp / name, session_fd, session_lock_fd
-            atexit.register(self.close)
-            return self._session
+        store lock; its flock tells other processes that it is alive (gc waits for it)."""
+        return self.sessions.open()
 
     new_build_tmp = session_dir
 
     def close(self) -> None:
         """End this process's session: its temp directory goes, its flock is dropped."""
-        with self._guard:
-            if self._session is not None and self._session_fd is not None:
-                name = self._session.name
-                for entry in os.listdir(self._session_fd):  # by descriptor: ours, wherever it is now
-                    remove_at(entry, self._session_fd)
-                try:
-                    with self._at("tmp", create=False) as tmp_fd:
-                        here = lstat_at(name, tmp_fd)
-                        mine = os.fstat(self._session_fd)
-                        if here is not None and (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino):
-                            os.rmdir(name, dir_fd=tmp_fd)
-                        os.unlink(f"{name}.lock", dir_fd=tmp_fd)
-                except OSError:
-                    pass
-                os.close(self._session_fd)
-            if self._session_lock_fd is not None:
-                os.close(self._session_lock_fd)  # drops the flock
-            self._session = self._session_fd = self._session_lock_fd = None
-            if self._db is not None:
-                self._db.close()
-                self._db = None
+        self.sessions.close()
 
     def clean_tmp(self) -> list[str]:
-        """Remove the sessions of dead processes (their flock is free) and leftovers of
-        older layouts. Skipped while gc holds the store (it cleans up itself). Returns the
-        names removed."""
-        try:
-            lock_fd = self._lock_fd()
-        except OSError:
-            return []
-        with opened(lock_fd):
-            if not try_lock(lock_fd):
-                return []
-            try:
-                with self._at("tmp", create=False) as tmp_fd:
-                    return self._clean_dead_sessions(tmp_fd)
-            except FileNotFoundError:
-                return []
-
-    def _clean_dead_sessions(self, tmp_fd: int) -> list[str]:
-        """Under the store lock: remove the sessions whose flock is free, and anything in
-        `tmp/` that is no session (a crash before its lock existed, damage). Another
-        user's dead session is removed when they can be (its directory is theirs, 0700)."""
-        removed = []
-        own = self._session.name if self._session is not None else None
-        names = set(os.listdir(tmp_fd))
-        for name in sorted(names):
-            base = name.removesuffix(".lock")
-            if base == own or (name == base and f"{name}.lock" in names):
-                continue
-            if name == base:  # no lock file: a crash before the lock existed, or an older layout
-                if remove_at(name, tmp_fd):
-                    removed.append(base)
-                continue
-            try:
-                fd = open_lock_file(name, tmp_fd, 0o644, create=False)
-            except NotAFile as exc:
-                self._remove_damage_at(name, tmp_fd, self.tmp / name, exc.kind)
-                if remove_at(base, tmp_fd):
-                    removed.append(base)
-                continue
-            except OSError:
-                continue
-            with opened(fd):
-                if not try_lock(fd):
-                    continue  # alive
-                if remove_at(base, tmp_fd):
-                    try:
-                        os.unlink(name, dir_fd=tmp_fd)
-                    except OSError:
-                        pass
-                    removed.append(base)
-        try:
-            with self._at("trees", create=False) as trees_fd:
-                for name in os.listdir(trees_fd):
-                    if name.startswith("."):  # checkout temps and trash of older versions
-                        remove_at(name, trees_fd)
-        except FileNotFoundError:
-            pass
-        return removed
-
-    def _live_sessions(self, tmp_fd: int) -> list[str]:
-        """The lock files (names in `tmp/`) of sessions whose owner is alive (other processes)."""
-        live = []
-        own = self._session.name if self._session is not None else None
-        for name in sorted(os.listdir(tmp_fd)):
-            if not name.endswith(".lock") or name.removesuffix(".lock") == own:
-                continue
-            try:
-                fd = open_lock_file(name, tmp_fd, 0o644, create=False)
-            except OSError:
-                continue  # damage: cleaned once every session has ended
-            with opened(fd):
-                if try_lock(fd):
-                    unlock(fd)
-                else:
-                    live.append(name)
-        return live
+        """Remove the sessions of dead processes; the names removed (sessions.py)."""
+        return self.sessions.clean()
 
     def live_sessions(self) -> list[Path]:
         """The lock files of sessions whose owner is alive (other processes)."""
-        try:
-            with self._at("tmp", create=False) as tmp_fd:
-                return [self.tmp / name for name in self._live_sessions(tmp_fd)]
-        except FileNotFoundError:
-            return []
+        return self.sessions.live()
 
-    @contextmanager
-    def exclusive(self, wait: float = 3600.0, notify: Callable[[str], None] = lambda m: None) -> Iterator[None]:
-        """Hold the store alone: no session can start, and every running one has ended
-        (gc, verify-cache). Waits up to `wait` seconds, saying for whom."""
-        lock_fd = self._lock_fd()
-        self._warn_if_shared()
-        deadline = time.monotonic() + wait
-        with opened(lock_fd):
-            try:
-                wait_lock(lock_fd, wait, notify, f"another tpubuild command that holds the cache {self.cache_dir}")
-            except LockTimeout as exc:
-                raise UsageError(f"the cache {self.cache_dir} stayed busy ({exc.holder}); gave up after {wait:g} s") \
-                    from None
-            with self._at("tmp") as tmp_fd:
-                live = self._live_sessions(tmp_fd)
-                if live:
-                    notify(f"waiting for {len(live)} running tpubuild build(s) using the cache {self.cache_dir}")
-                for name in live:
-                    try:
-                        fd = open_lock_file(name, tmp_fd, 0o644, create=False)
-                    except OSError:
-                        continue
-                    with opened(fd):
-                        try:
-                            wait_lock(fd, max(0.0, deadline - time.monotonic()), lambda m: None, name)
-                        except LockTimeout as exc:
-                            raise UsageError(f"a tpubuild build is still using the cache {self.cache_dir} "
-                                             f"({exc.holder}); gave up after {wait:g} s") from None
-                self._clean_dead_sessions(tmp_fd)
-            yield
+    def exclusive(self, wait: float = 3600.0,
+                  notify: Callable[[str], None] = lambda m: None) -> AbstractContextManager[None]:
+        """Hold the store alone (gc, verify-cache): no session can start, and every running
+        one has ended. Waits up to `wait` seconds, saying for whom."""
+        return self.sessions.exclusive(wait, notify)
 
-    # --- the index ---------------------------------------------------------------------
-    @contextmanager
-    def _index_faults(self) -> Iterator[None]:
-        """The index's own faults as the OSError they are, naming its file: sqlite says
-        "database or disk is full" or "disk I/O error" and no path (the CLI then prints
-        one line, engine/build.py fails the stage without a traceback)."""
-        import sqlite3
+    def new_workdir(self, label: str) -> Path:
+        """A work directory inside this process's session (no other build deletes it)."""
+        return self.sessions.new_workdir(label)
 
-        try:
-            yield
-        except sqlite3.OperationalError as exc:
-            code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF  # the primary result code
-            if code not in _SQLITE_ERRNO:
-                raise
-            number = _SQLITE_ERRNO[code]
-            if number == errno.EIO and _no_space(self.index_path.parent):
-                number = errno.ENOSPC  # WAL and journal files fail to grow as "disk I/O error"
-            raise OSError(number, f"{os.strerror(number)} ({exc})", os.fspath(self.index_path)) from exc
-
-    def _open_index(self) -> sqlite3.Connection:
-        if self._db is None:
-            import sqlite3  # here: planning commands never open the index
-
-            self._prepare_index()
-            db = sqlite3.connect(self.index_path, timeout=60, check_same_thread=False, isolation_level=None)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=FULL")
-            db.executescript(
-                "CREATE TABLE IF NOT EXISTS objects(hash TEXT PRIMARY KEY, size INTEGER NOT NULL);"
-                "CREATE TABLE IF NOT EXISTS stages(key TEXT PRIMARY KEY, stage TEXT, tree TEXT, created REAL);"
-                "CREATE TABLE IF NOT EXISTS workspaces(root TEXT PRIMARY KEY, file TEXT, registered REAL);"
-                "CREATE TABLE IF NOT EXISTS refs(root TEXT, recipe TEXT, key TEXT, PRIMARY KEY(root, recipe, key));"
-            )
-            self._db = db
-        return self._db
-
-    def _prepare_index(self) -> None:
-        """Make the index file before sqlite does, with the mode every user of the cache
-        needs (sqlite makes a new database 0644 whatever the umask, so a second user of a
-        group-writable cache could not write it; it gives the -wal and -shm files the
-        database's own mode). A link or a special file in the place of the index or of one
-        of its companions is damage, removed first (sqlite follows a link to the database)."""
-        with self._at() as root_fd:
-            mode = self._file_mode(root_fd)
-            for name in (INDEX, *(INDEX + suffix for suffix in _INDEX_COMPANIONS)):
-                st = lstat_at(name, root_fd)
-                if st is not None and not stat.S_ISREG(st.st_mode):
-                    self._remove_damage_at(name, root_fd, self.root / name, kind(st.st_mode))
-                elif st is not None and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) != mode:
-                    # Ours, from a tpubuild that let sqlite choose (0644): as every user needs it now.
-                    try:
-                        fd, _ = open_regular_at(name, root_fd)
-                        with opened(fd):
-                            os.fchmod(fd, mode)
-                    except OSError:
-                        pass
-            try:
-                fd = os.open(INDEX, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                             dir_fd=root_fd)
-            except FileExistsError:
-                return
-            with opened(fd):
-                os.fchmod(fd, mode)
-
-    def _index_unusable(self, exc: BaseException) -> None:
-        """Say once that the index cannot be written, and why it matters (gc)."""
-        from tpubuild.errors import environment_fault, fault_line
-
-        with self._guard:
-            if self._index_refused:
-                return
-            self._index_refused = True
-        fault = environment_fault(exc)
-        why = fault_line(fault) if fault is not None else f"{type(exc).__name__}: {exc}"
-        try:
-            st = os.stat(self.index_path, follow_symlinks=False)
-            owner = f"; it belongs to uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}"
-            if st.st_uid != os.getuid():
-                owner += f": its owner can run `chmod g+w {self.index_path}*`"
-        except OSError:
-            owner = ""
-        self.report(f"warning: the cache index cannot be written ({why}{owner}); this build is not registered "
-                    "in it, so `tpubuild gc` run from another workspace may remove what this one uses")
-
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        import sqlite3
-
-        with self._guard, self._index_faults():
-            db = self._open_index()
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                yield db
-            except BaseException:
-                try:
-                    db.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass  # a failed write (a full disk) already rolled the transaction back
-                raise
-            db.execute("COMMIT")
+    def remove_workdir(self, path: Path) -> None:
+        """Remove a work directory of `new_workdir`, by descriptor from the session's own."""
+        self.sessions.remove(path)
 
     def register_workspace(self, root: Path, keys: set[str] | dict[str, set[str]], file: Path | None = None,
                            required: bool = True) -> None:
-        """Record which stage keys the workspace at `root` references (gc keeps them while
-        the workspace exists). A set replaces all of the workspace's references; a dict
-        {recipe: keys} replaces those recipes' only (a build of some recipes). Not
-        `required` (a build): an index that cannot be written is said once, not an error."""
-        if not required:
-            import sqlite3
-
-            try:
-                self.register_workspace(root, keys, file)
-            except (OSError, sqlite3.Error) as exc:
-                self._index_unusable(exc)
-            return
-        root_s = os.fspath(Path(root).resolve())
-        file_s = os.fspath(file or Path(root_s) / WORKSPACE_FILE)
-        with self._transaction() as db:
-            db.execute("INSERT OR REPLACE INTO workspaces VALUES (?, ?, ?)", (root_s, file_s, time.time()))
-            if isinstance(keys, dict):
-                for recipe, recipe_keys in keys.items():
-                    db.execute("DELETE FROM refs WHERE root = ? AND recipe = ?", (root_s, recipe))
-                    db.executemany("INSERT OR IGNORE INTO refs VALUES (?, ?, ?)",
-                                   [(root_s, recipe, k) for k in recipe_keys])
-            else:
-                db.execute("DELETE FROM refs WHERE root = ?", (root_s,))
-                db.executemany("INSERT OR IGNORE INTO refs VALUES (?, '', ?)", [(root_s, k) for k in keys])
+        """Record which stage keys the workspace at `root` references (store_index.py)."""
+        self.index.register_workspace(root, keys, file, required)
 
     def workspace_references(self, forget_missing: bool = True) -> dict[str, set[str]]:
-        """Registered workspace root -> the keys it references. Workspaces whose file no
-        longer exists are dropped from the index (`forget_missing`)."""
-        with self._transaction() as db:
-            rows = db.execute("SELECT root, file FROM workspaces").fetchall()
-            out: dict[str, set[str]] = {}
-            for root, file in rows:
-                if not os.path.isfile(file) or not self._uses_this_cache(root, file):
-                    if forget_missing:
-                        db.execute("DELETE FROM workspaces WHERE root = ?", (root,))
-                        db.execute("DELETE FROM refs WHERE root = ?", (root,))
-                    continue
-                out[root] = {k for (k,) in db.execute("SELECT key FROM refs WHERE root = ?", (root,))}
-            return out
-
-    def _uses_this_cache(self, root: str, file: str) -> bool:
-        """Whether the workspace's file still names this cache (a workspace copied with its
-        cache, or switched to another cache_dir, no longer pins this one's entries)."""
-        import yaml
-
-        try:
-            data = yaml.safe_load(Path(file).read_text()) or {}
-            cache_dir = Path(root) / str(data.get("cache_dir", ".tpubuild/cache"))
-        except (OSError, yaml.YAMLError, AttributeError, TypeError):
-            return True  # unreadable now: keep its entries (when in doubt, keep)
-        return os.path.realpath(cache_dir / self.root.name) == os.path.realpath(self.root)
-
-    def _index_entry(self, entry: StageEntry) -> None:
-        """Add a new entry and its objects to the index. The files on disk are the truth
-        (gc scans them), so an index that cannot be written does not fail the stage."""
-        import sqlite3
-
-        if self._index_refused:
-            return
-        try:
-            with self._transaction() as db:
-                db.executemany("INSERT OR REPLACE INTO objects VALUES (?, ?)", [(f.hash, f.size) for f in entry.files])
-                db.execute("INSERT OR REPLACE INTO stages VALUES (?, ?, ?, ?)",
-                           (entry.key, entry.stage, entry.tree, time.time()))
-        except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
-                raise  # the machine's: the stage fails in one line naming the index
-            self._index_unusable(exc)
-        except sqlite3.Error as exc:
-            self._index_unusable(exc)
+        """Registered workspace root -> the keys it references (store_index.py)."""
+        return self.index.workspace_references(forget_missing)
 
     def forget(self, keys: set[str], objects: set[str]) -> None:
         """Drop removed stage entries and objects from the index (gc)."""
-        with self._transaction() as db:
-            db.executemany("DELETE FROM stages WHERE key = ?", [(k,) for k in keys])
-            db.executemany("DELETE FROM objects WHERE hash = ?", [(h,) for h in objects])
+        self.index.forget(keys, objects)
 
     # --- stage entries -------------------------------------------------------------
     def entry_path(self, key: str) -> Path:
@@ -615,17 +166,17 @@ class Store:
         removed."""
         path = self.entry_path(key)
         try:
-            with self._at("stages", key[:2], create=False) as shard:
+            with self.layout.at("stages", key[:2], create=False) as shard:
                 try:
                     raw = read_regular_at(f"{key}.json", shard, RECORD_LIMIT)
                 except NotAFile as exc:
-                    self._remove_damage_at(f"{key}.json", shard, path, exc.kind)
+                    self.layout.remove_damage(f"{key}.json", shard, path, exc.kind)
                     return None
                 except ValueError as exc:
                     raw, problem = None, str(exc)
                 except PermissionError:
                     # Another user's record, from a tpubuild that wrote records 0600.
-                    self._say_once(path, f"warning: cache record {path} is not readable by you (another user's); "
+                    self.layout.say_once(path, f"warning: cache record {path} is not readable by you (another user's); "
                                          "ignored, the stage rebuilds")
                     return None
                 entry, problem = parse_entry(key, raw, hash_record=False) if raw is not None else (None, problem)
@@ -641,7 +192,7 @@ class Store:
             # trust (engine/record_mac.py). Left in place; the rebuilt stage replaces it.
             why = "it has no MAC" if record_mac.FIELD not in data else \
                 f"its MAC does not verify with your key {self._key_file or record_mac.key_path(self.root)}"
-            self._say_once(path, f"warning: cache record {path} was not written by your tpubuild ({why}); "
+            self.layout.say_once(path, f"warning: cache record {path} was not written by your tpubuild ({why}); "
                                  "ignored, the stage rebuilds")
             return None
         return entry
@@ -664,7 +215,7 @@ class Store:
         if record_mac.user_key_dir(explicit_only=True) is not None:
             return self._user_key(create, None)
         try:
-            with self._at("keys", create=create) as keys_fd:
+            with self.layout.at("keys", create=create) as keys_fd:
                 key = record_mac.read_key(keys_fd, display)
                 if key is None and create:
                     key = record_mac.create_key(keys_fd, display)
@@ -699,7 +250,7 @@ class Store:
         if key is not None:
             self._key_file = directory / record_mac.USER_KEY_FILE
             if problem:
-                self._say_once("key", f"warning: {problem}: your records in {self.cache_dir} are MACed with your "
+                self.layout.say_once("key", f"warning: {problem}: your records in {self.cache_dir} are MACed with your "
                                       f"own key {self._key_file} instead, outside the cache "
                                       f"({record_mac.KEY_DIR_VARIABLE} chooses its directory)")
         return key
@@ -707,45 +258,10 @@ class Store:
     def touch(self, key: str) -> None:
         """Mark an entry as used now (gc keeps recently used entries); never through a link."""
         try:
-            with self._at("stages", key[:2], create=False) as shard:
+            with self.layout.at("stages", key[:2], create=False) as shard:
                 os.utime(f"{key}.json", dir_fd=shard, follow_symlinks=False)
         except OSError:
             pass
-
-    def new_workdir(self, label: str) -> Path:
-        """A work directory inside this process's session (no other build deletes it)."""
-        session = self.session_dir()
-        assert self._session_fd is not None
-        for _ in range(100):
-            name = f"{label}-{os.urandom(4).hex()}"
-            try:
-                os.mkdir(name, 0o700, dir_fd=self._session_fd)
-            except FileExistsError:
-                continue
-            return session / name
-        raise FileExistsError(errno.EEXIST, "no free work directory name", os.fspath(session))
-
-    @contextmanager
-    def _in_session(self, path: Path) -> Iterator[int]:
-        """A descriptor of `path`, a directory of this process's session, opened from the
-        session's own descriptor (what a name in `tmp/` points to is not trusted: no one
-        else can enter the session, but the owner of `tmp/` can rename it). A session
-        directory that is no longer under its name is a StageError: what a stage wrote
-        there is not stored."""
-        session = self.session_dir()
-        assert self._session_fd is not None
-        rel = Path(path).relative_to(session).as_posix()
-        with self._at("tmp", create=False) as tmp_fd:
-            here = lstat_at(session.name, tmp_fd)
-        mine = os.fstat(self._session_fd)
-        if here is None or (here.st_dev, here.st_ino) != (mine.st_dev, mine.st_ino):
-            raise StageError(f"the session directory {session} was replaced while the stage ran (by another user of "
-                             "the cache?); its output is not stored")
-        fd = open_path(self._session_fd, rel) if rel != "." else os.dup(self._session_fd)
-        try:
-            yield fd
-        finally:
-            os.close(fd)
 
     def put(
         self,
@@ -763,7 +279,7 @@ class Store:
         name there is then that same inode: the object holds the bytes that were hashed.
         Symbolic links and special files in the output are a StageError naming them."""
         entries = []
-        with self._in_session(out_dir) as out_fd:
+        with self.sessions.in_session(out_dir) as out_fd:
             for rel, _ in walk_regular(out_fd, os.fspath(out_dir)):
                 parent, name = os.path.split(rel)
                 with opened(open_path(out_fd, parent)) as parent_fd:
@@ -777,34 +293,20 @@ class Store:
                         os.fsync(fd)
                         self._move_in(name, parent_fd, digest, os.fstat(fd), os.path.join(out_dir, rel))
         entry = self._record(key, stage, entries, summary, warnings, record)
-        self._remove_in_session(out_dir)
+        self.sessions.remove(out_dir)
         return entry
 
     def _move_in(self, name: str, dir_fd: int, digest: str, st: os.stat_result, display: str) -> None:
         """Rename `name` (in `dir_fd`, a directory of the session; `st` its fstat, taken
         when it was hashed) into the store as the object `digest`, then check the object
         is that inode (else a StageError: the file changed while it was being stored)."""
-        with self._at("objects", digest[:2]) as shard:
+        with self.layout.at("objects", digest[:2]) as shard:
             os.rename(name, digest[2:], src_dir_fd=dir_fd, dst_dir_fd=shard)
             now = lstat_at(digest[2:], shard)
             if now is None or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
                 raise StageError(f"{display} was replaced while it was being stored; not recorded (build again)")
             fsync_fd(shard)
             self._verified[digest] = stat_key(now)
-
-    def remove_workdir(self, path: Path) -> None:
-        """Remove a work directory of `new_workdir`, by descriptor from this session's own."""
-        self._remove_in_session(path)
-
-    def _remove_in_session(self, path: Path) -> None:
-        session = self.session_dir()
-        assert self._session_fd is not None
-        parent, name = os.path.split(Path(path).relative_to(session).as_posix())
-        try:
-            with opened(open_path(self._session_fd, parent)) as fd:
-                remove_at(name, fd)
-        except OSError:
-            pass
 
     def put_files(self, key: str, stage: str, files: list[FileEntry], src_root: Path, record: dict,
                   stat_cache: StatCache | None = None) -> StageEntry:
@@ -828,9 +330,9 @@ class Store:
         data = entry.to_json()
         mac_key = self._mac_key(create=True)
         text = json.dumps(record_mac.seal(data, mac_key) if mac_key else data, sort_keys=True)
-        with self._at("stages", key[:2]) as shard:
+        with self.layout.at("stages", key[:2]) as shard:
             write_atomic_at(f"{key}.json", shard, text.encode("utf-8"), 0o444)
-        self._index_entry(entry)
+        self.index.add_entry(entry)
         return entry
 
     # --- objects -------------------------------------------------------------------
@@ -867,7 +369,7 @@ class Store:
         """Remove a damaged object (the link itself, never what it points to), one warning."""
         self._verified.pop(digest, None)
         obj = self.object_path(digest)
-        self._say_once(digest, f"warning: cache object {obj} is {problem}; removed, its stage rebuilds")
+        self.layout.say_once(digest, f"warning: cache object {obj} is {problem}; removed, its stage rebuilds")
         remove_at(digest[2:], shard)
 
     def _object_ok(self, digest: str, stat_cache: StatCache | None) -> bool:
@@ -876,7 +378,7 @@ class Store:
         and its stat did not change since; else hashed, from the descriptor whose stat is
         checked, via the stat cache)."""
         try:
-            with self._at("objects", digest[:2], create=False) as shard:
+            with self.layout.at("objects", digest[:2], create=False) as shard:
                 st = lstat_at(digest[2:], shard)
                 if st is None:
                     return False
@@ -909,7 +411,7 @@ class Store:
         store as that object (a remote cache download, verified before it comes here):
         read-only, durable."""
         parent, name = os.path.split(os.fspath(path))
-        with self._in_session(Path(parent)) as dir_fd:
+        with self.sessions.in_session(Path(parent)) as dir_fd:
             fd, _ = open_regular_at(name, dir_fd)
             with opened(fd):
                 os.fchmod(fd, 0o444)
@@ -931,7 +433,7 @@ class Store:
     def _shards(self) -> Iterator[tuple[str, int]]:
         """(name, descriptor) of each `objects/ab` directory; damage among them removed."""
         try:
-            objects_fd = self._open(("objects",), create=False)
+            objects_fd = self.layout.open(("objects",), create=False)
         except FileNotFoundError:
             return
         with opened(objects_fd):
@@ -941,7 +443,7 @@ class Store:
                 try:
                     shard = open_dir(sub, objects_fd)
                 except NotAFile as exc:
-                    self._remove_damage_at(sub, objects_fd, self.objects / sub, exc.kind)
+                    self.layout.remove_damage(sub, objects_fd, self.objects / sub, exc.kind)
                     continue
                 except FileNotFoundError:
                     continue
@@ -966,9 +468,13 @@ class Store:
         return sizes
 
     def all_objects(self) -> list[str]:
+        """Every object (a regular file in `objects/ab/`; damage is `verify_all`'s)."""
         digests = []
         for sub, shard in self._shards():
-            digests += [sub + name for name in sorted(os.listdir(shard)) if not name.startswith(".")]
+            for name in sorted(os.listdir(shard)):
+                st = None if name.startswith(".") else lstat_at(name, shard)
+                if st is not None and stat.S_ISREG(st.st_mode):
+                    digests.append(sub + name)
         return digests
 
     def verify_all(self, progress: Callable[[str], None] = lambda digest: None) -> list[str]:
@@ -1014,7 +520,7 @@ class Store:
         was removed."""
         self._verified.pop(digest, None)
         try:
-            with self._at("objects", digest[:2], create=False) as shard:
+            with self.layout.at("objects", digest[:2], create=False) as shard:
                 st = lstat_at(digest[2:], shard)
                 if st is None:
                     return False
@@ -1037,7 +543,7 @@ class Store:
                 if work is None:
                     work = self.new_workdir("ingest")
                 src = os.path.join(src_root, f.path)
-                with self._in_session(work) as work_fd:
+                with self.sessions.in_session(work) as work_fd:
                     # Links inside the model are allowed (walk_files checked they stay inside it).
                     place_file(src, f.hash, "copy", follow=True, dst_dir_fd=work_fd)
                     fd, _ = open_regular_at(f.hash, work_fd)
@@ -1047,7 +553,7 @@ class Store:
                         self._move_in(f.hash, work_fd, f.hash, os.fstat(fd), src)
         finally:
             if work is not None:
-                self._remove_in_session(work)
+                self.sessions.remove(work)
 
     # --- checkouts -----------------------------------------------------------------
     def checkout(self, entry: StageEntry) -> Path:
@@ -1058,16 +564,16 @@ class Store:
         points to are never touched). A new one appears by a rename; one that cannot be
         placed in `trees/` is used from this process's session."""
         dest = self.trees / entry.tree
-        with self._at("trees") as trees_fd:
+        with self.layout.at("trees") as trees_fd:
             st = lstat_at(entry.tree, trees_fd)
             if st is not None and not stat.S_ISDIR(st.st_mode):
-                self._remove_damage_at(entry.tree, trees_fd, dest, kind(st.st_mode))
+                self.layout.remove_damage(entry.tree, trees_fd, dest, kind(st.st_mode))
                 st = None
             if st is not None and self._repair_checkout(entry, trees_fd, entry.tree):
                 return dest
             work = self.new_workdir("checkout")
-            with self._in_session(work) as work_fd:
-                mode = self._dir_mode(trees_fd, entry.tree)
+            with self.sessions.in_session(work) as work_fd:
+                mode = self.layout.dir_mode(trees_fd, entry.tree)
                 with opened(make_dir("tree", work_fd, mode)) as tree_fd:
                     self._link_objects(entry.files, tree_fd, mode)
                 if st is not None:  # too damaged to repair: set aside (readers keep it), or removed
@@ -1079,11 +585,11 @@ class Store:
                     os.rename("tree", entry.tree, src_dir_fd=work_fd, dst_dir_fd=trees_fd)
                 except OSError:
                     if self._repair_checkout(entry, trees_fd, entry.tree):  # another build's, just made
-                        self._remove_in_session(work)
+                        self.sessions.remove(work)
                         return dest
                     return work / "tree"  # this build's own, for as long as its session lives
             fsync_fd(trees_fd)
-        self._remove_in_session(work)
+        self.sessions.remove(work)
         return dest
 
     def _repair_checkout(self, entry: StageEntry, trees_fd: int, name: str) -> bool:
@@ -1100,7 +606,7 @@ class Store:
                 present = dict(walk_regular(tree_fd, os.fspath(self.trees / name)))
             except StageError as exc:  # a link or a special file in it: never followed, never read
                 where = getattr(exc, "path", os.fspath(self.trees / name))
-                self._say_once(where, f"warning: cache checkout {self.trees / name} holds {getattr(exc, 'kind', '?')} "
+                self.layout.say_once(where, f"warning: cache checkout {self.trees / name} holds {getattr(exc, 'kind', '?')} "
                                       f"at {where}; set aside and made again (never followed)")
                 return False
             except OSError:
@@ -1112,14 +618,14 @@ class Store:
                         os.unlink(base, dir_fd=parent_fd)  # a stage must not write into its input; undo it
                 wrong = [f for rel, f in expected.items()
                          if present.get(rel) is None or _dev_ino(present[rel]) != self._object_dev_ino(f.hash)]
-                self._link_objects(wrong, tree_fd, self._dir_mode(trees_fd, name), replace=True)
+                self._link_objects(wrong, tree_fd, self.layout.dir_mode(trees_fd, name), replace=True)
             except (OSError, StageError):
                 return False
         return True
 
     def _object_dev_ino(self, digest: str) -> tuple[int, int] | None:
         try:
-            with self._at("objects", digest[:2], create=False) as shard:
+            with self.layout.at("objects", digest[:2], create=False) as shard:
                 st = lstat_at(digest[2:], shard)
         except OSError:
             return None
@@ -1163,7 +669,7 @@ class Store:
         invalid is removed (its stage rebuilds, as `get` would) and counted in `damaged`."""
         entries, damaged = [], 0
         try:
-            stages_fd = self._open(("stages",), create=False)
+            stages_fd = self.layout.open(("stages",), create=False)
         except FileNotFoundError:
             return entries, damaged
         with opened(stages_fd):
@@ -1171,7 +677,7 @@ class Store:
                 try:
                     shard = open_dir(sub, stages_fd)
                 except NotAFile as exc:
-                    self._remove_damage_at(sub, stages_fd, self.stages / sub, exc.kind)
+                    self.layout.remove_damage(sub, stages_fd, self.stages / sub, exc.kind)
                     continue
                 except OSError:
                     continue
@@ -1190,7 +696,7 @@ class Store:
                         except OSError as exc:
                             entry, problem = None, exc.strerror or str(exc)
                         if entry is None:
-                            self._say_once(path, f"warning: cache record {path} is invalid ({problem}); removed")
+                            self.layout.say_once(path, f"warning: cache record {path} is invalid ({problem}); removed")
                             if remove_at(name, shard):
                                 damaged += 1
                             continue
@@ -1200,7 +706,7 @@ class Store:
     def remove_record(self, key: str) -> bool:
         """Remove the record of `key` (never through a link); True when one was removed."""
         try:
-            with self._at("stages", key[:2], create=False) as shard:
+            with self.layout.at("stages", key[:2], create=False) as shard:
                 if lstat_at(f"{key}.json", shard) is None:
                     return False
                 return remove_at(f"{key}.json", shard)
@@ -1209,7 +715,7 @@ class Store:
 
     def tree_names(self) -> list[str]:
         try:
-            with self._at("trees", create=False) as trees_fd:
+            with self.layout.at("trees", create=False) as trees_fd:
                 return sorted(name for name in os.listdir(trees_fd) if not name.startswith("."))
         except FileNotFoundError:
             return []
@@ -1217,48 +723,13 @@ class Store:
     def remove_tree(self, name: str) -> None:
         """Remove the checkout `trees/<name>`: renamed away first (never half a checkout
         under its name), then deleted by descriptor, never through a link."""
-        with self._at("trees") as trees_fd:
+        with self.layout.at("trees") as trees_fd:
             trash = f".trash-{os.getpid()}-{os.urandom(4).hex()}"
             try:
                 os.rename(name, trash, src_dir_fd=trees_fd, dst_dir_fd=trees_fd)
             except OSError:
                 trash = name
             remove_at(trash, trees_fd)
-
-
-def _new_session(tmp_fd: int) -> tuple[str, int, int]:
-    """(name, directory descriptor, lock descriptor) of a new session in `tmp/`: its lock
-    file made and flocked first (readable by every user, so that their gc can see it is
-    alive), then its directory, mode 0700 (no other user can enter it)."""
-    for _ in range(100):
-        name = f"{os.getpid()}-{os.urandom(4).hex()}"
-        try:
-            lock_fd = open_lock_file(f"{name}.lock", tmp_fd, 0o644)
-        except OSError:
-            continue
-        if not try_lock(lock_fd):
-            os.close(lock_fd)
-            continue
-        try:
-            if lstat_at(name, tmp_fd) is not None:
-                remove_at(name, tmp_fd)  # a leftover that happens to have this name
-            os.mkdir(name, 0o700, dir_fd=tmp_fd)
-            session_fd = open_dir(name, tmp_fd)
-            os.fchmod(session_fd, 0o700)
-        except BaseException:
-            os.close(lock_fd)
-            raise
-        return name, session_fd, lock_fd
-    raise FileExistsError(errno.EEXIST, "no free session name", "tmp")
-
-
-def _group_name(gid: int) -> str:
-    try:
-        import grp
-
-        return f"{grp.getgrgid(gid).gr_name} (gid {gid})"
-    except (KeyError, ImportError):
-        return f"gid {gid}"
 
 
 def _dev_ino(st: os.stat_result) -> tuple[int, int]:
@@ -1273,10 +744,3 @@ def link_or_copy(src: Path | str, dst: str, link_type: str = "hardlink") -> None
     except FileNotFoundError:
         pass
     place_file(src, dst, link_type, durable=False)
-
-
-def _no_space(directory: Path) -> bool:
-    try:
-        return os.statvfs(directory).f_bavail == 0
-    except OSError:
-        return False
