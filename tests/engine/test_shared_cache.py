@@ -14,8 +14,10 @@ import time
 from pathlib import Path
 
 from tests.engine.conftest import source_recipe, write_workspace
-from tests.engine.users import TwoUsers, two_users  # noqa: F401 (the fixture)
+from tests.engine import users as shared
+from tests.engine.users import TwoUsers
 
+two_users = shared.two_users  # the fixture: two real users and a shared cache
 KEY = "a" * 64
 SHARED_LINE = "can be written by the users of group"
 
@@ -272,7 +274,7 @@ def test_finding_7_a_co_user_holding_the_cache_lock_costs_a_deadline_and_is_name
     users = two_users
     cache = users.shared_cache()
     first = users.run(users.victim, ["-c", OPEN_SESSION, str(cache)])
-    assert [line for line in first.stdout.splitlines() if SHARED_LINE not in line][0] == "opened", first.stdout
+    assert next(line for line in first.stdout.splitlines() if SHARED_LINE not in line) == "opened", first.stdout
     lock = cache / "v1" / "lock"
     assert stat.S_IMODE(os.stat(lock).st_mode) == 0o664  # every user of the cache can flock it
     holder = users.popen(users.co, ["-c", HOLD, str(lock)])
@@ -289,6 +291,50 @@ def test_finding_7_a_co_user_holding_the_cache_lock_costs_a_deadline_and_is_name
     assert lines[1].startswith(f"error: the cache lock {lock} stayed busy ({held}") and lines[1].endswith(
         "); gave up after 1 s (set TPUBUILD_CACHE_LOCK_WAIT to wait longer)"), lines
     assert float(lines[2].split()[1]) < 10  # before issue 39: waited forever, and said nothing
+
+
+HOLD_INDEX = """
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN IMMEDIATE")  # a writer that never commits
+print("held", flush=True)
+sys.stdin.readline()
+"""
+
+REGISTER = """
+import sys, time
+from pathlib import Path
+from tpubuild.engine.store import Store
+start = time.monotonic()
+Store(Path(sys.argv[1]), report=lambda m: print("said:", m)).register_workspace(Path(sys.argv[2]), {"k"},
+                                                                                 required=False)
+print(f"after {time.monotonic() - start:.1f} s")
+"""
+
+
+def test_finding_7_a_co_user_keeping_the_index_busy_costs_a_deadline_and_is_named(two_users):
+    users = two_users
+    cache = users.shared_cache()
+    assert users.run(users.victim, ["-c", REGISTER, str(cache), str(users.victim.home)]).returncode == 0
+    index = cache / "v1" / "index.sqlite"
+    holder = users.popen(users.co, ["-c", HOLD_INDEX, str(index)])
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        result = users.run(users.victim, ["-c", REGISTER, str(cache), str(users.victim.home)],
+                           extra={"TPUBUILD_CACHE_LOCK_WAIT": "3"})
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.returncode == 0, result.stderr
+    held = f"held by pid {holder.pid}, uid {users.co.uid}, python"
+    lines = [line for line in result.stdout.splitlines() if SHARED_LINE not in line]
+    assert lines[0].startswith(f"said: waiting for the cache index {index} ({held}") and lines[0].endswith(
+        "); giving up after 3 s"), lines
+    assert lines[1].startswith(f"said: warning: the cache index {index} cannot be written (kept busy by another "
+                               f"process ({held}") and lines[1].endswith(
+        ") for 3 s); this build is not registered in it, so `tpubuild gc` run from another workspace may remove "
+        "what this one uses"), lines
+    assert float(lines[2].split()[1]) < 10
 
 
 def test_finding_5_a_second_user_builds_in_the_documented_shared_cache(two_users, tiny_saved_model):
@@ -464,7 +510,7 @@ def test_finding_8_gc_and_verify_cache_remove_damage_in_objects_and_count_only_w
     ws = built_workspace
     v1 = ws / ".tpubuild" / "cache" / "v1"
     objects = {p: p.stat().st_size for p in (v1 / "objects").rglob("*") if p.is_file()}
-    shard = sorted((v1 / "objects").iterdir())[0]
+    shard = min((v1 / "objects").iterdir())
     dangling, directory, shard_file = shard / ("0" * 62), shard / ("1" * 62), v1 / "objects" / "zz"
     fifo_record = v1 / "stages" / "ff" / ("f" * 64 + ".json")
     for command in (["gc", "--keep-days", "0"], ["verify-cache"]):

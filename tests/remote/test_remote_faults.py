@@ -132,9 +132,9 @@ def test_a_dns_server_that_never_answers_costs_the_deadline_and_the_build_exits_
     env = {**os.environ, **s3.env, "AWS_ENDPOINT_URL": "http://s3.never-answers.test:9000",
            "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     start = time.monotonic()
-    build = subprocess.Popen(["unshare", "-m", "sh", "-c", 'mount --bind "$0" /etc/resolv.conf && exec "$@"', str(resolv),
-                              sys.executable, "-m", "tpubuild", "build", "--json", "toy"], cwd=ws, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    in_namespace = ["unshare", "-m", "sh", "-c", 'mount --bind "$0" /etc/resolv.conf && exec "$@"', str(resolv)]
+    build = subprocess.Popen([*in_namespace, sys.executable, "-m", "tpubuild", "build", "--json", "toy"], cwd=ws,
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         document = build.stdout.read(1)  # the build prints its document when it is done
         printed = time.monotonic()

@@ -27,6 +27,8 @@ def command(ctx: click.Context, keep_days: float | None, max_size: str | None, r
     workspace that uses the same cache_dir, are always kept. Published versions are
     never touched (they are copies, or hard links that stay intact).
     """
+    import errno
+
     from tpubuild.config.recipe import LOCK_SUFFIX, discover
     from tpubuild.engine.gc import collect, parse_size, referenced_keys
     from tpubuild.engine.store import Store
@@ -51,8 +53,8 @@ def command(ctx: click.Context, keep_days: float | None, max_size: str | None, r
         try:
             store.register_workspace(ws.root, referenced, ws.file)  # its lock files are what it uses now
             result = collect(store, referenced, keep_days, limit, notify=notify)
-        except PermissionError as exc:  # the index is another user's: which workspaces use the cache is unknown
-            if exc.filename != str(store.index_path):
+        except OSError as exc:  # the index is another user's, or kept busy: which workspaces use the cache is unknown
+            if exc.filename != str(store.index_path) or exc.errno not in (errno.EACCES, errno.EBUSY):
                 raise
             raise UsageError(f"the cache index {exc.filename} is {exc.strerror}: gc cannot know which workspaces "
                              "use the cache; nothing removed") from None

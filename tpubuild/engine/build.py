@@ -7,7 +7,6 @@ Publishing and lock files are written from the same records.
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 import time
 import traceback

@@ -105,9 +105,9 @@ def wait_lock(fd: int, wait: float, notify: Callable[[str], None], what: str) ->
             return
 
 
-def holder(fd: int) -> str:
-    """Who holds a flock on the file of `fd`: "pid 123 (uid 1001, tpubuild)" from
-    /proc/locks (Linux), else "holder unknown"."""
+def holder(fd: int, kinds: tuple[str, ...] = ("FLOCK",)) -> str:
+    """Who holds a lock of `kinds` (FLOCK; sqlite's are POSIX) on the file of `fd`:
+    "held by pid 123, uid 1001, tpubuild" from /proc/locks (Linux), else "holder unknown"."""
     st = os.fstat(fd)
     pids = []
     try:
@@ -117,7 +117,7 @@ def holder(fd: int) -> str:
         lines = []
     for line in lines:
         fields = line.split()
-        if len(fields) < 6 or fields[1] == "->" or fields[1] != "FLOCK":  # "->": a waiter, not the holder
+        if len(fields) < 6 or fields[1] == "->" or fields[1] not in kinds:  # "->": a waiter, not the holder
             continue
         try:
             major, minor, ino = fields[5].split(":")

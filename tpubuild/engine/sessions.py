@@ -59,14 +59,6 @@ class Sessions:
                     self.layout.remove_damage("lock", root_fd, self.lock_path, exc.kind)
         raise UsageError(f"the cache lock {self.lock_path} keeps being replaced by something else; not used")
 
-    @staticmethod
-    def _wait() -> float:
-        try:
-            return max(0.0, float(os.environ.get(LOCK_WAIT_VARIABLE, LOCK_WAIT)))
-        except ValueError:
-            raise UsageError(f"{LOCK_WAIT_VARIABLE}={os.environ[LOCK_WAIT_VARIABLE]!r} is not a number of seconds") \
-                from None
-
     # --- this process's session -------------------------------------------------------------
     def open(self) -> Path:
         """This process's session directory, made on first use under the store lock, after
@@ -77,7 +69,7 @@ class Sessions:
                 return self.session
             if self._busy is not None:
                 raise UsageError(self._busy)
-            wait = self._wait()
+            wait = lock_wait()
             lock_fd = self._store_lock()
             self.layout.warn_if_shared()  # once `v1/` exists, with the mode it was given
             with opened(lock_fd):
@@ -280,6 +272,15 @@ class Sessions:
                                              f"gave up after {wait:g} s") from None
                 self._clean_dead(tmp_fd)
             yield
+
+
+def lock_wait() -> float:
+    """How long a build waits for the cache (TPUBUILD_CACHE_LOCK_WAIT seconds, default 600)."""
+    try:
+        return max(0.0, float(os.environ.get(LOCK_WAIT_VARIABLE, LOCK_WAIT)))
+    except ValueError:
+        raise UsageError(f"{LOCK_WAIT_VARIABLE}={os.environ[LOCK_WAIT_VARIABLE]!r} is not a number of seconds") \
+            from None
 
 
 def _new_session(tmp_fd: int) -> tuple[str, int, int]:

@@ -24,8 +24,10 @@ from typing import TYPE_CHECKING, Iterator
 
 from tpubuild.config.finding import WORKSPACE_FILE
 from tpubuild.engine.cache_layout import CacheLayout
+from tpubuild.engine.flock import holder
 from tpubuild.engine.nofollow import kind, lstat_at, open_regular_at, opened
 from tpubuild.engine.records import StageEntry
+from tpubuild.engine.sessions import lock_wait
 
 if TYPE_CHECKING:
     import sqlite3
@@ -35,6 +37,10 @@ INDEX = "index.sqlite"
 _COMPANIONS = ("-wal", "-shm", "-journal")
 # sqlite's primary result codes that are the machine's, as the errno they stand for.
 _SQLITE_ERRNO = {13: errno.ENOSPC, 10: errno.EIO, 8: errno.EROFS}  # SQLITE_FULL, SQLITE_IOERR, SQLITE_READONLY
+_SQLITE_BUSY = 5
+# How long a write waits for another writer of the index, in all, and in each of sqlite's own waits.
+INDEX_WAIT = 60.0
+BUSY_STEP = 2.0
 
 
 class StoreIndex:
@@ -77,7 +83,8 @@ class StoreIndex:
             import sqlite3  # here: planning commands never open the index
 
             self._prepare()
-            db = sqlite3.connect(self.path, timeout=60, check_same_thread=False, isolation_level=None)
+            # sqlite's own busy wait is short: `_begin` waits longer, saying for whom.
+            db = sqlite3.connect(self.path, timeout=BUSY_STEP, check_same_thread=False, isolation_level=None)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
             db.executescript(
@@ -143,13 +150,49 @@ class StoreIndex:
         self.layout.report(f"warning: the cache index {self.path} {what}; this build is not registered in it, so "
                     "`tpubuild gc` run from another workspace may remove what this one uses")
 
+    def _begin(self, db: sqlite3.Connection) -> None:
+        """BEGIN IMMEDIATE: wait for another writer (anyone who can write the index can keep
+        a transaction open), saying so once with its holder, up to INDEX_WAIT seconds
+        (less when TPUBUILD_CACHE_LOCK_WAIT says less); then an EBUSY OSError naming it."""
+        import sqlite3
+
+        wait = min(INDEX_WAIT, lock_wait())
+        deadline, said = time.monotonic() + wait, False
+        while True:
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF != _SQLITE_BUSY:
+                    raise
+            who = self._holder()
+            if time.monotonic() >= deadline:
+                raise OSError(errno.EBUSY, f"kept busy by another process ({who}) for {wait:g} s", os.fspath(self.path))
+            if not said:
+                said = True
+                self.layout.report(f"waiting for the cache index {self.path} ({who}); giving up after {wait:g} s")
+
+    def _holder(self) -> str:
+        """Who holds sqlite's write lock: a POSIX lock on the database or, in WAL mode, on
+        its -shm file (/proc/locks, engine/flock.py)."""
+        for path in (Path(f"{self.path}-shm"), self.path):
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError:
+                continue
+            with opened(fd):
+                who = holder(fd, kinds=("POSIX", "OFDLCK"))
+            if who != "holder unknown":
+                return who
+        return "holder unknown"
+
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
         import sqlite3
 
         with self._guard, self._faults():
             db = self._open()
-            db.execute("BEGIN IMMEDIATE")
+            self._begin(db)
             try:
                 yield db
             except BaseException:
@@ -169,6 +212,8 @@ class StoreIndex:
         if not required:
             import sqlite3
 
+            if self.refused:  # said already in this process: no second wait
+                return
             try:
                 self.register_workspace(root, keys, file)
             except (OSError, sqlite3.Error) as exc:
