@@ -31,6 +31,8 @@ def command(ctx: click.Context, keep_days: float | None, max_size: str | None, r
     In a workspace with a shared cache (`remote_cache:` in tpubuild.yaml), `tpubuild gc
     --remote` applies the same rules to it; `--remote-cache URL` names another.
     """
+    import errno
+
     from tpubuild.config.recipe import LOCK_SUFFIX, discover
     from tpubuild.engine.gc import collect, parse_size, workspace_references
     from tpubuild.engine.store import Store
@@ -53,9 +55,15 @@ def command(ctx: click.Context, keep_days: float | None, max_size: str | None, r
         lock.acquire(3600, notify=notify)
         store = Store(ws.cache_dir)
         refs, recipes = workspace_references(ws, locks, store)
-        # Its lock files and its last builds are what it uses now; recipes gone are forgotten.
-        store.register_workspace(ws.root, refs, ws.file, only={*refs, *recipes})
-        result = collect(store, set().union(*refs.values()), keep_days, limit, notify=notify)
+        try:
+            # Its lock files and its last builds are what it uses now; recipes gone are forgotten.
+            store.register_workspace(ws.root, refs, ws.file, only={*refs, *recipes})
+            result = collect(store, set().union(*refs.values()), keep_days, limit, notify=notify)
+        except OSError as exc:  # the index is another user's, or kept busy: which workspaces use the cache is unknown
+            if exc.filename != str(store.index_path) or exc.errno not in (errno.EACCES, errno.EBUSY):
+                raise
+            raise UsageError(f"the cache index {exc.filename} is {exc.strerror}: gc cannot know which workspaces "
+                             "use the cache; nothing removed") from None
     click.echo(
         f"removed {result.entries_removed} stage entries and {result.objects_removed} objects "
         f"({human_bytes(result.bytes_freed)}); {human_bytes(result.bytes_kept)} kept"

@@ -7,7 +7,6 @@ Publishing and lock files are written from the same records.
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 import time
 import traceback
@@ -415,7 +414,7 @@ class Engine:
                 stored = self.store.put(key, planned.name, out_dir, reply["summary"], reply["warnings"], record, self.stat)
             return stored, reply.get("peak_rss_bytes"), timing
         finally:
-            shutil.rmtree(work, ignore_errors=True)
+            self.store.remove_workdir(work)  # by descriptor, from the session's own
 
     def workers(self) -> Any:
         with self.pool_lock:
@@ -748,7 +747,7 @@ def build(
         if todo:
             from tpubuild.engine.tasks import run_tasks
 
-            engine.store.clean_tmp()
+            engine.store.session_dir()  # the cache lock (a deadline, a line naming who holds it); dead sessions go
             if remote is not None:
                 engine.attach_remote(*remote)
             if engine.executor == "ray":  # checked and connected once: one error line, not one per stage
@@ -781,13 +780,14 @@ def build(
         # What each recipe's build used, measured keys included, for gc: a no-op build
         # opens the store's index only when that differs from what it registered last,
         # and one that cannot write it (a read-only shared cache) still succeeds.
+        # An index another user of a shared cache made and this one cannot write is said
+        # once (store_index.py); a full disk fails a build that wrote the cache (README).
         try:
             register_used(engine.store, ws, runs)
         except OSError as exc:
-            if todo:
-                raise  # a build that wrote the cache: its index's fault is the build's (README)
-            engine.errors(f"warning: {_unexpected(exc)}: what this build used is not registered with the "
-                          "cache (`tpubuild gc` may remove it)")
+            if todo and not isinstance(exc, PermissionError):
+                raise
+            engine.store.index.unusable(exc)
         engine.stat.save()
     finally:
         engine.store.close()

@@ -15,7 +15,7 @@ import stat
 from pathlib import Path
 
 from tpubuild.atomic import fsync_path
-from tpubuild.engine.hashing import hash_file
+from tpubuild.engine.hashing import hash_fd
 from tpubuild.errors import StageError
 
 # linux/fs.h: _IOW(0x94, 9, int). Shares the source's extents (btrfs, XFS with
@@ -32,19 +32,18 @@ def fsync_tree(root: Path | str) -> None:
         fsync_path(dirpath)
 
 
-def clone_or_copy(fsrc, dst: Path | str) -> str:
-    """Write `dst` as a reflink of the open file `fsrc` where the file system can, else as
-    a copy (from the open file: the one whose kind and owner were checked, not whatever its
-    name is now). Either way `dst` is its own inode: writing it never changes the source.
-    Returns how."""
-    with open(dst, "wb") as fdst:
-        try:
-            fcntl.ioctl(fdst.fileno(), FICLONE, fsrc.fileno())
-            return "reflink"
-        except OSError as exc:
-            if exc.errno not in (errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EPERM):
-                raise
-        _copy_range(fsrc, fdst)
+def clone_or_copy(fsrc, fdst) -> str:
+    """Fill the new, empty open file `fdst` as a reflink of the open file `fsrc` where the
+    file system can, else as a copy (from the open file: the one whose kind and owner were
+    checked, not whatever its name is now). Either way `fdst` is its own inode: writing it
+    never changes the source. Returns how."""
+    try:
+        fcntl.ioctl(fdst.fileno(), FICLONE, fsrc.fileno())
+        return "reflink"
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EPERM):
+            raise
+    _copy_range(fsrc, fdst)
     return "copy"
 
 
@@ -88,17 +87,19 @@ def open_regular(src: Path | str, follow: bool = False) -> tuple[int, os.stat_re
 
 
 def place_file(src: Path | str, dst: Path | str, link_type: str = "copy", durable: bool = True,
-               follow: bool = False, expect: str | None = None) -> str:
-    """Create `dst` (which must not exist) with the content of `src`: a hard link when
-    `link_type` is "hardlink" (falling back to a copy across file systems), else a
-    reflink or copy. The file is read-only (0444) and fsynced when `durable`.
+               follow: bool = False, expect: str | None = None, dst_dir_fd: int | None = None) -> str:
+    """Create `dst` (which must not exist; relative to the directory `dst_dir_fd` when
+    given) with the content of `src`: a hard link when `link_type` is "hardlink" (falling
+    back to a copy across file systems), else a reflink or copy. The file is read-only
+    (0444) and fsynced when `durable`.
 
     `src` (a store object) must be a regular file, never reached through a final symbolic
     link (`follow` is for a user's own source files): `os.link` on a symlink links the
     symlink itself, and a copy through it copies whatever it points to now. A hard link is
     made only to a file this user owns and only when the name still is the inode that was
     checked: another user's file in a shared cache can be rewritten by its owner later,
-    so it is copied.
+    so it is copied. A copy is a new file (O_EXCL, O_NOFOLLOW): never written through a
+    link or into an existing file.
 
     With `expect` (the object's BLAKE3), what was written is hashed and must be it, else
     `dst` is removed and a StageError names `src`: the object was checked earlier (its
@@ -109,23 +110,26 @@ def place_file(src: Path | str, dst: Path | str, link_type: str = "copy", durabl
         how = None
         if link_type == "hardlink" and st.st_uid == os.getuid():
             try:
-                os.link(src, dst)
-                linked = os.lstat(dst)
+                os.link(src, dst, dst_dir_fd=dst_dir_fd, follow_symlinks=False)
+                linked = os.stat(dst, dir_fd=dst_dir_fd, follow_symlinks=False)
                 if (linked.st_dev, linked.st_ino) == (st.st_dev, st.st_ino):
                     how = "hardlink"
                 else:
-                    os.unlink(dst)  # the name was swapped after the check: copy what was checked
+                    os.unlink(dst, dir_fd=dst_dir_fd)  # the name was swapped after the check: copy what was checked
             except OSError as exc:
                 if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
                     raise
         if how is None:
-            with os.fdopen(os.dup(fd), "rb") as fsrc:
-                how = clone_or_copy(fsrc, dst)
-            os.chmod(dst, 0o444)
-            if durable:
-                fsync_path(dst)
+            out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                          dir_fd=dst_dir_fd)
+            with os.fdopen(out, "wb") as fdst, os.fdopen(os.dup(fd), "rb") as fsrc:
+                how = clone_or_copy(fsrc, fdst)
+                os.fchmod(fdst.fileno(), 0o444)
+                if durable:
+                    fdst.flush()
+                    os.fsync(fdst.fileno())
         if expect is not None:
-            _check_written(src, dst, expect)
+            _check_written(src, dst, expect, dst_dir_fd)
         return how
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
@@ -135,34 +139,48 @@ def place_file(src: Path | str, dst: Path | str, link_type: str = "copy", durabl
         os.close(fd)
 
 
-def _check_written(src: Path | str, dst: Path | str, expect: str) -> None:
-    """`dst` (a copy, reflink or hard link of `src`) hashes to `expect`, or it is removed
-    and a StageError says `src` changed. A hard link is the object's own inode: hashed too,
-    as cheap as a copy's pages, which the copy left in the page cache."""
-    actual = hash_file(dst)
+def _check_written(src: Path | str, dst: Path | str, expect: str, dst_dir_fd: int | None = None) -> None:
+    """`dst` (a copy, reflink or hard link of `src`; in `dst_dir_fd` when given) hashes to
+    `expect`, or it is removed and a StageError says `src` changed. A hard link is the
+    object's own inode: hashed too, as cheap as a copy's pages, which the copy left in the
+    page cache. Read through a descriptor opened without following a link."""
+    fd = os.open(dst, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dst_dir_fd)
+    try:
+        actual = hash_fd(fd, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
     if actual != expect:
-        os.unlink(dst)
+        os.unlink(dst, dir_fd=dst_dir_fd)
         raise StageError(f"cache object {src} changed after it was checked (what was read from it hashes "
                          f"{actual[:16]}, not {expect[:16]}); nothing published, build again")
 
 
-def replace_file(src: Path | str, dst: Path | str, link_type: str = "copy", expect: str | None = None) -> None:
+def replace_file(src: Path | str, dst: Path | str, link_type: str = "copy", expect: str | None = None,
+                 dst_dir_fd: int | None = None) -> None:
     """Atomically replace `dst` with a fresh file holding `src`'s content (temp + rename):
     a reader that has `dst` open keeps the old inode, a new open gets the new content.
-    `expect`: as place_file's, checked before the rename."""
+    `expect`: as place_file's, checked before the rename. With `dst_dir_fd`, `dst` is a
+    name in that directory."""
     dst = os.fspath(dst)
-    tmp = os.path.join(os.path.dirname(dst), f".restore-{os.getpid()}-{os.path.basename(dst)}")
+    directory, name = os.path.split(dst)
+    tmp = os.path.join(directory, f".restore-{os.getpid()}-{name}")
     try:
-        os.unlink(tmp)
+        os.unlink(tmp, dir_fd=dst_dir_fd)
     except FileNotFoundError:
         pass
     try:
-        place_file(src, tmp, link_type, expect=expect)
-        os.rename(tmp, dst)
+        place_file(src, tmp, link_type, expect=expect, dst_dir_fd=dst_dir_fd)
+        os.rename(tmp, dst, src_dir_fd=dst_dir_fd, dst_dir_fd=dst_dir_fd)
     except BaseException:
         try:
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dst_dir_fd)
         except FileNotFoundError:
             pass
         raise
-    fsync_path(os.path.dirname(dst))
+    if dst_dir_fd is not None and not directory:
+        try:
+            os.fsync(dst_dir_fd)
+        except OSError:
+            pass
+    else:
+        fsync_path(directory or ".")

@@ -12,8 +12,6 @@ the store held exclusively (`Store.exclusive`): no build using the cache is runn
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,44 +45,29 @@ def collect(
 
 
 def _collect(store: Store, referenced: set[str], keep_days: float | None, max_size: int | None) -> GcResult:
-    entries = []  # (last used, key, path, object hashes)
-    if store.stages.exists():
-        for sub in os.listdir(store.stages):
-            for name in os.listdir(store.stages / sub):
-                if not name.endswith(".json") or name.startswith("."):
-                    continue  # a temp file of an interrupted write
-                path = store.stages / sub / name
-                try:
-                    data = json.loads(path.read_text())
-                except (OSError, ValueError):
-                    data = {"files": []}
-                hashes = {f[1] for f in data.get("files", [])}
-                entries.append((path.stat().st_mtime, name[: -len(".json")], path, hashes, data.get("tree")))
-    sizes = _object_sizes(store)
-    removed_keys = choose_removals([(e[0], e[1], e[3]) for e in entries], sizes, referenced, keep_days, max_size)
+    # The store scans by descriptor, never through a link; damage it meets (a link, a
+    # directory or a FIFO where a record or an object should be, an unreadable record) is
+    # removed with a warning. The counts say what was removed: a damaged record counts as a
+    # removed entry, damage in objects/ is not an object.
+    entries, damaged = store.scan_records()  # (last used, key, object hashes, tree)
+    sizes = store.object_sizes()
+    removed_keys = choose_removals([(e[0], e[1], e[2]) for e in entries], sizes, referenced, keep_days, max_size)
     kept = [e for e in entries if e[1] not in removed_keys]
-    for e in entries:
-        if e[1] in removed_keys:
-            os.unlink(e[2])
-    live = {h for e in kept for h in e[3]}
-    live_trees = {e[4] for e in kept}
+    entries_removed = damaged + sum(1 for e in entries if e[1] in removed_keys and store.remove_record(e[1]))
+    live = {h for e in kept for h in e[2]}
+    live_trees = {e[3] for e in kept}
     objects_removed = freed = 0
     gone = set()
     for digest, size in sizes.items():
-        if digest not in live:
-            try:
-                os.unlink(store.object_path(digest))
-                objects_removed += 1
-                freed += size
-                gone.add(digest)
-            except FileNotFoundError:
-                pass
-    if store.trees.exists():
-        for tree in os.listdir(store.trees):
-            if tree not in live_trees:
-                store.remove_dir(store.trees / tree)  # renamed away first: never half a checkout
+        if digest not in live and store.discard_object(digest):
+            objects_removed += 1
+            freed += size
+            gone.add(digest)
+    for tree in store.tree_names():
+        if tree not in live_trees:
+            store.remove_tree(tree)  # renamed away first: never half a checkout
     store.forget(removed_keys, gone)
-    return GcResult(len(removed_keys), objects_removed, freed, sum(sizes.get(h, 0) for h in live))
+    return GcResult(entries_removed, objects_removed, freed, sum(sizes.get(h, 0) for h in live))
 
 
 def choose_removals(entries: list[tuple[float, str, set[str]]], sizes: dict[str, int], referenced: set[str],
@@ -108,16 +91,6 @@ def choose_removals(entries: list[tuple[float, str, set[str]]], sizes: dict[str,
         return removed
     horizon = (time.time() if now is None else now) - (keep_days if keep_days is not None else 30) * 86400
     return {key for used, key, _ in entries if key not in referenced and used < horizon}
-
-
-def _object_sizes(store: Store) -> dict[str, int]:
-    sizes = {}
-    if store.objects.exists():
-        for sub in os.listdir(store.objects):
-            for name in os.listdir(store.objects / sub):
-                if not name.startswith("."):
-                    sizes[sub + name] = os.stat(store.objects / sub / name).st_size
-    return sizes
 
 
 def workspace_references(ws: Any, lock_files: list[Path],

@@ -40,6 +40,24 @@ def hash_file(path: Path | str, size: int | None = None) -> str:
     return hasher.hexdigest()
 
 
+def hash_fd(fd: int, size: int) -> str:
+    """BLAKE3 of the bytes of an open file (from offset 0): what a descriptor opened and
+    checked reads, not whatever file its name points to by now."""
+    if size >= THREADED_MIN_SIZE:
+        import mmap
+
+        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mapped:
+            hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+            hasher.update(mapped)
+            return hasher.hexdigest()
+    hasher = blake3.blake3()
+    offset = 0
+    while chunk := os.pread(fd, CHUNK, offset):
+        hasher.update(chunk)
+        offset += len(chunk)
+    return hasher.hexdigest()
+
+
 class FileEntry:
     """One file of a tree: POSIX path relative to the tree root, content hash, size.
 

@@ -21,6 +21,8 @@ from tpubuild.engine.hashing import SCHEME, FileEntry, hash_bytes, tree_digest
 from tpubuild.engine.keys import canonical_dumps, stage_key
 
 DIGEST = re.compile(r"^[0-9a-f]{64}$")
+# A stage record (or a discovered-input candidate) is JSON naming files: far below this.
+RECORD_LIMIT = 64 << 20
 
 
 @dataclass

@@ -27,7 +27,7 @@ reported as it happens. A server that cannot be reached, or refuses our credenti
 reported once and the remote is disabled for the rest of the command: the build goes on
 locally. So is one that answers too slowly: every call has connect, first-byte and total
 deadlines (engine/remote_url.py Timeouts, set in tpubuild.yaml), and no download reads
-more than the size its record states (a record, more than remote_backends.RECORD_LIMIT). fsspec and the backends are imported only when a build first uses the remote,
+more than the size its record states (a record, more than records.RECORD_LIMIT). fsspec and the backends are imported only when a build first uses the remote,
 never by planning commands.
 """
 
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 from tpubuild.engine.hashing import FileEntry, hash_file
 from tpubuild.engine.keys import canonical_dumps, stage_key
 from tpubuild.engine.records import DIGEST, StageEntry, discovered_final_key, parse_candidate, parse_entry
-from tpubuild.engine.remote_backends import Backend, ObjectTooLarge, RemoteSetupError, open_backend
+from tpubuild.engine.remote_backends import Backend, NotARegularFile, ObjectTooLarge, RemoteSetupError, open_backend
 from tpubuild.engine.remote_url import Timeouts
 
 if TYPE_CHECKING:
@@ -199,7 +198,9 @@ class RemoteCache:
             return None
         try:
             raw = self._signed_record(key) if self.trusted else self._read(lambda io: io.read(_stage_rel(key)))
-        except FileNotFoundError:
+        except FileNotFoundError as exc:
+            if isinstance(exc, NotARegularFile):  # a FIFO, a device... in a file:// remote
+                self._fail(f"remote cache {self.url}: stage record {key} is {exc.kind}, not a regular file; not opened")
             self.note_miss()
             return None
         except ObjectTooLarge as exc:
@@ -307,7 +308,7 @@ class RemoteCache:
                     results = list(pool.map(lambda f: self._fetch_object(f, store, work, owner), missing))
             return all(results) and self.enabled
         finally:
-            shutil.rmtree(work, ignore_errors=True)
+            store.remove_workdir(work)
 
     def _fetch_object(self, f: FileEntry, store: Store, work: Path, owner: str) -> bool:
         if not DIGEST.match(f.hash):
@@ -318,8 +319,9 @@ class RemoteCache:
         try:
             # Never more than the record says: a larger object is refused unread.
             size = self._read(lambda io: io.download(_object_rel(f.hash), tmp, f.size))
-        except FileNotFoundError:
-            self._fail(f"remote cache {self.url}: object {f.hash}{of} is missing; not used")
+        except FileNotFoundError as exc:
+            what = f"{exc.kind}, not a regular file (not opened)" if isinstance(exc, NotARegularFile) else "missing"
+            self._fail(f"remote cache {self.url}: object {f.hash}{of} is {what}; not used")
             return False
         except ObjectTooLarge as exc:
             problem = f"is padded ({exc.size} bytes, expected {f.size}; not read)"

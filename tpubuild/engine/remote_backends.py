@@ -8,12 +8,18 @@ changing anything, when the name exists.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import stat
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
+from tpubuild.engine.nofollow import kind as file_kind
+from tpubuild.engine.records import RECORD_LIMIT
 from tpubuild.engine.remote_url import BACKENDS, EXTRA, Timeouts, url_problem
 from tpubuild.engine.store import LAYOUT
 from tpubuild.errors import TpubuildError
@@ -22,8 +28,17 @@ from tpubuild.errors import TpubuildError
 # the total deadline: a trickling server is cut off, and no more than the size the
 # record states is ever read (a replaced 200 MiB object costs a HEAD, not 200 MiB).
 CHUNK = 16 << 20
-# A stage record or discovered-input candidate is JSON naming files: far below this.
-RECORD_LIMIT = 64 << 20
+
+
+class NotARegularFile(FileNotFoundError):
+    """An answer like FileNotFoundError (nothing usable under that name), from a file://
+    remote: the name is a FIFO, a device, a socket, a directory or a link, refused without
+    being opened (a FIFO blocks an open until a writer comes; a device may never end).
+    `kind` says what it is, for the caller's report."""
+
+    def __init__(self, path: str, kind: str):
+        super().__init__(errno.ENOENT, f"{kind}, not a regular file; not opened", path)
+        self.kind = kind
 
 
 class ObjectTooLarge(Exception):
@@ -91,10 +106,59 @@ def open_backend(url: str, timeouts: Timeouts | None = None) -> Backend:
                                     "retries": {"max_attempts": 2, "mode": "standard"}}
     elif package == "gcsfs":
         options["requests_timeout"] = timeouts.first_byte
+    _daemon_resolver_threads()
     fs, root = fsspec.core.url_to_fs(url, **options)
     if package == "s3fs":
         fs.retries = 2  # a class attribute of S3FileSystem (5), not a constructor argument
     return _FsspecBackend(fs, f"{root.rstrip('/')}/{LAYOUT}", timeouts)
+
+
+class _DaemonThreads(ThreadPoolExecutor):
+    """The default executor of fsspec's event loop: each call in a daemon thread of its own.
+
+    aiohttp (under s3fs's aiobotocore, and gcsfs) resolves host names with its
+    ThreadedResolver, i.e. `loop.getaddrinfo`, which runs `socket.getaddrinfo` in the
+    loop's default executor (aiohttp/resolver.py; asyncio/base_events.py `getaddrinfo` ->
+    `run_in_executor(None, ...)`). That default is a ThreadPoolExecutor, whose worker
+    threads the interpreter joins at exit (concurrent/futures/thread.py `_python_exit`):
+    with a DNS server that never answers, the call's deadline fired (fsspec's `timeout=`
+    cancels the await), but the process then waited at exit for glibc's whole resolver
+    timeout (`timeout` x `attempts` per name server and query, 120 s seen). A daemon
+    thread is not joined: the process exits when the build is done, and the stuck
+    getaddrinfo ends with it."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1)  # asyncio accepts a ThreadPoolExecutor only; none of its workers starts
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        future: Future = Future()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine, as the pool does
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+        threading.Thread(target=run, name="tpubuild-remote-resolver", daemon=True).start()
+        return future
+
+
+_daemon_loops: set[int] = set()
+
+
+def _daemon_resolver_threads() -> None:
+    """Give fsspec's event loop (one per process, in a daemon thread) `_DaemonThreads` as
+    its default executor, before its first call needs one."""
+    from fsspec.asyn import get_loop
+
+    loop = get_loop()
+    if id(loop) not in _daemon_loops:
+        _daemon_loops.add(id(loop))
+        loop.call_soon_threadsafe(loop.set_default_executor, _DaemonThreads())
 
 
 class _FsspecBackend(Backend):
@@ -203,20 +267,37 @@ class _LocalBackend(Backend):
     """A directory (a shared mount). Objects: a dot-named temp file in the target
     directory, fsynced, renamed over the name (whole or absent; a reader never sees a
     part). Records: the same temp file hard-linked to the name, which fails when the name
-    exists (create-only, like O_EXCL, but never a visible half-written record)."""
+    exists (create-only, like O_EXCL, but never a visible half-written record).
+
+    Anyone who can write the directory can put a FIFO, a device or a link where a record
+    or an object should be: a name is read only if lstat says it is a regular file, and
+    is then opened without following a link and without blocking (NotARegularFile
+    otherwise: a miss the caller reports, never a hang)."""
 
     def __init__(self, root: Path):
         self.root = root
 
+    def _open(self, rel: str) -> Any:
+        path = self.root / rel
+        st = os.lstat(path)  # FileNotFoundError: an answer
+        if not stat.S_ISREG(st.st_mode):
+            raise NotARegularFile(os.fspath(path), file_kind(st.st_mode))
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode):  # swapped between the lstat and the open
+            os.close(fd)
+            raise NotARegularFile(os.fspath(path), file_kind(found.st_mode))
+        return os.fdopen(fd, "rb")
+
     def read(self, rel: str, limit: int = RECORD_LIMIT) -> bytes:
-        with open(self.root / rel, "rb") as src:
+        with self._open(rel) as src:
             size = os.fstat(src.fileno()).st_size
             if size > limit:
                 raise ObjectTooLarge(size, limit)
             return src.read(limit)
 
     def download(self, rel: str, local: str, limit: int) -> int:
-        with open(self.root / rel, "rb") as src, open(local, "wb") as out:
+        with self._open(rel) as src, open(local, "wb") as out:
             size = os.fstat(src.fileno()).st_size
             if size > limit:
                 raise ObjectTooLarge(size, limit)
@@ -227,7 +308,11 @@ class _LocalBackend(Backend):
         return done
 
     def size(self, rel: str) -> int:
-        return os.stat(self.root / rel).st_size
+        path = self.root / rel
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotARegularFile(os.fspath(path), file_kind(st.st_mode))
+        return st.st_size
 
     def _temp_copy(self, target: Path, write: Callable[[Any], None]) -> str:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -245,7 +330,7 @@ class _LocalBackend(Backend):
         tmp = self._temp_copy(target, lambda out: _copy_into(local, out))
         try:
             os.chmod(tmp, 0o444)
-            os.replace(tmp, target)
+            os.replace(tmp, target)  # replaces whatever is there (a link itself, a FIFO), never writes into it
         finally:
             _unlink(tmp)
         fsync_path(target.parent)
@@ -266,16 +351,17 @@ class _LocalBackend(Backend):
 
     def list(self, rel_prefix: str, deadline: float | None = None) -> list[tuple[str, int, float]]:
         out = []
-        for dirpath, _dirs, names in os.walk(self.root / rel_prefix):
+        for dirpath, _dirs, names in os.walk(self.root / rel_prefix):  # os.walk enters no linked directory
             for name in names:
                 if name.startswith("."):
                     continue  # a temp file of a write in progress (or of a killed writer)
                 path = os.path.join(dirpath, name)
                 try:
-                    st = os.stat(path)
+                    st = os.lstat(path)
                 except FileNotFoundError:
                     continue
-                out.append((Path(path).relative_to(self.root).as_posix(), st.st_size, st.st_mtime))
+                if stat.S_ISREG(st.st_mode):
+                    out.append((Path(path).relative_to(self.root).as_posix(), st.st_size, st.st_mtime))
         return out
 
     def delete(self, rels: list[str]) -> None:
@@ -289,7 +375,7 @@ class _LocalBackend(Backend):
             for name in names:
                 path = os.path.join(dirpath, name)
                 try:
-                    if name.startswith(".") and name.endswith(".tmp") and os.stat(path).st_mtime < older_than:
+                    if name.startswith(".") and name.endswith(".tmp") and os.lstat(path).st_mtime < older_than:
                         found.append(Path(path).relative_to(self.root).as_posix())
                 except FileNotFoundError:
                     continue

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from tpubuild.atomic import write_text_atomic
-from tpubuild.engine.hashing import SCHEME, FileEntry, hash_file, tree_digest, walk_files
+from tpubuild.engine.hashing import SCHEME, FileEntry, hash_fd, hash_file, tree_digest, walk_files
 
 RACY_COARSE_NS = 2_000_000_000
 RACY_FINE_NS = 100_000_000
@@ -76,6 +76,22 @@ class StatCache:
             return cached[5]
         started = time.time_ns()
         digest = hash_file(path, st.st_size)
+        self.files_hashed += 1
+        self.bytes_hashed += st.st_size
+        self.record(path, st, digest, started)
+        return digest
+
+    def fd_hash(self, path: str, fd: int) -> str:
+        """The content hash of the open file `fd`, whose name is `path`: from the cache
+        when its fstat is the cached one, else read from the descriptor. The stat and the
+        bytes are then the same file's, even if the name is swapped meanwhile."""
+        st = os.fstat(fd)
+        self.seen.add(path)
+        cached = self.entries.get(path)
+        if cached is not None and cached[:5] == stat_key(st):
+            return cached[5]
+        started = time.time_ns()
+        digest = hash_fd(fd, st.st_size)
         self.files_hashed += 1
         self.bytes_hashed += st.st_size
         self.record(path, st, digest, started)

@@ -1,0 +1,269 @@
+"""Walks, reads, writes and removals in a directory others can write (a shared cache) that
+never go through a symbolic link: openat-style, each component opened with
+`O_DIRECTORY | O_NOFOLLOW` relative to its parent's descriptor, and every change made
+with `dir_fd=` on a directory opened that way.
+
+A path is resolved again at each use, so a directory checked with lstat can be replaced
+by a link before the next call that names it (a co-user renames `v1/trees/<digest>` and
+puts a link to your home directory there: a later `unlink(path/name)` deletes your
+file). A descriptor keeps naming the directory that was checked, whatever its name
+becomes. Special files (FIFOs, devices, sockets) are never opened for reading without
+`O_NONBLOCK`, and never read.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from contextlib import contextmanager
+from typing import Iterator
+
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# errno of opening a symbolic link with O_NOFOLLOW (Linux: ELOOP; some BSDs: EMLINK,
+# EFTYPE), and of O_DIRECTORY on something else.
+_LINK_ERRNOS = {errno.ELOOP, errno.EMLINK, getattr(errno, "EFTYPE", errno.ELOOP)}
+
+
+class NotAFile(OSError):
+    """A name that should be a regular file (or a directory) is something else; `kind`
+    says what ("a symbolic link", "a FIFO (named pipe)", "a directory")."""
+
+    def __init__(self, path: str, kind: str):
+        super().__init__(errno.EINVAL, f"{kind}, not what tpubuild writes there", path)
+        self.kind = kind
+
+
+def kind(mode: int) -> str:
+    """What a file is, in words ("a symbolic link", "a directory", "a FIFO (named pipe)")."""
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device file"
+    return "a special file"
+
+
+def lstat_at(name: str, dir_fd: int | None) -> os.stat_result | None:
+    """lstat of `name` in the directory `dir_fd`, or None when there is nothing there."""
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def open_dir(name: str, dir_fd: int | None = None) -> int:
+    """A descriptor of the directory `name` (in `dir_fd`), never reached through a final
+    symbolic link: a link or a non-directory there is NotAFile."""
+    try:
+        return os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in _LINK_ERRNOS or exc.errno == errno.ENOTDIR:
+            st = lstat_at(name, dir_fd)
+            if st is not None:
+                raise NotAFile(name, kind(st.st_mode)) from None
+        raise
+
+
+def open_regular_at(name: str, dir_fd: int | None) -> tuple[int, os.stat_result]:
+    """A read-only descriptor of the regular file `name` and its fstat. A link, a FIFO, a
+    device... is NotAFile, and is never read (O_NONBLOCK: opening a FIFO cannot block)."""
+    try:
+        fd = os.open(name, FILE_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in _LINK_ERRNOS or exc.errno in (errno.EISDIR, errno.ENXIO):
+            st = lstat_at(name, dir_fd)
+            if st is not None:
+                raise NotAFile(name, kind(st.st_mode)) from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise NotAFile(name, kind(st.st_mode))
+    return fd, st
+
+
+def read_regular_at(name: str, dir_fd: int | None, limit: int) -> bytes:
+    """The bytes of the regular file `name` (at most `limit`; more is a ValueError)."""
+    fd, st = open_regular_at(name, dir_fd)
+    try:
+        if st.st_size > limit:
+            raise ValueError(f"{st.st_size} bytes, more than the {limit} expected")
+        chunks, left = [], limit + 1
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+        if len(data) > limit:
+            raise ValueError(f"more than the {limit} bytes expected")
+        return data
+    finally:
+        os.close(fd)
+
+
+def make_dir(name: str, dir_fd: int | None, mode: int) -> int:
+    """A descriptor of the directory `name`, made with exactly `mode` (whatever the umask)
+    if it did not exist; an existing one is opened as it is (a link there: NotAFile)."""
+    try:
+        os.mkdir(name, 0o700, dir_fd=dir_fd)  # nobody else can enter it before its chmod
+    except FileExistsError:
+        return open_dir(name, dir_fd)
+    fd = open_dir(name, dir_fd)
+    try:
+        os.fchmod(fd, mode)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+@contextmanager
+def opened(fd: int) -> Iterator[int]:
+    """`fd`, closed on leaving."""
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def open_path(root_fd: int, rel: str, create_mode: int | None = None) -> int:
+    """A descriptor of the directory `rel` (a relative POSIX path) below `root_fd`, each
+    component opened without following a link (made with `create_mode` when given and
+    absent)."""
+    fd = os.dup(root_fd)
+    try:
+        for part in [p for p in rel.split("/") if p]:
+            if part == "..":
+                raise NotAFile(rel, "a path leaving its directory")
+            child = make_dir(part, fd, create_mode) if create_mode is not None else open_dir(part, fd)
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def walk_regular(dir_fd: int, display: str) -> list[tuple[str, os.stat_result]]:
+    """Every regular file below the directory `dir_fd` as (relative POSIX path, lstat),
+    sorted; subdirectories entered by descriptor, never through a link. A link or a
+    special file anywhere is a StageError naming it (`display` is the directory's path;
+    the error's `path` and `kind` say which and what)."""
+    out: list[tuple[str, os.stat_result]] = []
+
+    def refuse(rel: str, what: str, message: str) -> Exception:
+        error = _stage_error(f"{display}/{rel}: {message}")
+        error.path, error.kind = f"{display}/{rel}", what
+        return error
+
+    def visit(fd: int, rel_dir: str) -> None:
+        with os.scandir(fd) as it:
+            items = sorted((item.name, item.stat(follow_symlinks=False)) for item in it)
+        for name, st in items:
+            rel = f"{rel_dir}{name}"
+            if stat.S_ISDIR(st.st_mode):
+                try:
+                    child = open_dir(name, fd)
+                except NotAFile as exc:  # replaced by a link since the listing
+                    raise refuse(rel, exc.kind, f"{exc.kind}, not a directory") from None
+                with opened(child):
+                    visit(child, f"{rel}/")
+            elif stat.S_ISREG(st.st_mode):
+                out.append((rel, st))
+            elif stat.S_ISLNK(st.st_mode):
+                try:
+                    target = os.readlink(name, dir_fd=fd)
+                except OSError:
+                    target = "?"
+                raise refuse(rel, "a symbolic link",
+                             f"a symbolic link (to {target}); stage outputs must be regular files")
+            else:
+                raise refuse(rel, kind(st.st_mode), f"{kind(st.st_mode)}, not a regular file")
+
+    visit(dir_fd, "")
+    out.sort()
+    return out
+
+
+def remove_at(name: str, dir_fd: int | None) -> bool:
+    """Remove `name` from the directory `dir_fd` whatever it is: a link or a file is
+    unlinked (never what a link points to), a directory emptied by descriptor, never
+    through a link found inside. False when something could not be removed (another
+    user's file in a directory of theirs)."""
+    st = lstat_at(name, dir_fd)
+    if st is None:
+        return True
+    if not stat.S_ISDIR(st.st_mode):
+        try:
+            os.unlink(name, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return False
+        return True
+    try:
+        fd = open_dir(name, dir_fd)
+    except NotAFile:  # replaced by a link or a file meanwhile: that is what goes
+        return remove_at(name, dir_fd)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    ok = True
+    with opened(fd):
+        for entry in os.listdir(fd):
+            ok = remove_at(entry, fd) and ok  # every entry tried, even past one that stays
+    try:
+        os.rmdir(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    return ok
+
+
+def write_atomic_at(name: str, dir_fd: int, data: bytes, mode: int) -> None:
+    """Replace `name` in `dir_fd` with a file of `data` and exactly `mode`: a fresh temp
+    file (O_EXCL, so never an existing file or link), fsynced, renamed over the name
+    (which replaces a link there, never its target), then the directory fsynced."""
+    tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fchmod(fd, mode)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
+    fsync_fd(dir_fd)
+
+
+def fsync_fd(fd: int) -> None:
+    """fsync an open directory; a file system that refuses (some network ones) is skipped."""
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+
+
+def _stage_error(message: str) -> Exception:
+    from tpubuild.errors import StageError
+
+    return StageError(message)
