@@ -13,9 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-from tests.engine.conftest import source_recipe, write_workspace
 from tests.engine import users as shared
+from tests.engine.conftest import source_recipe, write_workspace
 from tests.engine.users import TwoUsers
+from tpubuild.report.formats import human_bytes
 
 two_users = shared.two_users  # the fixture: two real users and a shared cache
 KEY = "a" * 64
@@ -373,7 +374,7 @@ def test_finding_5_a_second_user_builds_in_the_documented_shared_cache(two_users
     objects = sorted(p for p in (v1 / "objects").rglob("*") if p.is_file())
     result = users.tpubuild(users.co, spaces["co"], "gc")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("removed 0 stage entries and 0 objects (0 bytes); ")
+    assert result.stdout.startswith("removed 0 stage entries and 0 objects (0 B); ")
     assert sorted(p for p in (v1 / "objects").rglob("*") if p.is_file()) == objects
     # An index made by a tpubuild that let sqlite choose its mode (0644, the victim's): the
     # co-user's build says so once, with what its owner can do, and builds.
@@ -529,8 +530,8 @@ def test_finding_8_gc_and_verify_cache_remove_damage_in_objects_and_count_only_w
         if command[0] == "gc":
             expected.append(f"warning: cache record {fifo_record} is invalid (a FIFO (named pipe)); removed")
             # Every lock file references every record: nothing else goes. Its counts are what it removed.
-            assert result.stdout.strip() == f"removed 1 stage entries and 0 objects (0 bytes); " \
-                                            f"{sum(objects.values())} bytes kept"
+            assert result.stdout.strip() == f"removed 1 stage entries and 0 objects (0 B); " \
+                                            f"{human_bytes(sum(objects.values()))} kept"
         else:
             fifo_record.unlink()
             assert result.stdout.strip().startswith(f"checked {len(objects)} objects and ")

@@ -5,6 +5,8 @@ in a git repository with its lock file committed.
 - a comment edit of the export script reruns `export` alone (its output is byte-identical),
   publishes nothing, and its revert leaves `git status` clean;
 - a batch option changed, built and reverted leaves `git status` clean;
+- `gc --keep-days 0` then `build` builds nothing;
+- no warning on the documented path (the TPU body has its HLO and cost);
 - the bfloat16 artifact holds no float32 copy of a converted weight: its variables are at
   most 0.55x the export's (bfloat16 halves every float32 weight; the 0.05 is the
   checkpoint's own index and object graph, ~3 KB beside the 10,000 weights of 40 KB).
@@ -71,6 +73,10 @@ def keras_repo(tmp_path_factory) -> Path:
     (ws / "recipes" / "cnn.yaml").write_text(RECIPE)
     document = build_json(ws, timeout=900)
     assert set(statuses(document, "cnn").values()) == {"built"}, document
+    # The documented path gets no warning: the signature's TPU body has its HLO and cost.
+    warnings = [w for row in document["rows"] for w in row.get("warnings", [])]
+    assert warnings == [], warnings
+    assert list((ws / "out" / "cnn" / "1" / "hlo").iterdir()), "no HLO for the TPU function"
     _git(ws, "init", "-q")
     _git(ws, "-c", "user.email=t@example.com", "-c", "user.name=t", "add", "-A")
     _git(ws, "-c", "user.email=t@example.com", "-c", "user.name=t", "commit", "-q", "-m", "cnn")
@@ -118,6 +124,21 @@ def test_a_batch_option_changed_and_reverted_leaves_the_checkout_clean(keras_rep
     document = build_json(ws, timeout=900)
     assert statuses(document, "cnn")["batch"] == "built", document
     recipe.write_text(RECIPE)
+    document = build_json(ws, timeout=900)
+    stages = statuses(document, "cnn")
+    # Every stage's record is cached; the reverted model is published again, as the newest
+    # number (a server serves the highest), with the committed lock file.
+    assert stages.pop("publish") == "built", document
+    assert set(stages.values()) == {"cached"}, document
+    assert _versions(ws)[-1] == str(document["versions"]["cnn"])
+    assert _git(ws, "status", "--porcelain") == ""
+
+
+def test_gc_then_build_is_all_cached(keras_repo):
+    """gc keeps what the last build used, the keys of measured stages included."""
+    ws = keras_repo
+    result = tpubuild(ws, "gc", "--keep-days", "0")
+    assert result.returncode == 0, result.stderr
     document = build_json(ws, timeout=900)
     assert set(statuses(document, "cnn").values()) == {"cached"}, document
     assert _git(ws, "status", "--porcelain") == ""

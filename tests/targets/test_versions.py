@@ -75,8 +75,10 @@ def test_a_reserved_number_is_never_reused_even_when_its_directories_are_gone(tm
     assert versions.reservation_file(tmp_path / "state", recipe_dir).read_text().startswith("3\n")
 
 
-def test_the_main_version_is_renamed_into_place_before_its_target_versions(tmp_path):
-    # A reader never sees a target version whose main version does not exist.
+def test_every_version_is_complete_before_the_main_one_is_renamed_into_place(tmp_path):
+    # Every version, targets included, is written, checked and attested in a temp directory
+    # before anything is renamed: none is visible while `finish` runs on any of them. (The
+    # main version is then renamed first: test_a_publish_killed_between_main_and_target_...)
     recipe_dir = tmp_path / "out" / "toy"
     seen = []
 
@@ -87,7 +89,8 @@ def test_the_main_version_is_renamed_into_place_before_its_target_versions(tmp_p
     manifest = {"recipe": "toy", "content": "a", "files": {"saved_model.pb": files[1][0].hash},
                 "targets": {"cpu_savedmodel": {"files": {"saved_model.pb": files[0][0].hash}}}}
     assert versions.publish(recipe_dir, files, manifest, None, finish=finish) == 1
-    assert seen == [(None, False, False), ("cpu_savedmodel", True, False)]
+    assert seen == [(None, False, False), ("cpu_savedmodel", False, False)]
+    assert (recipe_dir / "1").is_dir() and (recipe_dir / "cpu_savedmodel" / "1").is_dir()
 
 
 def test_a_publish_killed_between_main_and_target_is_completed_whole(tmp_path):
