@@ -28,7 +28,6 @@ quiet_tensorflow()
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-
 from batching_bfloat16 import BATCH, CALLERS, WIDTHS, build, throughput  # noqa: E402
 
 # Enough inter-op threads that no call waits for a thread: each call is an async kernel

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import blake3
 
-from tpubuild.engine.statcache import StatCache
+from tpubuild.digests import StatCache
 
 
 def best_of(runs: int, fn) -> float:

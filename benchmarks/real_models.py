@@ -331,7 +331,7 @@ def _recipe_objects(ws: Path, name: str) -> dict[str, Path]:
     """The cache objects of the recipe's stage outputs (its lock file's keys), by hash."""
     import yaml
 
-    from tpubuild.engine.store import Store
+    from tpubuild.store import Store
 
     store = Store(ws / ".tpubuild" / "cache")
     lock = yaml.safe_load((ws / "recipes" / f"{name}.lock.yaml").read_text())
@@ -361,7 +361,7 @@ def _disk_row(ws: Path, name: str, env: dict[str, str]) -> None:
     """cache + out/ for one recipe against its distinct stage outputs, in the workspace's
     link_type (copy: reflink or copy) and, published again into another directory, with
     `link_type: hardlink`."""
-    from tpubuild.engine.versions import OWN_FILES
+    from tpubuild.publish import OWN_FILES
 
     objects = _recipe_objects(ws, name)
     # The publish step's own output: each version's manifest, provenance and signature.

@@ -24,11 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from tpubuild.engine.fsutil import place_file
-from tpubuild.engine.hashing import hash_file
-from tpubuild.engine.statcache import StatCache
-from tpubuild.engine.store import Store
-from tpubuild.engine.versions import publish
+from tpubuild.digests import StatCache, hash_file
+from tpubuild.fs import place_file
+from tpubuild.publish import publish
+from tpubuild.store import Store
 
 sys.path.insert(0, str(Path(__file__).parent))
 from hashing import make_saved_model  # noqa: E402

@@ -1,5 +1,6 @@
 """The package's shape: no import cycles, no private names used across modules, one
-definition of each shared constant, and every registered stage reachable.
+definition of each shared constant, every registered stage reachable, and packages used
+from outside through their face only.
 
 The import graph is read from the syntax trees (imports inside functions count: the
 stages import TensorFlow-facing code lazily, and a lazy import is still a dependency),
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import tpubuild
 from tpubuild import pipeline
-from tpubuild.engine.code import module_file
+from tpubuild.keys.code import module_file, package_face
 
 ROOT = Path(tpubuild.__file__).resolve().parent
 
@@ -48,6 +49,8 @@ def _imports(name: str, path: Path) -> list[tuple[str, str | None, int]]:
             for alias in node.names:
                 if f"{module}.{alias.name}" in MODULES:  # `from pkg import module`
                     out.append((f"{module}.{alias.name}", None, node.lineno))
+                elif alias.name in package_face(module):  # `from pkg import name`, through pkg's face
+                    out.append((package_face(module)[alias.name], alias.name, node.lineno))
                 else:
                     out.append((module, alias.name, node.lineno))
     return [(m, n, line) for m, n, line in out if m == "tpubuild" or m.startswith("tpubuild.")]
@@ -185,3 +188,37 @@ def test_a_target_is_its_folder_and_one_registry_line():
         for module in MODULES:
             if module.startswith("tpubuild.") and target in module.split(".")[-1] and module != package:
                 assert module.startswith(package + "."), module
+
+
+def _faced_packages() -> list[str]:
+    return sorted(name for name in MODULES if package_face(name))
+
+
+def test_a_package_with_a_face_is_used_from_outside_through_it_alone():
+    """`from tpubuild.store import Store`, never `from tpubuild.store.store import Store`:
+    what a package's `__init__` exports is all the rest of tpubuild may use of it."""
+    crossings = []
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_bytes())
+        for package in _faced_packages():
+            if name == package or name.startswith(package + "."):
+                continue
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    modules = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level and node.module == package:
+                    modules = [f"{package}.{a.name}" for a in node.names if f"{package}.{a.name}" in MODULES]
+                elif isinstance(node, ast.ImportFrom) and not node.level:
+                    modules = [node.module or ""]
+                else:
+                    continue
+                crossings += [f"{path.relative_to(ROOT.parent)}:{node.lineno}: {m}" for m in modules
+                              if m.startswith(package + ".")]
+    assert crossings == []
+
+
+def test_every_name_of_a_face_is_defined_where_it_says():
+    for package in _faced_packages():
+        for name, module in package_face(package).items():
+            assert module in MODULES, (package, name, module)
+            assert name in _top_level_assignments(module), (package, name, module)

@@ -54,8 +54,7 @@ def fast_check(workspace: Path | None) -> int | None:
         return None
     from pathlib import Path
 
-    from tpubuild.engine.noop import quick
-    from tpubuild.engine.quickcheck import quick_check
+    from tpubuild.lock import quick, quick_check
 
     try:
         start = Path.cwd()

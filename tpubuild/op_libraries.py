@@ -40,7 +40,7 @@ def resolve(entries: list[str]) -> list[dict[str, str]]:
     """What a stage's options hold for `entries`: modules with their distribution and
     version (an upgrade changes every key), libraries by workspace-relative path (their
     content is a declared input of every stage)."""
-    from tpubuild.engine.keys import installed_dist
+    from tpubuild.digests import installed_dist
 
     resolved = []
     for entry in entries:
@@ -57,7 +57,7 @@ def _distribution_of(top: str) -> tuple[str, str] | None:
     """The slow lookup, when the module's name is not its distribution's."""
     from importlib import metadata
 
-    from tpubuild.engine.keys import installed_dist
+    from tpubuild.digests import installed_dist
 
     for dist in metadata.packages_distributions().get(top, []):
         found = installed_dist(dist)

@@ -72,7 +72,9 @@ def _quiet_python_loggers() -> None:
 
     logging.getLogger("tensorflow").setLevel(logging.ERROR)
     try:
-        from absl import logging as absl_logging  # TF's dependency; absent only without TF
+        from absl import (
+            logging as absl_logging,  # TF's dependency; absent only without TF
+        )
 
         absl_logging.set_verbosity(absl_logging.ERROR)
     except ImportError:

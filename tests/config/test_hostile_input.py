@@ -14,7 +14,12 @@ import pytest
 
 from tpubuild.config.names import NAME_MAX_LENGTH, NAME_PATTERN, NAME_RULE
 from tpubuild.config.schema import INT32_MAX, validator
-from tpubuild.config.yamlload import MAX_ALIASES, MAX_DEPTH, MAX_DOCUMENT_BYTES, MAX_NODES
+from tpubuild.config.yamlload import (
+    MAX_ALIASES,
+    MAX_DEPTH,
+    MAX_DOCUMENT_BYTES,
+    MAX_NODES,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "model: {saved_model: ../models/toy}\n"

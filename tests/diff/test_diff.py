@@ -8,7 +8,14 @@ import sys
 
 import pytest
 
-from tests.diff.conftest import RECIPES, affected, diff_json, git, tpubuild, write_samples
+from tests.diff.conftest import (
+    RECIPES,
+    affected,
+    diff_json,
+    git,
+    tpubuild,
+    write_samples,
+)
 from tpubuild.review.compare import RecipeChange, StageChange
 from tpubuild.review.formats import markdown
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tpubuild.engine.lockfile import MEASURED
+from tpubuild.lock import MEASURED
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "tpubuild"]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tpubuild.engine import code
-from tpubuild.engine.lockfile import MEASURED, lock_document, lock_text, read_lock, read_lock_keys
+from tpubuild.keys import code
+from tpubuild.lock import MEASURED, lock_document, lock_text, read_lock, read_lock_keys
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -78,7 +78,7 @@ def test_a_fresh_clone_is_checked_from_recorded_hashes_alone(built_workspace, mo
     file current from the hashes it records (no recipe loaded, no key computed); anything
     that could change a key sends --check down the full path, which names it."""
     from tests.engine.conftest import CLI, build_json, tpubuild
-    from tpubuild.engine.quickcheck import quick_check
+    from tpubuild.lock import quick_check
 
     ws = built_workspace
     # An import of a module not loaded yet looks in the script's folder first: absent there.
@@ -96,7 +96,7 @@ def test_a_fresh_clone_is_checked_from_recorded_hashes_alone(built_workspace, mo
     check = tpubuild(ws.parent, "-w", str(ws), "build", "--check", env={"PYTHONPROFILEIMPORTTIME": "1"})
     assert (check.returncode, check.stdout) == (0, "3 lock files up to date\n"), check.stderr
     imported = {line.split("|")[-1].strip() for line in check.stderr.splitlines() if line.startswith("import time:")}
-    assert "tpubuild.engine.quickcheck" in imported and not {"click", "yaml", "tensorflow"} & imported
+    assert "tpubuild.lock.quickcheck" in imported and not {"click", "yaml", "tensorflow"} & imported
     # Its answer to a full disk is the CLI's: one line, exit 1 (/dev/full fails every write).
     with open("/dev/full", "w") as full:
         done = subprocess.run([*CLI, "build", "--check"], cwd=ws, stdout=full, stderr=subprocess.PIPE, text=True,

@@ -14,7 +14,7 @@ from tests.engine.conftest import REPO
 
 PROBE = """
 import json, sys
-from tpubuild.engine import lean_import
+from tpubuild.workers import lean_import
 lean_import.install()
 import tensorflow
 during = "jax" in sys.modules

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from tests.engine.conftest import tpubuild
-from tpubuild.engine.lockfile import read_lock_keys
+from tpubuild.lock import read_lock_keys
 
 
 def _tampered(text: str) -> dict[str, tuple[str, str]]:

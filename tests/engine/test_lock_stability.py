@@ -11,7 +11,7 @@ from tests.engine.conftest import (
     statuses,
     tpubuild,
 )
-from tpubuild.engine.lockfile import MEASURED
+from tpubuild.lock import MEASURED
 
 
 def test_measured_lines_of_another_machine_stay_byte_identical(built_workspace):
@@ -23,7 +23,7 @@ def test_measured_lines_of_another_machine_stay_byte_identical(built_workspace):
     lock.write_text(theirs)
     # build --check's quick path pins only the keys every machine computes alike: another
     # machine's measured keys do not send it down the full path (engine/quickcheck.py).
-    from tpubuild.engine.quickcheck import quick_check
+    from tpubuild.lock import quick_check
 
     assert quick_check(ws, None) == 3
 

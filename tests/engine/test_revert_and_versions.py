@@ -17,7 +17,7 @@ from tests.engine.conftest import (
     statuses,
     tpubuild,
 )
-from tpubuild.engine.keys import ENV_THREADS, key_env, worker_env
+from tpubuild.digests import ENV_THREADS, key_env, worker_env
 
 THREADS = {name: "1" for name in ENV_THREADS}
 

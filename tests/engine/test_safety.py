@@ -13,8 +13,16 @@ from pathlib import Path
 
 import yaml
 
-from tests.engine.conftest import CLI, REPO, build_json, export_recipe, lock_record, statuses, tpubuild
-from tpubuild.engine.hashing import hash_file
+from tests.engine.conftest import (
+    CLI,
+    REPO,
+    build_json,
+    export_recipe,
+    lock_record,
+    statuses,
+    tpubuild,
+)
+from tpubuild.digests import hash_file
 
 
 def _start_build(ws: Path) -> subprocess.Popen:

@@ -26,8 +26,8 @@ SHARED_LINE = "can be written by the users of group"
 PUT = """
 import json, sys
 from pathlib import Path
-from tpubuild.engine.statcache import StatCache
-from tpubuild.engine.store import Store
+from tpubuild.digests.statcache import StatCache
+from tpubuild.store.store import Store
 store = Store(Path(sys.argv[1]))
 out = store.new_workdir("stage") / "out"
 for rel, text in json.loads(sys.argv[3]).items():
@@ -41,8 +41,8 @@ print(store.checkout(entry))
 CHECKOUT = """
 import sys
 from pathlib import Path
-from tpubuild.engine.statcache import StatCache
-from tpubuild.engine.store import Store
+from tpubuild.digests.statcache import StatCache
+from tpubuild.store.store import Store
 store = Store(Path(sys.argv[1]))
 entry = store.get(sys.argv[2])
 assert entry is not None and store.verify(entry, StatCache(None))
@@ -101,8 +101,8 @@ def test_finding_1_a_link_in_trees_is_removed_and_what_it_points_to_is_never_tou
 STAGE = """
 import sys
 from pathlib import Path
-from tpubuild.engine.statcache import StatCache
-from tpubuild.engine.store import Store
+from tpubuild.digests.statcache import StatCache
+from tpubuild.store.store import Store
 from tpubuild.errors import StageError
 store = Store(Path(sys.argv[1]))
 work = store.new_workdir("export")
@@ -122,7 +122,7 @@ print("record", store.get("k" * 64) is not None)
 SWAP = """
 import os, sys
 from pathlib import Path
-from tpubuild.engine.hashing import hash_bytes
+from tpubuild.digests.hashing import hash_bytes
 work, target = Path(sys.argv[1]), Path(sys.argv[2])
 aside = Path(str(target) + ".aside")
 try:
@@ -187,8 +187,8 @@ def test_finding_3_a_session_renamed_by_the_owner_of_tmp_is_refused(two_users):
 PUT_AND_GET = """
 import sys
 from pathlib import Path
-from tpubuild.engine.statcache import StatCache
-from tpubuild.engine.store import Store
+from tpubuild.digests.statcache import StatCache
+from tpubuild.store.store import Store
 store = Store(Path(sys.argv[1]))
 out = store.new_workdir("stage") / "out"
 out.mkdir()
@@ -259,7 +259,7 @@ sys.stdin.readline()
 OPEN_SESSION = """
 import sys, time
 from pathlib import Path
-from tpubuild.engine.store import Store
+from tpubuild.store.store import Store
 from tpubuild.errors import UsageError
 start = time.monotonic()
 try:
@@ -305,7 +305,7 @@ sys.stdin.readline()
 REGISTER = """
 import sys, time
 from pathlib import Path
-from tpubuild.engine.store import Store
+from tpubuild.store.store import Store
 start = time.monotonic()
 Store(Path(sys.argv[1]), report=lambda m: print("said:", m)).register_workspace(Path(sys.argv[2]), {"k"},
                                                                                  required=False)
@@ -408,8 +408,8 @@ def test_a_cache_tpubuild_makes_itself_is_private_whatever_the_umask(two_users):
 
 def test_a_fifo_special_files_and_directories_in_the_cache_are_damage_never_read(tmp_path):
     # One user is enough here: damage in the places of the lock, a session's lock, a record.
-    from tpubuild.engine.statcache import StatCache
-    from tpubuild.engine.store import Store
+    from tpubuild.digests import StatCache
+    from tpubuild.store import Store
 
     said: list[str] = []
     store = Store(tmp_path / "cache", report=said.append)
@@ -442,11 +442,11 @@ def test_a_fifo_special_files_and_directories_in_the_cache_are_damage_never_read
 def test_a_process_that_holds_a_session_is_waited_for_by_gc_naming_it(tmp_path):
     # gc's wait for running builds names them too (the holder of each session's flock).
     from tests.engine.conftest import REPO
-    from tpubuild.engine.store import Store
     from tpubuild.errors import UsageError
+    from tpubuild.store import Store
 
     cache = tmp_path / "cache"
-    code = ("import sys; from pathlib import Path; from tpubuild.engine.store import Store; "
+    code = ("import sys; from pathlib import Path; from tpubuild.store.store import Store; "
             "Store(Path(sys.argv[1])).session_dir(); print('open', flush=True); sys.stdin.readline()")
 
     proc = subprocess.Popen([sys.executable, "-c", code, str(cache)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,

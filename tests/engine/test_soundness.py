@@ -16,7 +16,15 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.engine.conftest import CLI, REPO, build_json, export_recipe, export_variant, statuses, tpubuild
+from tests.engine.conftest import (
+    CLI,
+    REPO,
+    build_json,
+    export_recipe,
+    export_variant,
+    statuses,
+    tpubuild,
+)
 
 SLOW_EXPORT = '''\
 import time

@@ -15,12 +15,10 @@ from pathlib import Path
 import pytest
 
 from tests.engine.conftest import REPO
-from tpubuild.engine.gc import collect
-from tpubuild.engine.hashing import hash_file, walk_files
-from tpubuild.engine.statcache import StatCache
-from tpubuild.engine.store import Store
-from tpubuild.engine.versions import MANIFEST, newest_matching, prune, publish
+from tpubuild.digests import StatCache, hash_file, walk_files
 from tpubuild.errors import StageError, UsageError
+from tpubuild.publish import MANIFEST, newest_matching, prune, publish
+from tpubuild.store import Store, collect
 
 
 def _put(store: Store, key: str, files: dict[str, bytes], cache: StatCache | None = None):
@@ -80,7 +78,7 @@ def test_register_a_build_of_some_recipes_keeps_the_others(tmp_path):
 SESSION = """
 import sys
 from pathlib import Path
-from tpubuild.engine.store import Store
+from tpubuild.store.store import Store
 work = Store(Path(sys.argv[1])).new_workdir("export")
 (work / "half-written").write_text("x")
 print(work, flush=True)
@@ -223,7 +221,7 @@ def test_same_size_rewrite_with_a_fixed_mtime_on_the_same_inode_is_rehashed(tmp_
 
 
 def test_racy_window_covers_coarse_timestamps():
-    from tpubuild.engine.statcache import is_racy
+    from tpubuild.digests import is_racy
 
     second = 1_700_000_000 * 10**9
     # a file system with whole-second timestamps (FAT, ext3, HFS+): hashed 1.5 s after
@@ -250,7 +248,7 @@ def test_entries_of_deleted_files_are_pruned(tmp_path):
 # --- issue 13.2: only what tpubuild published is deleted ---------------------------------
 
 def test_prune_and_clean_leave_directories_tpubuild_did_not_publish(tmp_path):
-    from tpubuild.engine.versions import remove_published
+    from tpubuild.publish import remove_published
 
     store = Store(tmp_path / "cache")
     recipe_dir = tmp_path / "out" / "toy"
@@ -274,7 +272,7 @@ def test_prune_and_clean_leave_directories_tpubuild_did_not_publish(tmp_path):
 
 
 def test_ingesting_a_source_model_replaces_a_damaged_object(tmp_path):
-    from tpubuild.engine.hashing import FileEntry
+    from tpubuild.digests import FileEntry
 
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "saved_model.pb").write_bytes(b"the user's model")

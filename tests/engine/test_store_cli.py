@@ -13,8 +13,8 @@ import numpy as np
 import yaml
 
 from tests.engine.conftest import build_json, source_recipe, statuses, tpubuild
-from tpubuild.engine.hashing import hash_file
-from tpubuild.engine.versions import read_manifest, version_numbers
+from tpubuild.digests import hash_file
+from tpubuild.publish import read_manifest, version_numbers
 
 VARIABLES = "variables/variables.data-00000-of-00001"
 

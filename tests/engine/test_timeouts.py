@@ -33,7 +33,7 @@ def test_stage_timeout_kills_the_worker_and_fails_the_stage(make_workspace):
     assert "recipes/hang.yaml: stage export: timed out after 20 s (stage_timeout); the worker was killed" in result.stderr
     assert statuses(json.loads(result.stdout), "hang") == {
         "export": "failed", "verify": "skipped", "report": "skipped", "publish": "skipped"}
-    leftovers = subprocess.run(["pgrep", "-f", "tpubuild.engine.workers"], capture_output=True, text=True).stdout
+    leftovers = subprocess.run(["pgrep", "-f", "tpubuild.workers.process"], capture_output=True, text=True).stdout
     for pid in leftovers.split():
         cmdline = open(f"/proc/{pid}/environ", "rb").read() if os.path.exists(f"/proc/{pid}/environ") else b""
         assert str(ws).encode() not in cmdline  # no worker of this workspace survives

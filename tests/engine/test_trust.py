@@ -10,7 +10,13 @@ import shutil
 
 import pytest
 
-from tests.engine.conftest import build_json, lock_record, source_recipe, statuses, tpubuild
+from tests.engine.conftest import (
+    build_json,
+    lock_record,
+    source_recipe,
+    statuses,
+    tpubuild,
+)
 
 
 def test_only_ascii_digit_directories_are_versions(built_workspace):
@@ -162,7 +168,7 @@ def test_another_users_object_is_damage_in_a_private_cache_and_copied_in_a_share
 def _their_export_record(ws, tmp_path):
     """A co-user rewrites `cut`'s export record (same key, same path) to list their own
     export output, whose objects they put in the cache with correct hashes."""
-    from tpubuild.engine.hashing import FileEntry, hash_file, tree_digest
+    from tpubuild.digests import FileEntry, hash_file, tree_digest
 
     record = lock_record(ws, "cut")
     data = json.loads(record.read_text())

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests.engine.conftest import CLI, REPO, build_json, export_recipe, statuses
-from tpubuild.engine.keys import stage_key
+from tpubuild.keys import stage_key
 
 CO_USER, GROUP = 4302, 4300  # the co-user and the group the cache is shared with (no passwd entry needed)
 NEEDS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="running a process as a second uid needs root")
@@ -179,9 +179,9 @@ def test_publish_refuses_an_object_changed_between_its_check_and_its_copy(make_w
 @pytest.mark.parametrize("link_type", ["copy", "hardlink"])
 def test_every_published_file_is_checked_before_any_version_appears(tmp_path, link_type):
     # Objects that changed after their check: one in a target version, one in a restore.
-    from tpubuild.engine import versions
-    from tpubuild.engine.hashing import FileEntry, hash_file
+    from tpubuild.digests import FileEntry, hash_file
     from tpubuild.errors import StageError
+    from tpubuild.publish import versions
 
     objects = tmp_path / "objects"
     objects.mkdir()
@@ -220,10 +220,9 @@ def test_an_upload_signs_the_record_the_build_made_not_the_file_under_its_name(t
     # build's write and the upload had this builder vouch for their files under its key.
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    from tpubuild.engine.record_signing import key_id
-    from tpubuild.engine.remote import RemoteCache
-    from tpubuild.engine.statcache import StatCache
-    from tpubuild.engine.store import Store
+    from tpubuild.digests import StatCache, key_id
+    from tpubuild.remote import RemoteCache
+    from tpubuild.store import Store
 
     store = Store(tmp_path / "cache")
     outputs = {}

@@ -6,10 +6,9 @@ import os
 
 import blake3
 
-from tpubuild.engine.hashing import hash_file
-from tpubuild.engine.statcache import StatCache
-from tpubuild.engine.store import Store
-from tpubuild.engine.versions import MANIFEST, publish, version_numbers
+from tpubuild.digests import StatCache, hash_file
+from tpubuild.publish import MANIFEST, publish, version_numbers
+from tpubuild.store import Store
 
 
 def test_file_hash_is_blake3_for_small_and_threaded_sizes(tmp_path):
@@ -69,7 +68,7 @@ def test_publish_numbers_versions_and_prunes(tmp_path):
 
 
 def test_a_missing_stage_module_is_a_stage_error_not_a_crash(tmp_path):
-    from tpubuild.engine.workers import handle
+    from tpubuild.workers import handle
 
     reply = handle({
         "entry": "tpubuild.stages.no_such_stage:run", "stage": "no_such_stage", "recipe": "toy",
@@ -82,7 +81,7 @@ def test_a_missing_stage_module_is_a_stage_error_not_a_crash(tmp_path):
 def test_key_record_differences_name_list_items_by_path():
     """explain's causes: an item of a list of mappings by its path (`[0].field`), an item added
     or removed whole, a list of scalars whole (short, and clearer than index by index)."""
-    from tpubuild.engine.keys import diff_records
+    from tpubuild.keys import diff_records
 
     old = {"options": {"batch_options": [{"timeout": 2000, "sizes": [2, 4, 8]}], "tpu": [{"alias": "a"}]}}
     new = {"options": {"batch_options": [{"timeout": 3000, "sizes": [2, 4]}], "tpu": [{"alias": "a"}, {"alias": "b"}]}}

@@ -1,4 +1,4 @@
-"""Report in verify's worker (engine/build.py HANDOFF) on the CPU twin verify made
+"""Report in verify's worker (engine/loop.py HANDOFF) on the CPU twin verify made
 (tpu/twin.py cpu_twin): the same output as a report made alone, in a fresh worker."""
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def test_a_kept_twin_is_the_twin_make_cpu_twin_writes_and_follows_its_input(tmp_
                                                                              monkeypatch):
     import shutil
 
-    from tpubuild.engine.workers import WORKER_SCRATCH
+    from tpubuild.handoff import WORKER_SCRATCH
     from tpubuild.savedmodel.model import SavedModel
     from tpubuild.tpu.functions import resolve_tpu_functions
     from tpubuild.tpu.placement import place_on_tpu
@@ -113,7 +113,7 @@ def test_a_kept_twin_is_the_twin_make_cpu_twin_writes_and_follows_its_input(tmp_
 
 
 def test_what_a_stage_hands_on_is_kept_only_when_its_worker_is_handed_on_and_taken_once():
-    from tpubuild.engine import workers
+    from tpubuild.workers import pool as workers
 
     # In-process, or a stage whose worker is not handed on (no `keep_for`): nothing kept.
     assert workers.hand_on("twin", object()) is False and workers.handed_on("twin") is None

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from tests.engine.conftest import REPO, export_recipe
-from tpubuild.engine.code import PACKAGE_ROOT, closure
+from tpubuild.keys import PACKAGE_ROOT, closure
 from tpubuild.pipeline import ENGINE_STEPS, STAGE_ORDER, stage_module
 
 
@@ -84,8 +84,8 @@ def test_a_worker_runs_only_stages_that_load_the_libraries_it_loaded(tmp_path):
     all its stages instead of one per stage), never for a stage loading others or none
     (that stage could pass there and fail in a fresh worker), and never after a `.so`
     (its file may change between two stages). Real worker processes."""
-    from tpubuild.engine.keys import worker_env
-    from tpubuild.engine.workers import WorkerPool, loaded_libraries
+    from tpubuild.digests import worker_env
+    from tpubuild.workers import WorkerPool, loaded_libraries
 
     text = {"options": {"op_libraries": [{"module": "tensorflow_text", "version": "2.21.1"}]}}
     none = {"options": {}}
@@ -139,7 +139,7 @@ def test_a_stage_running_a_large_model_gets_a_worker_of_its_own(make_workspace):
     shutil.rmtree(ws / ".tpubuild")  # cache and logs: build every stage again
     build_json(ws, env={"TPUBUILD_OWN_WORKER_MIN_BYTES": "1"})
     own = per_worker(ws)
-    # Verify's worker is handed on to report only when report comes next (engine/build.py
+    # Verify's worker is handed on to report only when report comes next (engine/loop.py
     # HANDOFF; test_worker_handoff.py): here warmup runs between them, so none is.
     for stages in own:
         if any(spec(stage).runs_models for stage in stages):
@@ -152,7 +152,7 @@ def test_a_stage_running_a_large_model_gets_a_worker_of_its_own(make_workspace):
     for stage in ("verify", "warmup", "report"):
         assert re.match(r"--- spare \(pid \d+\): tensorflow imported in", logs[(stage,)]), logs[(stage,)][:300]
     for pid in {int(p) for text in logs.values() for p in re.findall(r"\(pid (\d+)\)", text)}:
-        assert "tpubuild.engine.workers" not in _cmdline(pid), f"worker {pid} outlived the build"
+        assert "tpubuild.workers.process" not in _cmdline(pid), f"worker {pid} outlived the build"
 
 
 def _cmdline(pid: int) -> str:
@@ -167,12 +167,11 @@ def test_an_unused_spare_is_stopped_at_once_when_the_build_ends(tmp_path):
     """A spare (a worker that imported TensorFlow for a later stage of its own) that no stage
     took ran nothing: closing the pool kills it rather than waiting for its import and its
     exit (a build would end seconds later for nothing). Real worker processes."""
+    import threading
     import time
 
-    from tpubuild.engine.keys import worker_env
-    from tpubuild.engine.workers import WorkerPool
-
-    import threading
+    from tpubuild.digests import worker_env
+    from tpubuild.workers import WorkerPool
 
     pool = WorkerPool(1, tmp_path / "logs", worker_env())
     asking = [threading.Thread(target=pool._start_spare) for _ in range(4)]  # -j: stages ask at once
@@ -195,7 +194,7 @@ def test_an_unused_spare_is_stopped_at_once_when_the_build_ends(tmp_path):
 # whatever builds it ran before.
 STAGE_PEAK_CHECK = """
 import subprocess, sys
-from tpubuild.engine.workers import _peak_rss_bytes, _rusage_peak, _stage_peak
+from tpubuild.workers.process import _peak_rss_bytes, _rusage_peak, _stage_peak
 
 grow = "b = bytearray(400 * 2**20); b[::4096] = b'x' * len(b[::4096])"  # touched: resident
 before = _rusage_peak("RUSAGE_CHILDREN")
@@ -239,8 +238,8 @@ def test_a_spare_loads_the_op_libraries_of_the_stage_it_is_for_and_only_such_a_s
     """A spare started for a later stage of a recipe with op_libraries loads them while it
     waits (tensorflow_text: 0.2 s off that stage); registered ops stay registered, so a
     stage loading other libraries or none never gets it. Real worker processes."""
-    from tpubuild.engine.keys import worker_env
-    from tpubuild.engine.workers import WorkerPool, loaded_libraries
+    from tpubuild.digests import worker_env
+    from tpubuild.workers import WorkerPool, loaded_libraries
 
     entries = [{"module": "tensorflow_text", "version": "2.21.1"}]
     text = loaded_libraries({"options": {"op_libraries": entries}})

@@ -108,7 +108,7 @@ def _interpreter(uid: int, gid: int) -> tuple[str, str] | None:
     this interpreter when that uid can execute it, else the system's of the same minor
     version with this environment's site-packages on its path."""
     path = os.pathsep.join([str(REPO), *site.getsitepackages()])
-    probe = "import blake3, yaml, tpubuild.engine.store"
+    probe = "import blake3, yaml, tpubuild.store.store"
     candidates = [sys.executable, shutil.which(f"python{sys.version_info[0]}.{sys.version_info[1]}",
                                                path="/usr/bin:/bin:/usr/local/bin")]
     for python in [c for c in candidates if c]:

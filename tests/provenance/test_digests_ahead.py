@@ -8,7 +8,7 @@ from pathlib import Path
 
 import blake3
 
-from tpubuild.engine.hashing import FileEntry, tree_digest
+from tpubuild.digests import FileEntry, tree_digest
 from tpubuild.provenance import digests
 
 

@@ -17,8 +17,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from tests.engine.conftest import source_recipe, tpubuild, write_workspace
-from tests.engine.conftest import tiny_saved_model  # noqa: F401 (a session fixture)
+from tests.engine.conftest import (
+    source_recipe,
+    tiny_saved_model,  # noqa: F401 (a session fixture)
+    tpubuild,
+    write_workspace,
+)
 
 
 def key_pair(directory: Path, name: str) -> tuple[Path, Path]:

@@ -8,10 +8,10 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from tpubuild.engine.code import code_digest
-from tpubuild.engine.keys import toolchain
-from tpubuild.engine.ray_executor import node_env, run_on_node
+from tpubuild.digests import toolchain
+from tpubuild.keys import code_digest
 from tpubuild.pipeline import entry, stage_module
+from tpubuild.workers import node_env, run_on_node
 
 
 def request(workspace: Path, **keyed) -> dict:

@@ -156,8 +156,11 @@ def test_every_placement_has_its_hlo_and_cost_in_the_report(keras_exported):
 def test_every_published_version_restores_and_runs_in_the_session_loader(keras_exported):
     import tensorflow as tf
 
-    from tpubuild.savedmodel.variable_handles import find_duplicate_handles, find_unused_handles
     from tpubuild.savedmodel.model import SavedModel
+    from tpubuild.savedmodel.variable_handles import (
+        find_duplicate_handles,
+        find_unused_handles,
+    )
     from tpubuild.verify.serving_load import check_serving_load
 
     ws, _ = keras_exported
@@ -185,7 +188,11 @@ def test_a_raw_keras_export_loses_its_unused_handles_and_then_restores_everythin
     """What the export stage fixes: Keras's export leaves, per weight, a handle nothing
     reads or restores (savedmodel/variable_handles.py) beside the duplicate it restores."""
     from tpubuild.errors import ConversionError
-    from tpubuild.savedmodel.variable_handles import Duplicate, Unused, normalize_in_place
+    from tpubuild.savedmodel.variable_handles import (
+        Duplicate,
+        Unused,
+        normalize_in_place,
+    )
     from tpubuild.verify.serving_load import check_serving_load
 
     raw = tmp_path / "raw"

@@ -17,8 +17,12 @@ from typing import Any
 
 import pytest
 
-from tests.engine.conftest import BUILT_RECIPES, tpubuild, write_workspace
-from tests.engine.conftest import tiny_saved_model  # noqa: F401 (a session fixture, shared with this directory)
+from tests.engine.conftest import (
+    BUILT_RECIPES,
+    tiny_saved_model,  # noqa: F401 (a session fixture, shared with this directory)
+    tpubuild,
+    write_workspace,
+)
 
 BUCKET = "cache"
 SHARED = f"s3://{BUCKET}/shared"

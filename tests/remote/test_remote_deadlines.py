@@ -84,8 +84,8 @@ def test_a_remote_that_never_answers_or_trickles_costs_seconds(pushed, s3, tmp_p
 
 
 def test_the_timeouts_are_read_from_the_workspace_file(tmp_path):
+    from tpubuild.config.remote_url import Timeouts
     from tpubuild.config.workspace import load_workspace
-    from tpubuild.engine.remote_url import Timeouts
     from tpubuild.errors import ConfigError
 
     (tmp_path / "tpubuild.yaml").write_text("remote_cache: {url: 's3://b/c', connect_timeout: 2.5}\n")

@@ -25,10 +25,10 @@ RECORD = {"stage": "export", "inputs": {}}  # what a stage key is taken of (engi
 
 def _pushed_to_a_directory(tmp_path: Path, said: list[str]):
     """A store with one record pushed to a file:// remote; (remote, entry)."""
-    from tpubuild.engine.keys import stage_key
-    from tpubuild.engine.remote import RemoteCache
-    from tpubuild.engine.statcache import StatCache
-    from tpubuild.engine.store import Store
+    from tpubuild.digests import StatCache
+    from tpubuild.keys import stage_key
+    from tpubuild.remote import RemoteCache
+    from tpubuild.store import Store
 
     store = Store(tmp_path / "cache")
     key = stage_key(RECORD)
@@ -43,7 +43,7 @@ def _pushed_to_a_directory(tmp_path: Path, said: list[str]):
 
 
 def test_fifos_and_devices_in_a_file_remote_are_refused_without_opening(tmp_path):
-    from tpubuild.engine.store import Store
+    from tpubuild.store import Store
 
     said: list[str] = []
     remote, entry = _pushed_to_a_directory(tmp_path, said)

@@ -66,8 +66,8 @@ def test_a_missing_backend_names_the_extra_to_install(fresh):
 def test_a_file_remote_serves_a_fresh_workspace_and_is_create_only(pushed, fresh, tmp_path):
     """Records pushed through the API into a shared directory; a fresh workspace then
     builds nothing; a second push leaves each record as it was."""
-    from tpubuild.engine.remote import RemoteCache
-    from tpubuild.engine.store import Store
+    from tpubuild.remote import RemoteCache
+    from tpubuild.store import Store
 
     first, cold = pushed
     shared = tmp_path / "shared"
@@ -113,9 +113,8 @@ def _entry_bytes(store_dir: Path, key: str) -> dict:
 
 
 def test_a_downloaded_record_is_checked_before_use(pushed):
-    from tpubuild.engine.hashing import tree_digest
-    from tpubuild.engine.remote import parse_entry
-    from tpubuild.engine.store import StageEntry
+    from tpubuild.digests import tree_digest
+    from tpubuild.keys import StageEntry, parse_entry
 
     first, cold = pushed
     key = stage_keys(cold)[("toy", "source")]

@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from tests.engine.conftest import source_recipe, tpubuild
 from tests.remote.conftest import BUCKET, build_remote, stage_keys
-from tpubuild.engine.record_signing import key_id, sign
+from tpubuild.digests import key_id, sign
 
 
 def key_pair(directory: Path, name: str) -> tuple[Path, Path, object]:

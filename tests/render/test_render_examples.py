@@ -54,7 +54,9 @@ def test_example_is_laid_out_as_protobuf_prints_it(name: str, pb2) -> None:
 
 
 def test_quantization_options_parse_as_tensorflows_own_message(pb2) -> None:
-    from tensorflow.compiler.mlir.quantization.tensorflow import quantization_options_pb2
+    from tensorflow.compiler.mlir.quantization.tensorflow import (
+        quantization_options_pb2,
+    )
 
     quantized = [r for r in RECIPES.values() if "quantization_options" in r.canonical["converter"]]
     assert quantized
@@ -80,7 +82,9 @@ def test_layers_kept_in_float_render_as_tensorflows_unit_wise_specs(pb2, from_me
     against the converter proto and as TensorFlow's own QuantizationOptions, unchanged."""
     import copy
 
-    from tensorflow.compiler.mlir.quantization.tensorflow import quantization_options_pb2
+    from tensorflow.compiler.mlir.quantization.tensorflow import (
+        quantization_options_pb2,
+    )
 
     canonical = copy.deepcopy(RECIPES["quantized"].canonical)
     specs = [{"unit": [{"node_name": "dense/MatMul"}, {"op_type": "Conv2D", "func_name": "__inference_f_1"}],

@@ -7,8 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-
-from sm_models import ALIASES, F, SIGNATURES, Jit, Zoo
+from sm_models import ALIASES, SIGNATURES, F, Jit, Zoo
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,11 @@ from pathlib import Path
 
 from tensorflow.core.protobuf import fingerprint_pb2
 
-from tpubuild.savedmodel.model import FINGERPRINT_PB, SavedModel, make_fingerprint_reproducible
+from tpubuild.savedmodel.model import (
+    FINGERPRINT_PB,
+    SavedModel,
+    make_fingerprint_reproducible,
+)
 
 
 def _fingerprint(directory: Path) -> fingerprint_pb2.FingerprintDef:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from sm_models import ALIASES, SIGNATURES, run_signature
+
 from tests.tolerances import FLOAT32_REORDERED, assert_close
 from tpubuild.errors import ConversionError
 from tpubuild.savedmodel.model import SavedModel

@@ -32,7 +32,7 @@ def test_publishes_the_cpu_savedmodel_beside_the_tpu_version(targets_built):
                                        "tpubuild-provenance.json", "variables"]
     # The main manifest lists every target file with its digest, and they are the files there.
     manifest = json.loads((out / "1" / "tpubuild-manifest.json").read_text())
-    from tpubuild.engine.hashing import hash_file
+    from tpubuild.digests import hash_file
 
     listed = manifest["targets"]["cpu_savedmodel"]["files"]
     assert set(listed) == {"fingerprint.pb", "saved_model.pb", "variables/variables.data-00000-of-00001",

@@ -9,9 +9,8 @@ import os
 import shutil
 from pathlib import Path
 
-from tpubuild.engine import versions
-from tpubuild.engine.hashing import FileEntry, hash_file
-from tpubuild.engine.statcache import StatCache
+from tpubuild.digests import FileEntry, StatCache, hash_file
+from tpubuild.publish import versions
 
 
 def objects(tmp_path: Path, contents: dict[str, bytes]) -> list[tuple[FileEntry, Path]]:
@@ -155,9 +154,9 @@ def test_the_same_model_re_measured_updates_the_newest_version_in_place(tmp_path
     # Issue 38 item 3: only the report differs; no new number, the model files untouched.
     import hashlib
 
-    from tpubuild.engine.version_refresh import update_version
     from tpubuild.provenance import statement
     from tpubuild.provenance.signature import check_manifest
+    from tpubuild.publish import update_version
 
     recipe_dir = tmp_path / "out" / "toy"
 

@@ -89,7 +89,7 @@ def remote_setting(ws, url: str | None, read_only: bool) -> tuple[str, bool] | N
     from tpubuild.errors import UsageError
 
     if url is not None:
-        from tpubuild.engine.remote_url import url_problem
+        from tpubuild.config.remote_url import url_problem
 
         problem = url_problem(url)
         if problem:

@@ -6,7 +6,13 @@ import time
 
 import click
 
-from tpubuild.commands.build_output import NORMAL, QUIET, VERBOSE, summary_line, wants_colour
+from tpubuild.commands.build_output import (
+    NORMAL,
+    QUIET,
+    VERBOSE,
+    summary_line,
+    wants_colour,
+)
 
 
 @click.command(
@@ -88,7 +94,12 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry
         code = _noop_fast_path(ctx, recipe_patterns, as_json, verbosity, check)
         if code is not None:
             return code
-    from tpubuild.commands._common import asked_broken, recipes_from, remote_setting, warn_unmatched_globs
+    from tpubuild.commands._common import (
+        asked_broken,
+        recipes_from,
+        remote_setting,
+        warn_unmatched_globs,
+    )
 
     # An invalid recipe that was not asked for is a warning; one that was stops the build
     # before anything runs (bazel's loading phase), unless -k builds the others (exit 2).
@@ -105,8 +116,8 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry
         return _dry_run(ws, recipes, as_json, verbosity) or invalid
     from tpubuild.commands.build_output import BuildOutput
     from tpubuild.config.recipe import discover
-    from tpubuild.engine.build import build
-    from tpubuild.engine.noop import NoopMemo
+    from tpubuild.engine import build
+    from tpubuild.lock import NoopMemo
 
     memo = NoopMemo(ws, discover(ws))
     out = sys.stdout  # the stream click.echo writes to (click.get_text_stream is deprecated)
@@ -157,7 +168,7 @@ def _noop_fast_path(ctx: click.Context, recipe_patterns: tuple[str, ...], as_jso
     import fnmatch
     from pathlib import Path
 
-    from tpubuild.engine.noop import quick
+    from tpubuild.lock import quick
 
     override = ctx.obj.workspace if ctx.obj else None
     found = quick(Path.cwd(), Path(override) if override else None)
@@ -201,7 +212,7 @@ def _noop_fast_path(ctx: click.Context, recipe_patterns: tuple[str, ...], as_jso
 
 
 def _check(ws, recipes) -> int:
-    from tpubuild.engine.lockcheck import check_lines
+    from tpubuild.engine import check_lines
 
     stale = check_lines(ws, recipes)
     for line in stale:
@@ -221,8 +232,7 @@ def _dry_run(ws, recipes, as_json: bool, verbosity: int = NORMAL) -> int:
     """What a build would do, in `explain`'s words (stage_words) and with its reasons:
     a row per stage that would run or cannot run (-v: cached ones too), then the summary."""
     from tpubuild.commands.build_output import stage_line
-    from tpubuild.engine.build import Engine
-    from tpubuild.engine.explain import DRY_RUN_ORDER, resolve, stage_words, state_word
+    from tpubuild.engine import DRY_RUN_ORDER, Engine, resolve, stage_words, state_word
 
     engine = Engine(ws)
     rows = []

@@ -21,8 +21,8 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...]) -> int:
     kept, so the next build republishes without running stages.
     """
     from tpubuild.config.workspace import OutputOverlapError, check_output_overlap
-    from tpubuild.engine.versions import remove_published
-    from tpubuild.engine.wslock import WorkspaceLock
+    from tpubuild.fs import WorkspaceLock
+    from tpubuild.publish import remove_published
 
     ws, recipes = recipes_from(ctx, recipe_patterns)
     problems = check_output_overlap(ws, recipes)

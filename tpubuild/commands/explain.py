@@ -24,7 +24,7 @@ def command(ctx: click.Context, recipe_pattern: str) -> int:
     build will find it cached should that stage write the same output again. Builds
     nothing and never imports TensorFlow.
     """
-    from tpubuild.engine.explain import explain_lines
+    from tpubuild.engine import explain_lines
 
     ws, recipes = recipes_from(ctx, [recipe_pattern])
     for recipe in recipes:

@@ -55,8 +55,7 @@ def command(ctx: click.Context, recipe_pattern: str, stage: str | None) -> int:
 
 def explain_recipe(ws: Any, recipe: Any, stage: str | None) -> list[str]:
     """The lines `explain-error` prints for one recipe."""
-    from tpubuild.engine.build import Engine
-    from tpubuild.engine.resolve import new_runs
+    from tpubuild.engine import Engine, new_runs
     from tpubuild.stages.base import MODEL, SOURCE, StageContext
     from tpubuild.stages.selection import applied_transforms, main_chain
 

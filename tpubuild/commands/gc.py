@@ -34,10 +34,10 @@ def command(ctx: click.Context, keep_days: float | None, max_size: str | None, r
     import errno
 
     from tpubuild.config.recipe import LOCK_SUFFIX, discover
-    from tpubuild.engine.gc import collect, parse_size, workspace_references
-    from tpubuild.engine.store import Store
-    from tpubuild.engine.wslock import WorkspaceLock
+    from tpubuild.config.sizes import parse_size
     from tpubuild.errors import UsageError
+    from tpubuild.fs import WorkspaceLock
+    from tpubuild.store import Store, collect, workspace_references
 
     if keep_days is not None and max_size is not None:
         raise UsageError("give --keep-days or --max-size, not both")
@@ -73,9 +73,8 @@ def command(ctx: click.Context, keep_days: float | None, max_size: str | None, r
 
 def _remote_gc(ws, url: str | None, referenced: set[str], keep_days: float | None, limit: int | None, notify) -> int:
     from tpubuild.commands._common import remote_setting
-    from tpubuild.engine.remote import RemoteCache
-    from tpubuild.engine.remote_gc import collect_remote
     from tpubuild.errors import UsageError
+    from tpubuild.remote import RemoteCache, collect_remote
 
     setting = remote_setting(ws, url, False)
     if setting is None:

@@ -4,7 +4,12 @@ import json
 
 import click
 
-from tpubuild.commands._common import asked_broken, changed_recipes, recipes_from, warn_unmatched_globs
+from tpubuild.commands._common import (
+    asked_broken,
+    changed_recipes,
+    recipes_from,
+    warn_unmatched_globs,
+)
 
 
 @click.command(

@@ -28,7 +28,7 @@ def command(ctx: click.Context, recipe_pattern: str, fmt: str, version: int | No
     (size, verified max error, per-call and load latency, from the version's manifest).
     TensorFlow is not imported.
     """
-    from tpubuild.engine.versions import read_manifest, version_numbers
+    from tpubuild.publish import read_manifest, version_numbers
     from tpubuild.report import formats as report_format
     from tpubuild.report import targets as targets_report
 

@@ -19,9 +19,9 @@ def command(ctx: click.Context) -> int:
     the cache holds its content; otherwise it is reported (run `tpubuild build`, which
     rebuilds the content and restores it). Exits 1 when damage is left.
     """
-    from tpubuild.engine.store import Store
-    from tpubuild.engine.versions import published_versions, repair_version
-    from tpubuild.engine.wslock import WorkspaceLock
+    from tpubuild.fs import WorkspaceLock
+    from tpubuild.publish import published_versions, repair_version
+    from tpubuild.store import Store
 
     ws = workspace_from(ctx)
     notify = lambda m: click.echo(m, err=True)  # noqa: E731

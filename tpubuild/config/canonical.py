@@ -11,7 +11,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tpubuild.config.checks import DEFAULT_SIGNATURE_KEYS, expand_globs, generator_module_file
+from tpubuild.config.checks import (
+    DEFAULT_SIGNATURE_KEYS,
+    expand_globs,
+    generator_module_file,
+)
 from tpubuild.pipeline import target
 
 BATCH_DEFAULTS = {

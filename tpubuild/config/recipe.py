@@ -15,10 +15,20 @@ from tpubuild.config.canonical import canonical_json, canonicalize, digest
 from tpubuild.config.checks import Checker
 from tpubuild.config.finding import LOCK_SUFFIX, lock_file_of, recipe_matches
 from tpubuild.config.merge import ReplacedList, deep_merge
-from tpubuild.config.names import invalid_name_message, name_from_file_message, valid_name
+from tpubuild.config.names import (
+    invalid_name_message,
+    name_from_file_message,
+    valid_name,
+)
 from tpubuild.config.paths import boundary_problem, rebase
 from tpubuild.config.schema import schema_diagnostics
-from tpubuild.config.workspace import Workspace, display_path, find_workspace_file, implicit_workspace, load_workspace
+from tpubuild.config.workspace import (
+    Workspace,
+    display_path,
+    find_workspace_file,
+    implicit_workspace,
+    load_workspace,
+)
 from tpubuild.config.yamlload import Marks, read_yaml_file
 from tpubuild.errors import ConfigError, Diagnostic, Location, UsageError
 

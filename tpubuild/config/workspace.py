@@ -7,13 +7,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpubuild.config.finding import DEFAULT_RECIPE_GLOBS, STATE_DIR, WORKSPACE_FILE, find_workspace_file
+from tpubuild.config.finding import (
+    DEFAULT_RECIPE_GLOBS,
+    STATE_DIR,
+    WORKSPACE_FILE,
+    find_workspace_file,
+)
 from tpubuild.config.paths import leaves_root, name_problem, rebase, to_root_relative
+from tpubuild.config.remote_url import TIMEOUT_KEYS, Timeouts
 from tpubuild.config.schema import schema_diagnostics
 from tpubuild.config.yamlload import Marks, format_path, read_yaml_file
-from tpubuild.engine.remote_url import TIMEOUT_KEYS, Timeouts
 from tpubuild.errors import ConfigError, Diagnostic, TpubuildError, UsageError
-
 
 
 @dataclass
@@ -214,7 +218,7 @@ def _size(value: int | str | None) -> int | None:
     """`worker_memory_limit:` in bytes: an integer, or a number with a unit (8GiB, 512MiB)."""
     if value is None or isinstance(value, int):
         return value
-    from tpubuild.engine.gc import parse_size
+    from tpubuild.config.sizes import parse_size
 
     return parse_size(value)
 
@@ -233,7 +237,7 @@ def _trusted_keys(data: dict) -> list[str]:
 
 def _trusted_key_problems(data: dict, marks: Marks, root: Path) -> list[Diagnostic]:
     """Each trusted key must be a readable ECDSA or Ed25519 public key, said at its line."""
-    from tpubuild.engine.record_signing import SigningKeyError, load_public_key
+    from tpubuild.digests import SigningKeyError, load_public_key
 
     problems = []
     for index, key in enumerate(_trusted_keys(data)):
@@ -253,7 +257,7 @@ def _remote_problems(data: dict, marks: Marks) -> list[Diagnostic]:
     url = _remote_setting(data)[0] if isinstance(value, (str, dict)) else None
     if not isinstance(url, str):
         return []  # absent, or a wrong type the schema reports
-    from tpubuild.engine.remote_url import url_problem
+    from tpubuild.config.remote_url import url_problem
 
     problem = url_problem(url)
     return [Diagnostic(marks.value(path), format_path(path), problem)] if problem else []

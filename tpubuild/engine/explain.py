@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from tpubuild.engine.build import Engine, lock_problem
-from tpubuild.engine.keys import diff_records
-from tpubuild.engine.lockfile import read_lock
-from tpubuild.engine.resolve import RecipeRun, Resolved, new_runs
+from tpubuild.engine.loop import Engine, lock_problem
+from tpubuild.engine.resolver import RecipeRun, Resolved, new_runs
 from tpubuild.errors import StageError
+from tpubuild.keys import diff_records
+from tpubuild.lock import read_lock
 from tpubuild.pipeline import ENGINE_STEPS, PlannedStage, spec
 
 __all__ = ["DRY_RUN_ORDER", "STATE_WORDS", "Resolved", "change_reasons", "explain_lines", "resolve", "stage_words",
@@ -75,7 +75,7 @@ def _reasons(engine: Engine, run: RecipeRun, last: _LastBuild, state: Resolved) 
     if old is None:
         return _without_record(engine, last, state, last_key)
     # A stage that runs user code is stored under a key that also hashes what that code
-    # imported (engine/resolve.py): the declared part is compared as a record, the rest here.
+    # imported (engine/resolver.py): the declared part is compared as a record, the rest here.
     declared = {k: v for k, v in old.record.items() if k != "discovered"}
     changes = diff_records(declared, state.record or {})
     named = set((state.record or {}).get("inputs", {})) | set(declared.get("inputs", {}))

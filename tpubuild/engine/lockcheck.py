@@ -7,7 +7,7 @@ wrote (a key given twice, an unknown field or stage) is named with its line.
 
 A build rewrites a lock file only when a key it records changed (lockfile.same_keys), or
 when it is malformed or stale (above). So
-each stage's key is computed the way the resolver computes it (engine/resolve.py
+each stage's key is computed the way the resolver computes it (engine/resolver.py
 `record_for`): from the recipe's options, the stage code digests, the toolchain, the
 hashes of its input files (through the stat cache), and, for an output of an earlier
 stage it consumes, the output digest the lock file records for that stage, trusted the
@@ -28,20 +28,26 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tpubuild.engine.lockfile import older_layout, read_lock_keys, same_keys
-from tpubuild.engine.lockshape import defect, stale_output, well_formed
-from tpubuild.engine.records import discovered_final_key
-from tpubuild.engine.resolve import (
+from tpubuild.digests import StatCache
+from tpubuild.engine.resolver import (
     Output,
-    Resolved,
     RecipeRun,
+    Resolved,
     Resolver,
     measured_flags,
     new_runs,
     run_inputs,
 )
-from tpubuild.engine.statcache import StatCache
 from tpubuild.errors import StageError
+from tpubuild.keys import discovered_final_key
+from tpubuild.lock import (
+    defect,
+    older_layout,
+    read_lock_keys,
+    same_keys,
+    stale_output,
+    well_formed,
+)
 from tpubuild.pipeline import ENGINE_STEPS, spec
 
 
@@ -64,7 +70,7 @@ class LockCheck:
     def engine(self) -> Any:
         """The cache, opened when a stale stage's reasons or a full check need it."""
         if self._engine is None:
-            from tpubuild.engine.build import Engine
+            from tpubuild.engine.loop import Engine
 
             self._engine = Engine(self.ws)
         return self._engine
@@ -106,7 +112,7 @@ class LockCheck:
         if not key:
             return None
         if self._store is None:
-            from tpubuild.engine.store import Store
+            from tpubuild.store import Store
 
             self._store = Store(self.ws.cache_dir, report=lambda message: None)  # the build says what is damaged
         entry = self._store.get(key)

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from tpubuild.engine.resolve import RecipeRun
+from tpubuild.engine.resolver import RecipeRun
 
 
-class Engine(Protocol):
-    """What the task graph needs of the engine (engine/build.py): a stage's action and
+class TaskEngine(Protocol):
+    """What the task graph needs of the engine (engine/loop.py): a stage's action and
     its up-to-date test."""
 
     def action(self, run: RecipeRun, planned: Any) -> Any: ...
@@ -29,7 +29,7 @@ def task_name(run: RecipeRun, stage: str) -> str:
     return f"{run.name}:{stage}"
 
 
-def make_tasks(engine: Engine, runs: list[RecipeRun]) -> list[Any]:
+def make_tasks(engine: TaskEngine, runs: list[RecipeRun]) -> list[Any]:
     from doit.task import Task
 
     tasks = []
@@ -77,7 +77,7 @@ class MemoryDB:
         self._db = {}
 
 
-def run_tasks(engine: Engine, runs: list[RecipeRun], jobs: int) -> int:
+def run_tasks(engine: TaskEngine, runs: list[RecipeRun], jobs: int) -> int:
     """Run every stage of `runs` through doit; returns doit's exit code."""
     from doit.cmd_base import TaskLoader2
     from doit.doit_cmd import DoitMain

@@ -24,7 +24,7 @@ from typing import Callable
 
 import blake3
 
-from tpubuild.engine.hashing import CHUNK, FileEntry, tree_digest
+from tpubuild.digests import CHUNK, FileEntry, tree_digest
 
 
 def _both(path: Path | str) -> tuple[str, str]:
@@ -91,7 +91,7 @@ def _checked(path: Path, digest: str) -> str:
 def compute_ahead(files: list[FileEntry], object_path: Callable[[str], Path]) -> None:
     """The SHA-256 of a tree's objects, for the dependency_digests of a version published
     later in this process: a build computes the source model's while its stages run in
-    workers (engine/build.py), not after them (BERT-base: 0.4 s of reading 420 MiB at
+    workers (engine/loop.py), not after them (BERT-base: 0.4 s of reading 420 MiB at
     publish). An object that is gone or changed gets nothing here; publish tries again."""
     for f in files:
         try:

@@ -85,9 +85,9 @@ def _mismatches(text: str) -> list[str]:
 def check_manifest(version_dir: Path) -> list[str]:
     """Problems of the version against its own manifest: a file whose content changed, a
     file missing, a file the manifest does not list."""
-    from tpubuild.engine.hashing import hash_file
-    from tpubuild.engine.versions import MANIFEST
+    from tpubuild.digests import hash_file
     from tpubuild.provenance.statement import PROVENANCE, list_files
+    from tpubuild.publish import MANIFEST
 
     version_dir = Path(version_dir)
     try:

@@ -216,7 +216,9 @@ def read_tfrecord(path: Path, where: str) -> Iterator[Sample]:
 
     StageError for a missing, empty, truncated or corrupted file, or a foreign record.
     """
-    from tensorflow.compiler.mlir.quantization.tensorflow import quantization_options_pb2
+    from tensorflow.compiler.mlir.quantization.tensorflow import (
+        quantization_options_pb2,
+    )
 
     if not path.is_file():
         raise StageError(f"{where}: representative dataset {path} does not exist")

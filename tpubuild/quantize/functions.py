@@ -45,6 +45,7 @@ from tensorflow.python.framework import op_def_registry
 
 from tpubuild.errors import ConversionError
 from tpubuild.quantize import tf_quantizer as quantization
+from tpubuild.savedmodel.checkpoint import write_without
 from tpubuild.savedmodel.fnedit import (
     ANY_CALL_OPS,
     CALL_OPS,
@@ -53,7 +54,6 @@ from tpubuild.savedmodel.fnedit import (
     data_inputs,
     fill_default_attrs,
 )
-from tpubuild.savedmodel.checkpoint import write_without
 from tpubuild.savedmodel.model import GRAPH, SavedModel, attr_functions
 from tpubuild.savedmodel.prune import prune
 from tpubuild.tpu.functions import resolve_tpu_functions
@@ -228,7 +228,9 @@ def _chain_inputs(graph: Any, model: SavedModel, chain: CallChain) -> list[Any]:
     maps FunctionDef references (`node:out:i`) to graph tensor names.
     """
     import tensorflow as tf
-    from tensorflow.python.framework.function_def_to_graph import function_def_to_graph_def
+    from tensorflow.python.framework.function_def_to_graph import (
+        function_def_to_graph_def,
+    )
 
     tensors = [graph.get_tensor_by_name(_graph_tensor(ref)) for ref in data_inputs(chain.links[0].node)]
     for link in chain.links[1:]:

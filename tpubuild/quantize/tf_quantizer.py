@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import tensorflow as tf
-from tensorflow.compiler.mlir.quantization.tensorflow import quantization_options_pb2 as qpb
+from tensorflow.compiler.mlir.quantization.tensorflow import (
+    quantization_options_pb2 as qpb,
+)
 
 from tpubuild.savedmodel.reproducible import make_reproducible
 

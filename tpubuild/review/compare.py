@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpubuild.engine.lockfile import read_lock
-from tpubuild.engine.resolve import expand_inputs
+from tpubuild.engine import expand_inputs
+from tpubuild.lock import read_lock
 from tpubuild.pipeline import ENGINE_STEPS, TARGET_STAGES, PlannedStage, plan, spec
 
 # The lock file's `artifact:` figures compared when both sides have them (a key absent
@@ -296,9 +296,8 @@ def add_cache_state(ws: Any, base: Side, changes: list[RecipeChange], head: Side
     """For each rerunning stage of an affected recipe: is its result already in the cache
     (the resolver's status), and what the plans could not see (code, toolchain,
     environment), from the stored record of BASE's key (keys.diff_records)."""
-    from tpubuild.engine.build import Engine
-    from tpubuild.engine.keys import diff_records
-    from tpubuild.engine.resolve import new_runs
+    from tpubuild.engine import Engine, new_runs
+    from tpubuild.keys import diff_records
 
     affected = [c for c in changes if c.affected]
     if not affected:

@@ -18,7 +18,14 @@ from typing import Any, Iterator
 
 from tpubuild.config.finding import LOCK_SUFFIX
 from tpubuild.review.compare import Side
-from tpubuild.review.revisions import blobs, changed_paths, commit_of, default_base, materialize, repo_root
+from tpubuild.review.revisions import (
+    blobs,
+    changed_paths,
+    commit_of,
+    default_base,
+    materialize,
+    repo_root,
+)
 
 
 def _at(exc: Any, label: str) -> Any:
@@ -62,7 +69,7 @@ def same_config(top: Path, rev: str, label: str, changed: set[str], head: Side, 
     """BASE when no configuration file changed (no workspace file, recipe or base is in
     `changed`): the same recipes as HEAD, with BASE's lock files where they differ (read
     from git). No tree is extracted: that is most of a diff's cost on a large workspace."""
-    from tpubuild.engine.lockfile import read_lock
+    from tpubuild.lock import read_lock
 
     moved = [r.lock_file for r in head.recipes.values() if _rel(r.lock_file, head.top) in changed]
     locks = {}

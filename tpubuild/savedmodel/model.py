@@ -21,7 +21,10 @@ from tpubuild.atomic import write_atomic
 from tpubuild.errors import ConversionError
 
 # make_fingerprint_reproducible is re-exported: callers imported it from here first.
-from tpubuild.savedmodel.reproducible import make_fingerprint_reproducible, write_fingerprint  # noqa: F401
+from tpubuild.savedmodel.reproducible import (  # noqa: F401
+    make_fingerprint_reproducible,
+    write_fingerprint,
+)
 from tpubuild.savedmodel.variable_handles import normalize_handles
 
 SAVED_MODEL_PB = "saved_model.pb"

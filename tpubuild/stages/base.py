@@ -52,7 +52,7 @@ class StageSpec:
     @property
     def discovers(self) -> bool:
         """Its record is stored under a final key made of its declared key and the inputs
-        it discovered (engine/resolve.py add_discovered)."""
+        it discovered (engine/resolver.py add_discovered)."""
         return self.runs_user_code or self.reports_inputs
 
 

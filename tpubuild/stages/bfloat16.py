@@ -29,9 +29,8 @@ STABLEHLO_DISTRIBUTIONS = ("jax", "jaxlib")
 
 
 def _installed_versions() -> dict[str, str]:
-    """`dist:<name>` -> installed version, or ABSENT (engine/resolve.py compares the same way)."""
-    from tpubuild.engine.imports import ABSENT
-    from tpubuild.engine.keys import installed_dist
+    """`dist:<name>` -> installed version, or ABSENT (engine/resolver.py compares the same way)."""
+    from tpubuild.digests import ABSENT, installed_dist
 
     versions = {}
     for name in STABLEHLO_DISTRIBUTIONS:

@@ -16,8 +16,8 @@ SPEC = StageSpec(
 
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
     """Reshape around every TPUPartitionedCall made from CPU code; outputs stay identical."""
-    from tpubuild.savedmodel.model import SavedModel
     from tpubuild.savedmodel.fnedit import TPU_CALL
+    from tpubuild.savedmodel.model import SavedModel
     from tpubuild.transforms import io_shape
 
     model = SavedModel.load(Path(input_dir), options["tags"])

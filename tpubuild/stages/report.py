@@ -77,7 +77,7 @@ def _write_hlo(
 
     (output_dir / HLO_DIR).mkdir()
     with tempfile.TemporaryDirectory(prefix=".twin-", dir=output_dir) as scratch:
-        # In verify's worker (engine/build.py HANDOFF) the twin verify made, and loaded and
+        # In verify's worker (engine/loop.py HANDOFF) the twin verify made, and loaded and
         # ran, is reused: neither made nor loaded again.
         twin = cpu_twin(artifact, tags, Path(scratch))
         loaded = take_loaded(twin, tags)

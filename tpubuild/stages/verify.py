@@ -17,7 +17,14 @@ from typing import Any
 
 from tpubuild.errors import StageError
 from tpubuild.stages import slices
-from tpubuild.stages.base import DATASET, MODEL, SOURCE, StageContext, StageResult, StageSpec
+from tpubuild.stages.base import (
+    DATASET,
+    MODEL,
+    SOURCE,
+    StageContext,
+    StageResult,
+    StageSpec,
+)
 from tpubuild.stages.selection import applied_transforms
 from tpubuild.verify.verdict import (
     error_summary,

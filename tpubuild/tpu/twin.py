@@ -59,11 +59,11 @@ _TWINS: dict[tuple, Path] = {}  # this process's twins: (what it was made from, 
 def cpu_twin(src: Path, tags: list[str], scratch: Path) -> Path:
     """The CPU twin of the SavedModel `src`, as make_cpu_twin writes it. In a worker, made
     once per input and kept in the worker's scratch for a later stage of the same worker
-    that asks for the same twin (report after verify: engine/build.py HANDOFF); elsewhere
+    that asks for the same twin (report after verify: engine/loop.py HANDOFF); elsewhere
     made in `scratch`, a new directory the caller removes. A kept twin is found by what it
     was made from, the files of `src` themselves (_made_from), never by a name alone: a
     stage is handed one only if it would have written the same one."""
-    from tpubuild.engine.workers import WORKER_SCRATCH
+    from tpubuild.handoff import WORKER_SCRATCH
 
     root = os.environ.get(WORKER_SCRATCH)
     if not root:
@@ -80,17 +80,17 @@ def cpu_twin(src: Path, tags: list[str], scratch: Path) -> Path:
 
 
 def keep_loaded(twin: Path, tags: list[str], model: Any) -> bool:
-    """In a worker handed on to report (engine/build.py HANDOFF), the twin verify loaded
+    """In a worker handed on to report (engine/loop.py HANDOFF), the twin verify loaded
     and ran stays loaded for report's HLO (take_loaded): one load of the model less. False
     when it is not kept (outside a worker); the caller then lets it go."""
-    from tpubuild.engine.workers import hand_on
+    from tpubuild.handoff import hand_on
 
     return hand_on(("loaded cpu twin", str(twin), tuple(tags)), model)
 
 
 def take_loaded(twin: Path, tags: list[str]) -> Any:
     """The twin at `twin` as an earlier stage of this worker loaded it (keep_loaded), else None."""
-    from tpubuild.engine.workers import handed_on
+    from tpubuild.handoff import handed_on
 
     return handed_on(("loaded cpu twin", str(twin), tuple(tags)))
 

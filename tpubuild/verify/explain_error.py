@@ -30,7 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpubuild.verify.node_errors import NodeError, accumulate, compare_nodes, contribution, first_out_of_tolerance
+from tpubuild.verify.node_errors import (
+    NodeError,
+    accumulate,
+    compare_nodes,
+    contribution,
+    first_out_of_tolerance,
+)
 
 MAX_ROUNDS = 4  # filterlist rounds before giving up (each converts and verifies once)
 SHOWN_LAYERS = 5  # the int8 layers listed, worst first
@@ -201,7 +207,9 @@ def layer_errors(stage_input: Path, options: dict[str, Any], context: Any, sampl
     input, as TF's quantization debugger (DEBUGGER_TYPE_INT_PER_LAYER) dumps them; worst first."""
     import tensorflow as tf
     from tensorflow.compiler.mlir.quantization.stablehlo import quantization_config_pb2
-    from tensorflow.compiler.mlir.quantization.tensorflow import quantization_options_pb2
+    from tensorflow.compiler.mlir.quantization.tensorflow import (
+        quantization_options_pb2,
+    )
 
     from tpubuild.quantize import datasets
     from tpubuild.quantize import tf_quantizer as quantization

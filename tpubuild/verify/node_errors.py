@@ -81,7 +81,9 @@ class Frozen:
 
 def freeze(model_dir: Path, tags: list[str], key: str) -> Frozen:
     """Signature `key` of the SavedModel as one inlined graph with its variables as constants."""
-    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+    from tensorflow.python.framework.convert_to_constants import (
+        convert_variables_to_constants_v2,
+    )
 
     loaded = tf.saved_model.load(str(model_dir), tags=tags)
     function = loaded.signatures[key]

@@ -109,7 +109,7 @@ def compiler_env() -> dict[str, str]:
     output (the engine's allow-list), nothing else. Every variable takes memory in the
     child, so an unrelated one (a test runner's PYTEST_CURRENT_TEST) would shift its heap
     and with it the generated code's order (see run_compiler)."""
-    from tpubuild.engine.keys import ENV_ALLOWLIST
+    from tpubuild.digests import ENV_ALLOWLIST
 
     names = ("PATH", "PYTHONPATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "VIRTUAL_ENV", *ENV_ALLOWLIST)
     env = {name: os.environ[name] for name in names if name in os.environ}

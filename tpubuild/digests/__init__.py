@@ -1,0 +1,55 @@
+"""Content digests and the toolchain facts every key is made of: BLAKE3 of bytes, files and trees
+(`hashing`), the stat cache that makes rehashing an unchanged file free (`statcache`), the
+signatures of remote-cache records (`signing`), and the installed distributions, keyed and
+unkeyed environment variables and the mark of a missing input (`toolchain_facts`). The
+lowest layer of the build: it imports nothing of the engine, so config/, stages/, tpu/,
+provenance/ and the worker process use it freely.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# The package's face: name -> the module of this package that defines it, imported on first
+# use (PEP 562), so that importing one part of the package loads no other. keys/code.py
+# reads this mapping to follow `from tpubuild.digests import name` to its module.
+_FACE = {
+    "ABSENT": "toolchain_facts",
+    "CHUNK": "hashing",
+    "ENV_ALLOWLIST": "toolchain_facts",
+    "ENV_THREADS": "toolchain_facts",
+    "FileEntry": "hashing",
+    "SCHEME": "hashing",
+    "SigningKeyError": "signing",
+    "StatCache": "statcache",
+    "current_input_hash": "toolchain_facts",
+    "forget_installed": "toolchain_facts",
+    "hash_bytes": "hashing",
+    "hash_fd": "hashing",
+    "hash_file": "hashing",
+    "installed_dist": "toolchain_facts",
+    "is_racy": "statcache",
+    "key_env": "toolchain_facts",
+    "key_id": "signing",
+    "load_public_key": "signing",
+    "problem": "signing",
+    "sign": "signing",
+    "signing_key_from_environment": "signing",
+    "stat_key": "statcache",
+    "toolchain": "toolchain_facts",
+    "tree_digest": "hashing",
+    "walk_files": "hashing",
+    "worker_env": "toolchain_facts",
+}
+__all__ = sorted(_FACE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _FACE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_FACE[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return __all__
