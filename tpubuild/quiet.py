@@ -132,3 +132,21 @@ class _QuietLoader:
         with stderr_captured():
             self.loader.exec_module(module)
         _quiet_python_loggers()
+
+
+@contextlib.contextmanager
+def captured_stderr() -> Iterator[list[str]]:
+    """Redirect fd 2 (C++ and Python logging alike) into a list of lines filled on exit."""
+    lines: list[str] = []
+    import tempfile
+
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        saved = os.dup(2)
+        try:
+            os.dup2(sink.fileno(), 2)
+            yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            lines.extend(sink.read().decode("utf-8", "replace").splitlines())

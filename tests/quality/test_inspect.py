@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from tpubuild.cli import cli
 from tpubuild.config.recipe import load_recipes
 from tpubuild.config.workspace import load_workspace
-from tpubuild.savedmodel.inspect import inspect
+from tpubuild.tpu.inspect import inspect
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-import numpy as np
 import pytest
 from sm_models import ALIASES, SIGNATURES, run_signature
 

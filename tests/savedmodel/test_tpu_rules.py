@@ -12,12 +12,12 @@ from sm_models import F
 
 from tpubuild.cli import cli
 from tpubuild.errors import ConversionError
-from tpubuild.savedmodel.inspect import inspect, to_text
 from tpubuild.savedmodel.model import SavedModel
 from tpubuild.stages.base import StageContext
 from tpubuild.stages.tpu import run
 from tpubuild.tpu.findings import tpu_bodies
 from tpubuild.tpu.functions import resolve_tpu_functions
+from tpubuild.tpu.inspect import inspect, to_text
 from tpubuild.tpu.mlir_bridge import bridge_findings
 from tpubuild.tpu.placement import place_on_tpu
 from tpubuild.tpu.runtime_check import enforce

@@ -155,8 +155,7 @@ def test_the_same_model_re_measured_updates_the_newest_version_in_place(tmp_path
     import hashlib
 
     from tpubuild.provenance import statement
-    from tpubuild.provenance.signature import check_manifest
-    from tpubuild.publish import update_version
+    from tpubuild.publish import check_manifest, update_version
 
     recipe_dir = tmp_path / "out" / "toy"
 

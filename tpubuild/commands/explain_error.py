@@ -93,8 +93,8 @@ def explain_recipe(ws: Any, recipe: Any, stage: str | None) -> list[str]:
     stage_input = run.outputs[needed[0]].directory
     stage_output = run.outputs[stage].directory
     source = run.outputs[needed[2]].directory
+    from tpubuild.diagnosis import explain_error
     from tpubuild.savedmodel.model import INIT_OP_KEY, SavedModel
-    from tpubuild.verify import explain_error
 
     tags = verify.options["tags"]
     source_model = SavedModel.load(source, tags)

@@ -21,7 +21,7 @@ def command(path: Path, tags: str | None, as_json: bool) -> int:
     In a converted model, the functions that hold the TPUPartitionedCall or BatchFunction
     run on the host by design and are said to, not judged for XLA."""
     _check_saved_model_dir(path)  # before TensorFlow's import: a wrong path is a usage error (exit 2)
-    from tpubuild.savedmodel.inspect import inspect, to_text
+    from tpubuild.tpu.inspect import inspect, to_text
 
     info = inspect(path, tags.split(",") if tags else None)
     if as_json:

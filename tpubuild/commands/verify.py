@@ -25,7 +25,8 @@ def command(path: Path, key: Path | None, chain: tuple[Path, ...]) -> int:
     give the public half of that key: `tpubuild verify out/toy/1 --key signing.pub.pem`.
     """
     from tpubuild.errors import UsageError
-    from tpubuild.provenance.signature import check_manifest, check_signature
+    from tpubuild.provenance.signature import check_signature
+    from tpubuild.publish import check_manifest
 
     if not path.is_dir():
         raise UsageError(f"{path}: not a directory (give a published version, e.g. out/<recipe>/<N>)")

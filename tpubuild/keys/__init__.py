@@ -25,7 +25,6 @@ _FACE = {
     "discovered_final_key": "records",
     "forget_code": "code",
     "key_record": "stage",
-    "module_file": "code",
     "package_content_digest": "code",
     "package_fingerprint": "code",
     "parse_candidate": "records",

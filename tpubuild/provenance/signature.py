@@ -6,7 +6,6 @@ signature and its manifest.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -80,28 +79,3 @@ def _mismatches(text: str) -> list[str]:
     lines += [f"not signed: {clean(item)}" for group in extra for item in group.split(",")]
     lines += [f"signed but missing: {clean(item)}" for group in missing for item in group.split(",")]
     return lines or [" ".join(text.split())[:300]]
-
-
-def check_manifest(version_dir: Path) -> list[str]:
-    """Problems of the version against its own manifest: a file whose content changed, a
-    file missing, a file the manifest does not list."""
-    from tpubuild.digests import hash_file
-    from tpubuild.provenance.statement import PROVENANCE, list_files
-    from tpubuild.publish import MANIFEST
-
-    version_dir = Path(version_dir)
-    try:
-        manifest = json.loads((version_dir / MANIFEST).read_text())
-        listed = dict(manifest["files"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return [f"{MANIFEST}: missing or unreadable (not a version tpubuild published)"]
-    present = set(list_files(version_dir, {MANIFEST, PROVENANCE, SIGNATURE}))
-    problems = []
-    for rel, digest in sorted(listed.items()):
-        path = version_dir / rel
-        if not path.is_file():
-            problems.append(f"{rel}: missing")
-        elif hash_file(path, path.stat().st_size) != digest:
-            problems.append(f"{rel}: content differs from the manifest")
-    problems += [f"{rel}: not in the manifest" for rel in sorted(present - set(listed))]
-    return problems

@@ -15,6 +15,7 @@ from typing import Any
 _FACE = {
     "MANIFEST": "targets",
     "OWN_FILES": "versions",
+    "check_manifest": "versions",
     "foreign_in_newest": "versions",
     "newest_matching": "versions",
     "newest_same_model": "versions",

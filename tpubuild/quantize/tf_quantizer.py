@@ -6,18 +6,17 @@ file descriptor 2, so we redirect that descriptor while it runs and parse what i
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import tensorflow as tf
 from tensorflow.compiler.mlir.quantization.tensorflow import (
     quantization_options_pb2 as qpb,
 )
 
+from tpubuild.quiet import captured_stderr
 from tpubuild.savedmodel.reproducible import make_reproducible
 
 METHODS = {
@@ -68,22 +67,6 @@ def build_options(
             key: qpb.RepresentativeDatasetFile(tfrecord_file_path=str(path)) for key, path in datasets.items()
         },
     )
-
-
-@contextlib.contextmanager
-def captured_stderr() -> Iterator[list[str]]:
-    """Redirect fd 2 (C++ and Python logging alike) into a list of lines filled on exit."""
-    lines: list[str] = []
-    with tempfile.TemporaryFile(mode="w+b") as sink:
-        saved = os.dup(2)
-        try:
-            os.dup2(sink.fileno(), 2)
-            yield lines
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            sink.seek(0)
-            lines.extend(sink.read().decode("utf-8", "replace").splitlines())
 
 
 def run_quantizer(src: Path, dst: Path, options: Any) -> list[str]:

@@ -96,11 +96,11 @@ def _quantize_kept(
     samples: dict[str, list[dict[str, Any]]],
 ) -> dict[str, Any]:
     """Quantize each kept function on its own; the summary adds up the per-function ones."""
-    from tpubuild.quantize import tf_quantizer as quantization
     from tpubuild.quantize.functions import quantize_functions
+    from tpubuild.quiet import captured_stderr
 
     # TF1 session loading logs deprecation notices; they belong in the log, not the terminal.
-    with quantization.captured_stderr():
+    with captured_stderr():
         per_function, removed = quantize_functions(
             input_dir, output_dir, options["tags"], kept, options["method"], options["op_set"],
             {key: samples[key] for key in options["signature_keys"] if key in samples},

@@ -43,7 +43,7 @@ def check_body(model: SavedModel, fn: str) -> Finding | None:
     import tensorflow as tf
     from tensorflow.python.eager import context
 
-    from tpubuild.quantize.tf_quantizer import captured_stderr
+    from tpubuild.quiet import captured_stderr
 
     names = [fn, *sorted(model.reachable(fn) & set(model.functions))]
     suffix = f"_tpubuild_bridge_{next(_COUNTER)}"

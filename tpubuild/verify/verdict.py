@@ -10,10 +10,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tpubuild.errors import StageError
-from tpubuild.stages.base import StageContext
+
+
+class StageContext(Protocol):
+    """What a verifier reads of its stage's context (stages/base.py StageContext, which
+    stands above this module): the workspace root and the consumed outputs by role."""
+
+    workspace: Path
+    inputs: dict[str, Path]
 
 
 def tolerances(applied: list[str], options: dict[str, Any], where: str) -> tuple[str, float, float]:

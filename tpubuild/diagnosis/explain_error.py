@@ -2,7 +2,7 @@
 artifact differ from its source, and the recipe change that brings it within tolerance.
 
 bfloat16: the stage's input and its cached output are compared node by node on the
-verification samples (verify/node_errors.py). The op types where the error starts are
+verification samples (diagnosis/node_errors.py). The op types where the error starts are
 added to `bfloat16_optimization_options.filterlist` one round at a time, the bfloat16
 stage's own `run` converts the stage's input again with that filterlist, and the result is
 compared with the source as `verify` compares it, until it is within tolerance.
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpubuild.verify.node_errors import (
+from tpubuild.diagnosis.node_errors import (
     NodeError,
     accumulate,
     compare_nodes,
