@@ -25,10 +25,10 @@ _FACE = {
     "discovered_final_key": "records",
     "forget_code": "code",
     "key_record": "stage",
-    "package_content_digest": "code",
     "package_fingerprint": "code",
     "parse_candidate": "records",
     "parse_entry": "records",
+    "planning_code_digest": "code",
     "stage_key": "stage",
     "summary_digest": "stage",
 }

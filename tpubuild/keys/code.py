@@ -144,6 +144,7 @@ def forget_code() -> None:
     code_digest.cache_clear()
     _imports.cache_clear()
     package_face.cache_clear()
+    planning_code_digest.cache_clear()
 
 
 def package_fingerprint() -> str:
@@ -159,19 +160,59 @@ def package_fingerprint() -> str:
     return hash_bytes("\n".join(parts).encode())
 
 
+# What decides a lock file's keys besides each stage's own code: the recipe loader and the
+# canonical form it hashes, the registry of stages, the resolver that takes the keys, and
+# the lock file's own reading and quick check.
+PLANNING_ROOTS = ("tpubuild.config.recipe", "tpubuild.pipeline", "tpubuild.engine.resolver",
+                  "tpubuild.lock.lockfile", "tpubuild.lock.quickcheck")
+# Every stage module lives here (pipeline.py registers them).
+STAGE_FOLDERS = ("stages", "targets")
+# The package's files (relative paths, or folders ending in /) that decide no key: the
+# build loop, the worker pool, the commands, review, publishing's in-place update, the
+# remote cache, gc. Left out of `planning_code_digest`, so that an edit there changes no
+# lock file. No stage's closure nor the planning roots' may reach one of them
+# (tests/examples/test_planning_scope.py); a new module is in the digest until listed here.
+NOT_PLANNING = (
+    "__main__.py", "cli.py", "commands/", "convert.py", "diagnosis/", "engine/explain.py", "engine/lockcheck.py",
+    "engine/loop.py", "engine/tasks.py", "entry.py", "fs/wslock.py", "lock/memo.py", "lock/shape.py",
+    "provenance/digests.py", "provenance/signature.py", "publish/refresh.py", "remote/", "render.py",
+    "report/targets.py", "review/", "store/gc.py", "store/registration.py", "tpu/inspect.py", "workers/logs.py",
+    "workers/pool.py", "workers/ray.py",
+)
+
+
+def stage_modules() -> tuple[str, ...]:
+    """Every module under stages/ and targets/: what a stage key's code digest may root at."""
+    found = []
+    for folder in STAGE_FOLDERS:
+        for path in sorted((PACKAGE_ROOT / folder).rglob("*.py")):
+            parts = path.relative_to(PACKAGE_ROOT.parent).with_suffix("").parts
+            found.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return tuple(found)
+
+
+def planning(rel: str) -> bool:
+    """Whether the package file at `rel` (POSIX, relative to the package) can decide a key."""
+    return not any(rel == entry or (entry.endswith("/") and rel.startswith(entry)) for entry in NOT_PLANNING)
+
+
 @lru_cache(maxsize=None)
-def package_content_digest() -> str:
-    """A digest of the content of every source file of the package (code and the schemas
-    it validates with): what `build --check` compares before trusting a lock file's keys
-    without computing them (engine/lockcheck.py quick_check). ~1 MB read, once."""
+def planning_code_digest() -> str:
+    """A digest of the content of every source file of the package that can decide a stage
+    key (code and the schemas it validates with; not NOT_PLANNING's): what a lock file's
+    `planning` line pins, and what `build --check` compares before trusting its keys
+    without computing them (lock/quickcheck.py). ~1 MB read, once."""
     parts = []
-    for dirpath, dirnames, filenames in os.walk(PACKAGE_ROOT):
+    # schemas/ is a link to the repository's schemas in a checkout, a folder once installed.
+    for dirpath, dirnames, filenames in os.walk(PACKAGE_ROOT, followlinks=True):
         dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
         for name in sorted(filenames):
             if name.endswith((".py", ".json", ".proto")):
                 path = os.path.join(dirpath, name)
-                with open(path, "rb") as handle:
-                    parts.append(f"{os.path.relpath(path, PACKAGE_ROOT)}\0{hash_bytes(handle.read())}")
+                rel = Path(os.path.relpath(path, PACKAGE_ROOT)).as_posix()
+                if planning(rel):
+                    with open(path, "rb") as handle:
+                        parts.append(f"{rel}\0{hash_bytes(handle.read())}")
     return hash_bytes("\n".join(parts).encode())
 
 

@@ -25,14 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from tpubuild.digests import StatCache, current_input_hash, hash_bytes, key_env
-from tpubuild.keys import canonical_dumps, package_content_digest
+from tpubuild.keys import canonical_dumps, planning_code_digest
 from tpubuild.lock.lockfile import older_layout, read_lock_keys
 
 
 def planning_digest(ws_file: Path, stat: StatCache, recipe_files: list[Path], root: Path,
                     document: dict[str, Any], recipe: Any | None = None) -> str | None:
     """What decides a lock file's keys besides the inputs its stages read: tpubuild's code
-    (schemas included), the workspace file (defaults, layout), the key variables set and
+    that decides keys (keys/code.py planning_code_digest, schemas included), the workspace file (defaults, layout), the key variables set and
     the recipe's own files (the recipe, then each `extends` base); and the lock
     `document` itself (`_pinned`). None for a recipe that names files by glob, whose
     meaning depends on the files that match."""
@@ -44,7 +44,7 @@ def planning_digest(ws_file: Path, stat: StatCache, recipe_files: list[Path], ro
 
 def _planning(workspace_hash: str, root: Path, hashed: list[tuple[Path, str]], document: dict[str, Any]) -> str:
     files = [[_relative(path, root), digest] for path, digest in hashed]
-    return hash_bytes(canonical_dumps({"code": package_content_digest(), "env": key_env(),
+    return hash_bytes(canonical_dumps({"code": planning_code_digest(), "env": key_env(),
                                        "workspace": workspace_hash, "recipe": files,
                                        "lock": _pinned(document)}).encode())
 
