@@ -17,7 +17,14 @@ import pytest
 from tests.engine.conftest import REPO
 from tpubuild.digests import StatCache, hash_file, walk_files
 from tpubuild.errors import StageError, UsageError
-from tpubuild.publish import MANIFEST, newest_matching, prune, publish
+from tpubuild.publish import (
+    MANIFEST,
+    newest_holding,
+    newest_matching,
+    prune,
+    publish,
+    repair_newest,
+)
 from tpubuild.store import Store, collect
 
 
@@ -195,8 +202,9 @@ def test_hardlink_mode_restores_a_damaged_output_in_place(tmp_path):
     assert newest_matching(recipe_dir, entry.tree, cache) is None  # detected (ctime changed)
     assert not store.verify(entry, cache)  # the build rebuilds the stage...
     rebuilt = _put(store, "k" * 64, {"saved_model.pb": b"same model"}, cache)
-    restored: list[Path] = []
-    assert newest_matching(recipe_dir, entry.tree, cache, _pairs(store, rebuilt), "hardlink", restored) == 1
+    holding = newest_holding(recipe_dir, entry.tree, cache)  # a query: what is damaged
+    assert holding.number == 1 and holding.damaged == ("saved_model.pb",)
+    restored = repair_newest(recipe_dir, holding, _pairs(store, rebuilt), cache, "hardlink")
     assert restored == [published]  # ...and the version is restored in place, not republished
     assert published.read_bytes() == b"same model" and sorted(os.listdir(recipe_dir)) == ["1"]
 

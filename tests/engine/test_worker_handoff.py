@@ -113,7 +113,7 @@ def test_a_kept_twin_is_the_twin_make_cpu_twin_writes_and_follows_its_input(tmp_
 
 
 def test_what_a_stage_hands_on_is_kept_only_when_its_worker_is_handed_on_and_taken_once():
-    from tpubuild.workers import pool as workers
+    from tpubuild import handoff as workers
 
     # In-process, or a stage whose worker is not handed on (no `keep_for`): nothing kept.
     assert workers.hand_on("twin", object()) is False and workers.handed_on("twin") is None

@@ -99,8 +99,10 @@ def test_a_publish_killed_between_main_and_target_is_completed_whole(tmp_path):
     files = objects(tmp_path, {"saved_model.pb": b"tpua", "tpubuild-report.json": b"{}",
                                "cpu_savedmodel/saved_model.pb": b"cpua",
                                "cpu_savedmodel/variables/variables.index": b"idxa"})
-    restored: list[Path] = []
-    assert versions.newest_matching(recipe_dir, "a", StatCache(tmp_path / "stat.json"), files, "copy", restored) == 1
+    stat = StatCache(tmp_path / "stat.json")
+    holding = versions.newest_holding(recipe_dir, "a", stat)
+    assert holding.number == 1 and holding.stale == ("cpu_savedmodel",)
+    assert versions.repair_newest(recipe_dir, holding, files, stat, "copy")
     assert versions.not_published_reason(recipe_dir / "cpu_savedmodel" / "1", "toy", "cpu_savedmodel") is None
     assert not [p for p in (recipe_dir / "cpu_savedmodel").iterdir() if p.name.startswith(".")]
 
@@ -130,8 +132,8 @@ def test_a_deleted_target_version_is_restored_in_place(tmp_path):
     shutil.rmtree(recipe_dir / "cpu_savedmodel")
     stat = StatCache(tmp_path / "stat.json")
     assert versions.newest_matching(recipe_dir, "a", stat) is None  # planning: not intact
-    restored: list[Path] = []
-    assert versions.newest_matching(recipe_dir, "a", stat, files, "copy", restored) == 1
+    assert not list(recipe_dir.glob("cpu_savedmodel*"))  # and the query wrote nothing
+    restored = versions.repair_newest(recipe_dir, versions.newest_holding(recipe_dir, "a", stat), files, stat, "copy")
     assert sorted(p.relative_to(recipe_dir).as_posix() for p in restored) == [
         "cpu_savedmodel/1/saved_model.pb", "cpu_savedmodel/1/tpubuild-manifest.json",
         "cpu_savedmodel/1/variables/variables.index"]

@@ -146,8 +146,8 @@ def _decide_assuming(engine: Engine, assumed: RecipeRun, stage: PlannedStage,
     resolver = engine.resolver
     try:
         if stage.name == "publish":
-            number = resolver.published(assumed)[2]
-            return True if number is not None else [resolver.why_publish(assumed)]
+            holding = resolver.published(assumed)[2]
+            return True if holding is not None and holding.intact else [resolver.why_publish(assumed)]
         pending = resolver.record_for(assumed, stage)
         entry = resolver.lookup(assumed, stage, pending)
     except (StageError, OSError):

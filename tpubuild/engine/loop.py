@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from tpubuild import __version__
 from tpubuild.digests import ABSENT, StatCache, installed_dist, toolchain, worker_env
+from tpubuild.engine.cache import LayeredCache, LocalLayer, RemoteLayer
 from tpubuild.engine.resolver import (
     Output,
     Pending,
@@ -123,9 +124,9 @@ class Engine:
         from tpubuild.workers import own_worker_min_bytes
 
         self.own_worker_min = own_worker_min_bytes()  # a bad value stops the build before it starts
-        self.remote: Any = None  # engine/remote.py RemoteCache, when the build has one
-        self._uploads: Any = None  # the threads that push built stages to it
-        self._upload_futures: list[Any] = []
+        self.remote: Any = None  # remote/cache.py RemoteCache, when the build has one
+        # Where stage records are looked up, and built ones recorded (engine/cache.py).
+        self.cache = LayeredCache([LocalLayer(self.resolver, self.state_lock)])
         self._ahead: Any = None  # the thread that computes the source's standard digests (_digests_ahead)
         self._ahead_futures: dict[str, Any] = {}  # recipe name -> its source's
 
@@ -145,48 +146,7 @@ class Engine:
                                   trusted={key_id(key): key for key in keys},
                                   timeouts=getattr(self.ws, "remote_timeouts", None))
         self.remote.connect()
-
-    def _from_remote(self, run: RecipeRun, planned: PlannedStage, pending: Pending) -> StageEntry | None:
-        """The stage's record from the remote cache, entered into the local store; None
-        on a miss. Called without `state_lock`, so that -j N threads download at once:
-        only the stat-cache and resolver steps take it."""
-        candidate = None
-        key = pending.key
-        if planned.name not in ENGINE_STEPS and spec(planned.name).discovers:
-            candidates = self.remote.fetch_discovered(pending.key)
-            with self.state_lock:
-                candidate = self.resolver.matching_candidate(run, candidates)
-            if candidate is None:
-                self.remote.note_miss()
-                return None
-            key = candidate["key"]
-        entry = self.remote.fetch_entry(key, self.store)
-        if entry is None:
-            return None
-        with self.state_lock:
-            self.resolver.remember(entry)
-            if candidate is not None:  # the local dep file learns it: the next lookup is local
-                self.resolver.add_discovered(pending.key, candidate["files"])
-        return entry
-
-    def _push(self, entry: StageEntry) -> None:
-        """Upload a stage built here (its inputs were verified unchanged after it ran:
-        Bazel #3360), in the background; `finish_uploads` waits for it."""
-        if self.remote is None or not self.remote.can_push:
-            return
-        from concurrent.futures import ThreadPoolExecutor
-
-        with self.pool_lock:
-            if self._uploads is None:
-                self._uploads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tpubuild-upload")
-            self._upload_futures.append(self._uploads.submit(self._push_now, entry))
-
-    def _push_now(self, entry: StageEntry) -> None:
-        try:
-            self.remote.push_entry(entry, self.store)  # not self.stat: shared with doit's threads
-        except Exception as exc:  # a bug in tpubuild: said, and the build goes on
-            self.errors(f"remote cache {self.remote.url}: internal error uploading stage record {entry.key}: "
-                        f"{type(exc).__name__}: {exc}")
+        self.cache.layers.append(RemoteLayer(self.remote, self.resolver, self.state_lock, self.errors))
 
     def _digests_ahead(self, run: RecipeRun, entry: StageEntry) -> None:
         """Compute the in-toto digests of a new source snapshot now, in a thread, while the
@@ -207,13 +167,6 @@ class Engine:
         if self._ahead is not None:
             self._ahead.shutdown(wait=wait, cancel_futures=not wait)
             self._ahead = None
-
-    def finish_uploads(self, wait: bool = True) -> None:
-        """Wait for the uploads (before the store session ends: gc must not collect their
-        objects meanwhile); on an interrupt, drop the ones not started."""
-        if self._uploads is not None:
-            self._uploads.shutdown(wait=wait, cancel_futures=not wait)
-            self._uploads = None
 
     # --- doit: the up-to-date test and the action of one (recipe, stage) task --------
     def _failed_target(self, run: RecipeRun, planned: PlannedStage) -> str | None:
@@ -236,7 +189,6 @@ class Engine:
                         run.plan[-1] = without_targets(run.plan[-1], set(run.failed_targets))
                     return self._publish_uptodate(run, start)
                 pending = self.resolver.record_for(run, planned)
-                entry = self.resolver.lookup(run, planned, pending)
             except StageError as exc:  # an input is missing: the action reports it
                 self.pending[(run.name, planned.name)] = Pending(None, None, error=str(exc))
                 return False
@@ -244,14 +196,14 @@ class Engine:
                 self.pending[(run.name, planned.name)] = Pending(None, None, error=_unexpected(exc),
                                                                  detail=traceback.format_exc())
                 return False
-        fetched = False
-        if entry is None and self.remote is not None:
-            try:
-                entry = self._from_remote(run, planned, pending)
-            except Exception as exc:  # a bug in tpubuild: said, and the stage is built here
-                self.errors(f"remote cache {self.remote.url}: internal error fetching {run.name}:{planned.name}: "
-                            f"{type(exc).__name__}: {exc}")
-            fetched = entry is not None
+        try:  # outside the state lock: with a remote cache, -j N threads download at once
+            entry, layer = self.cache.lookup(run, planned, pending)
+        except Exception as exc:  # a bug in tpubuild or a full disk: this recipe fails, the build goes on
+            with self.state_lock:
+                self.pending[(run.name, planned.name)] = Pending(None, None, error=_unexpected(exc),
+                                                                 detail=traceback.format_exc())
+            return False
+        fetched = layer == RemoteLayer.name
         with self.state_lock:
             if entry is None:
                 self.pending[(run.name, planned.name)] = pending
@@ -302,7 +254,7 @@ class Engine:
                               getattr(exc, "timing", timing))
         except Exception as exc:  # a bug in tpubuild or a full disk: the recipe fails, the build goes on
             return self._fail(run, planned, _unexpected(exc), start, traceback.format_exc())
-        self._push(entry)
+        self.cache.record(entry)
         directory = self.store.checkout(entry)
         run.outputs[planned.name] = self.resolver.output_of(planned, entry, directory)
         for warning in entry.warnings:
@@ -434,10 +386,18 @@ class Engine:
 
     # --- publish and lock -----------------------------------------------------------
     def _publish_uptodate(self, run: RecipeRun, start: float) -> bool:
-        restored: list[Path] = []
-        files, content, number = self.resolver.published(run, self.link_type, restored)
-        for path in restored:
-            self.errors(f"{run.recipe.rel_file}: restored {self.ws.display(path)} (it no longer matched its manifest)")
+        files, content, holding = self.resolver.published(run)
+        number = holding.number if holding is not None and holding.intact else None
+        if holding is not None and not holding.intact:
+            # The newest version holds this content, damaged: a build restores it in place from
+            # the store (planning and dry runs only say so: the query wrote nothing).
+            from tpubuild.publish import repair_newest
+
+            paths = [(f, self.store.object_path(f.hash)) for f in files]
+            restored = repair_newest(Path(self.ws.output_dir) / run.name, holding, paths, self.stat, self.link_type)
+            for path in restored or []:
+                self.errors(f"{run.recipe.rel_file}: restored {self.ws.display(path)} (it no longer matched its manifest)")
+            number = holding.number if restored is not None else None
         run.outputs["publish"] = Output("publish", self.resolver.publish_key(run, content), content,
                                         Path(self.ws.output_dir) / run.name, files)
         if number is None:
@@ -761,7 +721,7 @@ def build(
             finally:
                 if engine.pool is not None:
                     engine.pool.close(kill=not clean)  # Ctrl-C: stop the stages now, not in 10 s
-                engine.finish_uploads(wait=clean)
+                engine.cache.finish(wait=clean)
                 engine.finish_digests(wait=clean)
                 if not clean and engine.pool is not None:  # what the lines printed so far point to
                     try:

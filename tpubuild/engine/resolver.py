@@ -56,6 +56,7 @@ from tpubuild.publish import MANIFEST
 
 if TYPE_CHECKING:  # the store's module (sqlite, file locks) is not imported to compute keys: `build --check`
     from tpubuild.keys import StageEntry
+    from tpubuild.publish import Holding
     from tpubuild.store import Store
 
 
@@ -349,19 +350,14 @@ class Resolver:
     def publish_key(self, run: RecipeRun, content: str) -> str:
         return hash_bytes(canonical_dumps({"stage": "publish", "recipe": run.name, "content": content}).encode())
 
-    def published(self, run: RecipeRun, link_type: str | None = None,
-                  restored: list[Path] | None = None) -> tuple[list[FileEntry], str, int | None]:
-        """(files, content digest, number of the newest version when it holds that content
-        intact). With `link_type` (a build, not planning), damaged files of that version are
-        restored in place from the store and listed in `restored`."""
-        from tpubuild.publish import newest_matching
+    def published(self, run: RecipeRun) -> tuple[list[FileEntry], str, Holding | None]:
+        """(files, content digest, the newest version when it holds that content, intact or
+        damaged: publish.Holding). A query: a build repairs a damaged one (Engine)."""
+        from tpubuild.publish import newest_holding
 
         files = self.publish_files(run)
         content = self.publish_content(run, files)
-        repair = [(f, self.store.object_path(f.hash)) for f in files] if link_type else None
-        number = newest_matching(Path(self.ws.output_dir) / run.name, content, self.stat,
-                                 repair, link_type or "copy", restored)
-        return files, content, number
+        return files, content, newest_holding(Path(self.ws.output_dir) / run.name, content, self.stat)
 
     def why_publish(self, run: RecipeRun) -> str:
         """Why the publish step would write a new version (the newest one does not hold the result)."""
@@ -392,7 +388,8 @@ class Resolver:
                 waiting.append(planned.name)
                 continue
             if planned.name == "publish":
-                _, content, number = self.published(run)
+                _, content, holding = self.published(run)
+                number = holding.number if holding is not None and holding.intact else None
                 key = self.publish_key(run, content)
                 if number is None:
                     out.append(Resolved("publish", "pending", key, None, [self.why_publish(run)], content))

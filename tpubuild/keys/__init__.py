@@ -6,7 +6,6 @@ same way whether it came from the local store or a remote cache.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 # The package's face: name -> the module of this package that defines it, imported on first
@@ -38,7 +37,8 @@ __all__ = sorted(_FACE)
 def __getattr__(name: str) -> Any:
     if name not in _FACE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_FACE[name]}"), name)
+    # __import__, the import statement's own path (-X importtime sees it), not importlib's.
+    return getattr(__import__(f"{__name__}.{_FACE[name]}", fromlist=[name]), name)
 
 
 def __dir__() -> list[str]:

@@ -6,17 +6,18 @@ version updated in place when a build re-measured the same model (`refresh`).
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 # The package's face: name -> the module of this package that defines it, imported on first
 # use (PEP 562), so that importing one part of the package loads no other. keys/code.py
 # reads this mapping to follow `from tpubuild.publish import name` to its module.
 _FACE = {
+    "Holding": "versions",
     "MANIFEST": "targets",
     "OWN_FILES": "versions",
     "check_manifest": "versions",
     "foreign_in_newest": "versions",
+    "newest_holding": "versions",
     "newest_matching": "versions",
     "newest_same_model": "versions",
     "prune": "versions",
@@ -24,6 +25,7 @@ _FACE = {
     "published_versions": "versions",
     "read_manifest": "versions",
     "remove_published": "versions",
+    "repair_newest": "versions",
     "repair_version": "versions",
     "reservation_file": "versions",
     "split_by_target": "targets",
@@ -36,7 +38,8 @@ __all__ = sorted(_FACE)
 def __getattr__(name: str) -> Any:
     if name not in _FACE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_FACE[name]}"), name)
+    # __import__, the import statement's own path (-X importtime sees it), not importlib's.
+    return getattr(__import__(f"{__name__}.{_FACE[name]}", fromlist=[name]), name)
 
 
 def __dir__() -> list[str]:

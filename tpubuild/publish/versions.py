@@ -44,6 +44,7 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -138,19 +139,24 @@ def intact(version_dir: Path, manifest: dict[str, Any], stat_cache: StatCache) -
     return not damaged_files(version_dir, manifest, stat_cache)
 
 
-def newest_matching(
-    recipe_dir: Path,
-    content: str,
-    stat_cache: StatCache,
-    files: list[tuple[FileEntry, Path]] | None = None,
-    link_type: str = "copy",
-    restored: list[Path] | None = None,
-) -> int | None:
-    """The newest version's number if it holds `content`, intact; else None.
+@dataclass(frozen=True)
+class Holding:
+    """The newest version of a recipe, which holds a given content: what in it is damaged
+    (files whose content is not its manifest's) and which target versions are missing or
+    lack their manifest. Told by `newest_holding`, a query; mended by `repair_newest`."""
 
-    With `files` ((entry, object path) pairs of that content, objects verified), damaged
-    files of that version are restored in place (fresh copy or link + rename) instead of
-    publishing a new N; their paths are appended to `restored`."""
+    number: int
+    damaged: tuple[str, ...] = ()
+    stale: tuple[str, ...] = ()
+
+    @property
+    def intact(self) -> bool:
+        return not self.damaged and not self.stale
+
+
+def newest_holding(recipe_dir: Path, content: str, stat_cache: StatCache) -> Holding | None:
+    """The newest version when it holds `content` (intact or damaged), else None. A query:
+    nothing is written (planning and dry runs ask it; a build then repairs, `repair_newest`)."""
     numbers = version_numbers(recipe_dir)
     if not numbers:
         return None
@@ -163,43 +169,57 @@ def newest_matching(
         # files, and deleting what the user put there is not tpubuild's to do. A new
         # version is published beside it; pruning leaves it (not_published_reason).
         return None
-    bad = damaged_files(version_dir, manifest, stat_cache)
-    stale = target_versions.stale_manifests(recipe_dir, numbers[-1], manifest)
-    if not bad and not stale:
-        return numbers[-1]
-    if files is None:
-        return None
+    return Holding(numbers[-1], tuple(damaged_files(version_dir, manifest, stat_cache)),
+                   tuple(target_versions.stale_manifests(recipe_dir, numbers[-1], manifest)))
+
+
+def newest_matching(recipe_dir: Path, content: str, stat_cache: StatCache) -> int | None:
+    """The newest version's number if it holds `content`, intact; else None. A query."""
+    holding = newest_holding(recipe_dir, content, stat_cache)
+    return holding.number if holding is not None and holding.intact else None
+
+
+def repair_newest(recipe_dir: Path, holding: Holding, files: list[tuple[FileEntry, Path]], stat_cache: StatCache,
+                  link_type: str = "copy") -> list[Path] | None:
+    """Make the newest version `holding` describes intact again from `files` ((entry,
+    verified object path) pairs of its content): each damaged file replaced (fresh copy or
+    link + rename, checked), a missing target version written whole, a missing target
+    manifest written. Returns the paths written, or None, writing nothing, when `files`
+    lack one it needs (publish a new version instead)."""
+    manifest = read_manifest(recipe_dir / str(holding.number)) or {}
     objects = {entry.path: (entry, obj) for entry, obj in files}
-    if any(rel not in objects for rel in bad):
+    if any(rel not in objects for rel in holding.damaged):
         return None
-    paths = {name: path for name, path, _ in target_versions.version_files(recipe_dir, numbers[-1], manifest)}
+    number = holding.number
+    paths = {name: path for name, path, _ in target_versions.version_files(recipe_dir, number, manifest)}
+    bad = list(holding.damaged)
+    restored: list[Path] = []
     rewritten = set()
-    for target in stale:
-        if os.path.lexists(recipe_dir / target / str(numbers[-1])):
+    for target in holding.stale:
+        if os.path.lexists(recipe_dir / target / str(number)):
             continue
+        listed = [(rel, objects[f"{target}/{rel}"]) for rel in manifest["targets"][target].get("files", {})]
+        if any(f"{target}/{rel}" not in objects for rel in manifest["targets"][target].get("files", {})):
+            return None
         rewritten.add(target)
         # A publish killed between the main version and this target version: the target
         # version appears whole, by a rename, as publish writes it.
-        listed = [(rel, objects[f"{target}/{rel}"]) for rel in manifest["targets"][target].get("files", {})]
-        written = target_versions.write_version(recipe_dir / target, numbers[-1], listed,
+        written = target_versions.write_version(recipe_dir / target, number, listed,
                                                 target_versions.target_manifest(manifest, target), link_type)
         for rel, (entry, _) in listed:
             stat_cache.record(os.fspath(written / rel), os.stat(written / rel), entry.hash)
         bad = [name for name in bad if not name.startswith(f"{target}/")]
-        if restored is not None:
-            restored += [written / rel for rel, _ in listed] + [written / MANIFEST]
-    for target in sorted(set(stale) - rewritten):  # a target version's own manifest: what `clean` trusts
-        target_versions.write_manifest(recipe_dir, numbers[-1], manifest, target)
-        if restored is not None:
-            restored.append(recipe_dir / target / str(numbers[-1]) / MANIFEST)
+        restored += [written / rel for rel, _ in listed] + [written / MANIFEST]
+    for target in sorted(set(holding.stale) - rewritten):  # a target version's own manifest: what `clean` trusts
+        target_versions.write_manifest(recipe_dir, number, manifest, target)
+        restored.append(recipe_dir / target / str(number) / MANIFEST)
     for rel in bad:
         entry, obj = objects[rel]
         paths[rel].parent.mkdir(parents=True, exist_ok=True)  # a deleted target version is rebuilt in place
         replace_file(obj, paths[rel], link_type, expect=entry.hash)
         stat_cache.record(os.fspath(paths[rel]), os.stat(paths[rel]), entry.hash)
-        if restored is not None:
-            restored.append(paths[rel])
-    return numbers[-1]
+        restored.append(paths[rel])
+    return restored
 
 
 def newest_same_model(recipe_dir: Path, model: str) -> int | None:
