@@ -8,28 +8,47 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+
+@contextmanager
+def replacing(path: Path | str, dir_fd: int | None = None) -> Iterator[str]:
+    """A fresh name beside `path` for the caller to create and fill; renamed over `path`
+    when the block ends (readers see the old file or the new one, never a part), then the
+    directory is fsynced (the rename survives a crash only once its directory is on disk).
+    Removed if the block raises. With `dir_fd`, `path` is a name in that directory. The one
+    temp-then-rename of every write that replaces a file (write_atomic, fs/place.py
+    replace_file)."""
+    directory, name = os.path.split(os.fspath(path))
+    tmp = os.path.join(directory, f".{name}.{os.getpid()}-{os.urandom(4).hex()}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+        raise
+    if dir_fd is not None and not directory:
+        try:
+            os.fsync(dir_fd)
+        except OSError:
+            pass  # as fsync_path: a directory its file system will not fsync
+    else:
+        fsync_path(directory or ".")
 
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Replace `path` with `data` so readers see the old or the new file, never a part."""
-    import tempfile  # here: `build --check` imports this module and seldom writes
-
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
+    with replacing(path) as tmp:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)  # as mkstemp made it
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    fsync_path(path.parent)  # the rename itself survives a crash only once its directory is on disk
 
 
 def fsync_path(path: Path | str) -> None:

@@ -92,7 +92,7 @@ def test_two_concurrent_builds_of_one_workspace(make_workspace):
     docs = [json.loads(out) for out, _ in outs]
     all_statuses = sorted(tuple(sorted(set(statuses(doc, "cut").values()))) for doc in docs)
     assert all_statuses == [("built",), ("cached",)]
-    waiting = [err for _, err in outs if "waiting for another tpubuild build of this workspace (pid " in err]
+    waiting = [err for _, err in outs if "waiting for another tpubuild build of this workspace (held by pid " in err]
     assert len(waiting) == 1
     assert sorted(os.listdir(ws / "out" / "cut")) == ["1"]
 

@@ -98,6 +98,13 @@ def current_input_hash(root: Any, stat: Any, rel: str) -> str | None:
         return None
 
 
+def dist_input(name: str) -> tuple[str, str]:
+    """A distribution as a discovered input: (`dist:<name>`, its installed version or
+    ABSENT), the form a stage reports what it used and `current_input_hash` reads back."""
+    rel = f"dist:{normalized_dist(name)}"
+    return rel, current_input_hash(None, None, rel) or ABSENT
+
+
 def installed_dist(name: str) -> tuple[str, str] | None:
     """(version, dist-info directory) of an installed distribution, or None: what a
     discovered `dist:<name>` input (engine/imports.py) is compared with."""

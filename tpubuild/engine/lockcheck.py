@@ -150,9 +150,9 @@ class LockCheck:
                 return stale_output(planned.name, old.get("output"), made)
             # Later keys hash this output as the lock file records it (trusted: the key matches,
             # and the cache, when it has the key, made that output).
-            run.outputs[planned.name] = Output(planned.name, old.get("key"), old.get("output"), Path(), [],
-                                               record={**record, **({"discovered": discovered}
-                                                                    if discovered is not None else {})})
+            run.outputs[planned.name] = Output.of(planned.name, old.get("key"), old.get("output"), Path(),
+                                                  record={**record, **({"discovered": discovered}
+                                                                       if discovered is not None else {})})
             stages.append({"stage": planned.name, "key": key, "key_measured": key_measured,
                            **({"discovered": discovered} if discovered is not None else {})})
         document = {"recipe": run.name, "recipe_digest": run.recipe.digest, "inputs": run_inputs(run),

@@ -398,8 +398,8 @@ class Engine:
             for path in restored or []:
                 self.errors(f"{run.recipe.rel_file}: restored {self.ws.display(path)} (it no longer matched its manifest)")
             number = holding.number if restored is not None else None
-        run.outputs["publish"] = Output("publish", self.resolver.publish_key(run, content), content,
-                                        Path(self.ws.output_dir) / run.name, files)
+        run.outputs["publish"] = Output.of("publish", self.resolver.publish_key(run, content), content,
+                                           Path(self.ws.output_dir) / run.name, files)
         if number is None:
             self.pending[(run.name, "publish")] = Pending(None, None)
             return False
@@ -584,7 +584,7 @@ def lock_problem(engine: Engine, run: RecipeRun, states: list[Any]) -> str | Non
     from tpubuild.lock import lock_text, parse_lock_keys, same_keys
 
     publish = states[-1]
-    run.outputs["publish"] = Output("publish", publish.key, publish.output, Path(engine.ws.output_dir) / run.name, [])
+    run.outputs["publish"] = Output.of("publish", publish.key, publish.output, Path(engine.ws.output_dir) / run.name)
     try:
         current = run.recipe.lock_file.read_text()
     except OSError:

@@ -34,6 +34,7 @@ from tpubuild.digests import (
 from tpubuild.errors import StageError
 from tpubuild.fs import open_regular
 from tpubuild.keys import (
+    StageEntry,
     canonical_dumps,
     code_digests,
     discovered_final_key,
@@ -55,23 +56,21 @@ from tpubuild.pipeline import target as target_spec
 from tpubuild.publish import MANIFEST
 
 if TYPE_CHECKING:  # the store's module (sqlite, file locks) is not imported to compute keys: `build --check`
-    from tpubuild.keys import StageEntry
     from tpubuild.publish import Holding
     from tpubuild.store import Store
 
 
 @dataclass
-class Output:
-    """A finished (or cached) stage: what later stages read and later keys hash."""
+class Output(StageEntry):
+    """A finished (or cached) stage: its record (what later keys hash), and the directory
+    where later stages read it (its checkout, or the version directory of publish)."""
 
-    stage: str
-    key: str
-    tree: str
-    directory: Path
-    files: list[FileEntry]
-    summary: dict[str, Any] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
-    record: dict[str, Any] = field(default_factory=dict)
+    directory: Path = field(default_factory=Path)
+
+    @classmethod
+    def of(cls, stage: str, key: str, tree: str, directory: Path, files: list[FileEntry] | None = None,
+           **rest: Any) -> Output:
+        return cls(key=key, stage=stage, tree=tree, files=list(files or []), directory=directory, **rest)
 
 
 @dataclass
@@ -298,8 +297,8 @@ class Resolver:
         return final
 
     def output_of(self, planned: PlannedStage, entry: StageEntry, directory: Path) -> Output:
-        return Output(planned.name, entry.key, entry.tree, directory, entry.files, entry.summary,
-                      list(entry.warnings), entry.record)
+        return Output.of(planned.name, entry.key, entry.tree, directory, entry.files, summary=entry.summary,
+                         warnings=list(entry.warnings), record=entry.record)
 
     # --- publish ------------------------------------------------------------------
     def publish_files(self, run: RecipeRun) -> list[FileEntry]:

@@ -14,7 +14,7 @@ import os
 import stat
 from pathlib import Path
 
-from tpubuild.atomic import fsync_path
+from tpubuild.atomic import fsync_path, replacing
 from tpubuild.digests import hash_fd
 from tpubuild.errors import StageError
 
@@ -161,26 +161,5 @@ def replace_file(src: Path | str, dst: Path | str, link_type: str = "copy", expe
     a reader that has `dst` open keeps the old inode, a new open gets the new content.
     `expect`: as place_file's, checked before the rename. With `dst_dir_fd`, `dst` is a
     name in that directory."""
-    dst = os.fspath(dst)
-    directory, name = os.path.split(dst)
-    tmp = os.path.join(directory, f".restore-{os.getpid()}-{name}")
-    try:
-        os.unlink(tmp, dir_fd=dst_dir_fd)
-    except FileNotFoundError:
-        pass
-    try:
+    with replacing(dst, dst_dir_fd) as tmp:
         place_file(src, tmp, link_type, expect=expect, dst_dir_fd=dst_dir_fd)
-        os.rename(tmp, dst, src_dir_fd=dst_dir_fd, dst_dir_fd=dst_dir_fd)
-    except BaseException:
-        try:
-            os.unlink(tmp, dir_fd=dst_dir_fd)
-        except FileNotFoundError:
-            pass
-        raise
-    if dst_dir_fd is not None and not directory:
-        try:
-            os.fsync(dst_dir_fd)
-        except OSError:
-            pass
-    else:
-        fsync_path(directory or ".")

@@ -498,16 +498,10 @@ def remove_published(recipe_dir: Path, recipe: str) -> tuple[list[Path], list[tu
         gone, kept = _remove_target_dir(target_dir, target_reasons)
         removed += gone
         left += kept
-    for name in sorted(os.listdir(recipe_dir)):
-        path = recipe_dir / name
-        if path in handled:
-            continue  # what is left in it was reported above
-        reason = reasons.get(name, "not a version tpubuild published")
-        if reason is not None:
-            left.append((path, reason))
-            continue
-        _delete(path)
-        removed.append(path)
+    gone, kept = _remove_entries(recipe_dir, lambda path: reasons.get(path.name, NOT_PUBLISHED),
+                                 skip=set(handled))  # what is left in a target directory was reported above
+    removed += gone
+    left += kept
     if not left:
         try:
             os.rmdir(recipe_dir)
@@ -520,22 +514,36 @@ def remove_published(recipe_dir: Path, recipe: str) -> tuple[list[Path], list[tu
 def _remove_target_dir(target_dir: Path, reasons: dict[Path, str | None]) -> tuple[list[Path], list[tuple[Path, str]]]:
     """`clean` of one `<recipe>/<target>/`: its versions tpubuild published, then the
     directory when nothing else is left in it."""
-    removed: list[Path] = []
-    left: list[tuple[Path, str]] = []
     clean_temp(target_dir)
-    for name in sorted(os.listdir(target_dir)):
-        path = target_dir / name
-        reason = reasons.get(path, "not a version tpubuild published")
-        if reason is not None:
-            left.append((path, reason))
-            continue
-        _delete(path)
-        removed.append(path)
+    removed, left = _remove_entries(target_dir, lambda path: reasons.get(path, NOT_PUBLISHED))
     if not left:
         try:
             os.rmdir(target_dir)
         except OSError as exc:
             left.append((target_dir, f"cannot remove it: {exc.strerror}"))
+    return removed, left
+
+
+NOT_PUBLISHED = "not a version tpubuild published"
+
+
+def _remove_entries(directory: Path, reason: Callable[[Path], str | None],
+                    skip: set[Path] | frozenset[Path] = frozenset()) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """Delete each entry of `directory` for which `reason` is None (a version tpubuild
+    published); leave the others, each with why. `clean`'s one loop, for a recipe's
+    directory and for each of its target directories. Returns (removed, [(left, why)])."""
+    removed: list[Path] = []
+    left: list[tuple[Path, str]] = []
+    for name in sorted(os.listdir(directory)):
+        path = directory / name
+        if path in skip:
+            continue
+        why = reason(path)
+        if why is not None:
+            left.append((path, why))
+            continue
+        _delete(path)
+        removed.append(path)
     return removed, left
 
 

@@ -29,14 +29,10 @@ STABLEHLO_DISTRIBUTIONS = ("jax", "jaxlib")
 
 
 def _installed_versions() -> dict[str, str]:
-    """`dist:<name>` -> installed version, or ABSENT (engine/resolver.py compares the same way)."""
-    from tpubuild.digests import ABSENT, installed_dist
+    """`dist:<name>` -> installed version, or ABSENT: what the resolver compares them with."""
+    from tpubuild.digests import dist_input
 
-    versions = {}
-    for name in STABLEHLO_DISTRIBUTIONS:
-        found = installed_dist(name)
-        versions[f"dist:{name}"] = found[0] if found else ABSENT
-    return versions
+    return dict(dist_input(name) for name in STABLEHLO_DISTRIBUTIONS)
 
 
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:

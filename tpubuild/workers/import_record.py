@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from tpubuild.digests import ABSENT, hash_bytes, hash_file
+from tpubuild.digests import ABSENT, hash_bytes, hash_file, normalized_dist
 
 _recorded: dict[str, str] = {}
 _root: str | None = None
@@ -184,7 +184,7 @@ def _imported_distributions(sources: list[str]) -> dict[str, str]:
         if not path or not _installed(os.path.realpath(path)):
             continue  # not imported, or the workspace's own module of that name
         for dist in owners.get(name, []):
-            key = dist.lower().replace("_", "-").replace(".", "-")
+            key = normalized_dist(dist)
             if key in _TOOLCHAIN_DISTS:
                 continue
             try:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -109,11 +108,13 @@ def compiler_env() -> dict[str, str]:
     output (the engine's allow-list), nothing else. Every variable takes memory in the
     child, so an unrelated one (a test runner's PYTEST_CURRENT_TEST) would shift its heap
     and with it the generated code's order (see run_compiler)."""
-    from tpubuild.digests import ENV_ALLOWLIST
+    from tpubuild.digests import ENV_THREADS, worker_env
 
-    names = ("PATH", "PYTHONPATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "VIRTUAL_ENV", *ENV_ALLOWLIST)
-    env = {name: os.environ[name] for name in names if name in os.environ}
-    env.update(PYTHONHASHSEED="0", TF_CPP_MIN_LOG_LEVEL="3")
+    # A worker's own environment (digests/toolchain_facts.py), less what sizes thread pools
+    # or tells tpubuild's logging: neither reaches the generated code, both shift the heap.
+    env = {name: value for name, value in worker_env().items()
+           if name not in (*ENV_THREADS, "TPUBUILD_DEBUG", "TPUBUILD_QUIET_TENSORFLOW")}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
     return env
 
 
