@@ -7,7 +7,7 @@ publishing mode, beside `cp` of the same files measured in the same run.
 - hardlink (`link_type: hardlink`): links to the cache objects; no data is written, every
   file is hashed as a copy is.
 - of which hashing: BLAKE3 of the published files again, the part of each mode above
-  that checks what was written (engine/fsutil.py place_file `expect`).
+  that checks what was written (fs/place.py place_file `expect`).
 - `cp -r` of the checkout, then `sync -f`: what a copy costs with the same durability.
 - the checkout of the tree inside the store (hard links; what the next stage reads).
 

@@ -4,7 +4,7 @@ from outside through their face only.
 
 The import graph is read from the syntax trees (imports inside functions count: the
 stages import TensorFlow-facing code lazily, and a lazy import is still a dependency),
-the same way `tpubuild/engine/code.py` finds a stage's code closure.
+the same way `tpubuild/keys/code.py` finds a stage's code closure.
 """
 
 from __future__ import annotations

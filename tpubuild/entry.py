@@ -2,7 +2,7 @@
 
 CI runs `build --check` on every pull request, in a fresh clone, and it should cost what a
 no-op build costs. Importing click and the command modules alone takes about as long as
-checking 200 lock files (engine/quickcheck.py), so the exact command lines CI runs,
+checking 200 lock files (lock/quickcheck.py), so the exact command lines CI runs,
 `tpubuild [-w DIR] build --check`, are answered here when the lock files prove the
 workspace up to date. Any other command line, and any check that needs more (a stale or
 missing lock file, a recipe with globs), goes to the click CLI (tpubuild/cli.py), which
@@ -46,8 +46,8 @@ def up_to_date_line(count: int) -> str:
 
 
 def fast_check(workspace: Path | None) -> int | None:
-    """How many lock files the no-op memo (engine/noop.py) or the lock files themselves
-    (engine/quickcheck.py) prove current, in that order, for `build --check` of the whole
+    """How many lock files the no-op memo (lock/memo.py) or the lock files themselves
+    (lock/quickcheck.py) prove current, in that order, for `build --check` of the whole
     workspace (`workspace`: the --workspace option); None when neither can, or when main
     tried them already for this process's command: the full check decides."""
     if _FAST_TRIED:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from dataclasses import dataclass
 
 
@@ -92,3 +93,20 @@ def fault_line(fault: OSError) -> str:
     """`No space left on device: PATH`: the error, and where."""
     where = f": {fault.filename}" if fault.filename else ""
     return f"{os.strerror(fault.errno)}{where}" if fault.errno else f"{fault}{where}"
+
+
+def file_kind(mode: int) -> str:
+    """What a file is, in words ("a symbolic link", "a directory", "a FIFO (named pipe)")."""
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device file"
+    return "a special file"

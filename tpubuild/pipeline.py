@@ -6,7 +6,7 @@ Each stage declares itself beside its code (`SPEC`: options slice, files read, o
 consumed); this module only names and orders them. `source` (hashing and snapshotting
 the user's SavedModel directory) and `publish` (writing `out/<recipe>/<N>/`) are the
 engine's own steps. No stage imports this module, so editing the registry reruns no
-stage by itself (a stage's key covers its import closure, engine/code.py).
+stage by itself (a stage's key covers its import closure, keys/code.py).
 """
 
 from __future__ import annotations

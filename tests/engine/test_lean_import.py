@@ -1,4 +1,4 @@
-"""A worker imports TensorFlow without JAX (engine/lean_import.py); JAX still imports after."""
+"""A worker imports TensorFlow without JAX (workers/lean_import.py); JAX still imports after."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ def test_measured_lines_of_another_machine_stay_byte_identical(built_workspace):
     assert theirs != ours and theirs.count(MEASURED) == ours.count(MEASURED)
     lock.write_text(theirs)
     # build --check's quick path pins only the keys every machine computes alike: another
-    # machine's measured keys do not send it down the full path (engine/quickcheck.py).
+    # machine's measured keys do not send it down the full path (lock/quickcheck.py).
     from tpubuild.lock import quick_check
 
     assert quick_check(ws, None) == 3

@@ -1,4 +1,4 @@
-"""The no-op memo (engine/noop.py): a build with nothing to do is proven from stats alone,
+"""The no-op memo (lock/memo.py): a build with nothing to do is proven from stats alone,
 and any change to anything the full check read sends the build down the full path."""
 
 from __future__ import annotations

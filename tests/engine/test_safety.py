@@ -133,7 +133,7 @@ def test_unwritable_output_dir_is_a_clear_error_with_nothing_written(built_works
 
 def test_a_local_record_naming_a_path_outside_the_cache_is_removed_and_rebuilt(built_workspace, tmp_path):
     # Whoever can write a shared cache_dir can write its records: a local record is checked
-    # like a downloaded one (engine/records.py), never trusted for the paths it names.
+    # like a downloaded one (keys/records.py), never trusted for the paths it names.
     ws = built_workspace
     record = lock_record(ws, "cut")
     entry = yaml.safe_load(record.read_text())

@@ -137,7 +137,7 @@ def test_what_a_stage_hands_on_is_kept_only_when_its_worker_is_handed_on_and_tak
 
 def test_a_verify_not_handed_on_keeps_no_twin(tmp_path, tpu_saved_model):
     """With warmup between verify and report, verify's worker is not handed on: its twin is
-    let go with the stage (engine/workers.py hand_on), and report loads its own."""
+    let go with the stage (workers/pool.py hand_on), and report loads its own."""
     ws = write_workspace(tmp_path / "ws", tpu_saved_model, {"placed": RECIPE + "warmup: {enabled: true}\n"})
     done = build_json(ws, env={"TPUBUILD_OWN_WORKER_MIN_BYTES": "1"})
     assert statuses(done, "placed")["report"] == "built", done

@@ -20,7 +20,7 @@ import pytest
 from tests.engine.conftest import REPO
 from tests.remote.conftest import BUCKET, copy_tree, stage_keys
 
-RECORD = {"stage": "export", "inputs": {}}  # what a stage key is taken of (engine/keys.py)
+RECORD = {"stage": "export", "inputs": {}}  # what a stage key is taken of (keys/stage.py)
 
 
 def _pushed_to_a_directory(tmp_path: Path, said: list[str]):

@@ -1,4 +1,4 @@
-"""Target versions on disk (engine/versions.py, engine/target_versions.py), without TensorFlow:
+"""Target versions on disk (publish/versions.py, publish/targets.py), without TensorFlow:
 publishing order and numbering, pruning and `clean` of the sibling versions, a killed
 publish, and repair of a deleted target version."""
 

@@ -162,7 +162,7 @@ def _verbosity(ctx: click.Context, verbose: bool, quiet: bool) -> int:
 
 def _noop_fast_path(ctx: click.Context, recipe_patterns: tuple[str, ...], as_json: bool,
                     verbosity: int = NORMAL, check: bool = False) -> int | None:
-    """A build with nothing to do, proven from stats alone (engine/noop.py): no recipe is
+    """A build with nothing to do, proven from stats alone (lock/memo.py): no recipe is
     loaded, no record read. None when anything may have changed: the full path decides.
     It answers `--check` too: a build with nothing to do changes no lock file."""
     import fnmatch

@@ -5,7 +5,7 @@
   cached and skipped ones too, and each built stage's worker start-up; `-q` prints no rows.
 - `published: RECIPE -> out/RECIPE/N` for each recipe that published a new version;
   `RECIPE: out/RECIPE/N unchanged (report updated)` for one that re-measured the same
-  model (engine/version_refresh.py).
+  model (publish/refresh.py).
 - The summary line last: `14 recipes: 108 built, 2 cached, 1 failed`.
 - On a terminal, one live line at the bottom, redrawn in place: `[n/N]` stages done of
   the build's, the stages running and for how long (Bazel's `[n / N]`). Colour for

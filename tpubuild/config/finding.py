@@ -54,7 +54,7 @@ _EXTENDS = re.compile(r"""^extends:[ \t]*(?:"([^"\n]*)"|'([^'\n]*)'|([^\s#'"][^#
 
 def extends_chain(recipe_file: Path, limit: int = 32) -> list[tuple[Path, bytes]] | None:
     """The recipe file and the bases its top-level `extends:` line names, each with its
-    bytes, read without a YAML parser (`build --check`'s quick path, engine/quickcheck.py);
+    bytes, read without a YAML parser (`build --check`'s quick path, lock/quickcheck.py);
     None when one cannot be read. A guess: where it is wrong (an `extends` written another
     way), the files hash differently from what the lock file recorded and the full check
     decides."""

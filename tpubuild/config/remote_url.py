@@ -1,4 +1,4 @@
-"""Which URLs may name a remote cache (engine/remote.py). Import-light: the workspace
+"""Which URLs may name a remote cache (remote/cache.py). Import-light: the workspace
 file's check uses it, and planning commands load the workspace."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ CREDENTIALS_FROM = ("credentials come only from the backend's environment (AWS_*
 class Timeouts:
     """Deadlines of every call to a network remote (s3://, gs://), in seconds: an endpoint
     that accepts connections and never answers, or trickles its answer a byte at a time,
-    must cost a build seconds, then the build goes on locally (engine/remote.py).
+    must cost a build seconds, then the build goes on locally (remote/cache.py).
 
     - connect: to open a connection (botocore `connect_timeout`, aiohttp `sock_connect`);
     - first_byte: to wait for the first byte of an answer, and between two reads of it

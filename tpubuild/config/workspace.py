@@ -30,8 +30,8 @@ class Workspace:
     keep_versions: int | None = None
     link_type: str = "copy"  # how versions are published: copy (reflink or copy) | hardlink
     stage_timeout: float = 3600.0  # seconds before a stage's worker is killed
-    worker_memory_limit: int | None = None  # bytes of address space per worker (engine/workers.py)
-    remote_cache: str | None = None  # an fsspec URL (engine/remote.py)
+    worker_memory_limit: int | None = None  # bytes of address space per worker (workers/pool.py)
+    remote_cache: str | None = None  # an fsspec URL (remote/cache.py)
     remote_push: bool = True  # upload stages built here to the remote cache
     # Public keys whose signed remote records are accepted (absolute paths); empty: any record.
     remote_trusted_keys: list[Path] = field(default_factory=list)
@@ -40,7 +40,7 @@ class Workspace:
     signing_key: Path | None = None
     signing_certificate: Path | None = None  # sign with this certificate (and its chain) instead of a bare key
     signing_chain: list[Path] = field(default_factory=list)
-    executor: str = "local"  # where stages run: local worker processes | ray (engine/ray_executor.py)
+    executor: str = "local"  # where stages run: local worker processes | ray (workers/ray.py)
     ray_address: str | None = None  # the Ray cluster; None: RAY_ADDRESS, else a cluster on this machine
     ray_resources: dict[str, dict[str, float]] = field(default_factory=dict)  # stage -> Ray resources per task
     defaults: dict[str, Any] = field(default_factory=dict)

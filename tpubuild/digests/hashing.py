@@ -12,6 +12,8 @@ from pathlib import Path
 
 import blake3
 
+from tpubuild.errors import file_kind
+
 SCHEME = "blake3-tree-v1"
 # Below this size the thread pool costs more than it saves.
 THREADED_MIN_SIZE = 4 << 20
@@ -64,7 +66,7 @@ class FileEntry:
     Modes are not part of the hash: stored objects are read-only hardlinks, one mode each.
     Immutable, compared and hashed by value. Not a dataclass and not a tuple: importing
     dataclasses costs `build --check` 5 ms, and publish tells a FileEntry from a
-    (FileEntry, path) pair by `isinstance(item, tuple)` (engine/target_versions.py)."""
+    (FileEntry, path) pair by `isinstance(item, tuple)` (publish/targets.py)."""
 
     __slots__ = ("hash", "path", "size")
     path: str
@@ -161,12 +163,3 @@ def _stage_error(message: str) -> Exception:
     return StageError(message)
 
 
-def file_kind(mode: int) -> str:
-    """What a file that is not regular is, in words ("a FIFO (named pipe)")."""
-    if stat.S_ISFIFO(mode):
-        return "a FIFO (named pipe)"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device file"
-    return "a special file"

@@ -107,7 +107,7 @@ def dist_input(name: str) -> tuple[str, str]:
 
 def installed_dist(name: str) -> tuple[str, str] | None:
     """(version, dist-info directory) of an installed distribution, or None: what a
-    discovered `dist:<name>` input (engine/imports.py) is compared with."""
+    discovered `dist:<name>` input (workers/import_record.py) is compared with."""
     return _dist_info_dirs().get(normalized_dist(name))
 
 

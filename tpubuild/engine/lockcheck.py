@@ -1,7 +1,7 @@
 """`build --check`: would building change a lock file? Answered from the lock files and the
 workspace, at the cost of a no-op build: no dep file is read, nor TensorFlow. Where the
 cache has a record of this user's for a key the lock file records, the lock file's output
-for it must be the record's (else it is stale, engine/lockshape.py); a fresh clone's cache
+for it must be the record's (else it is stale, lock/shape.py); a fresh clone's cache
 has none (CI), and then the lock file's outputs are trusted as below. A lock file no build
 wrote (a key given twice, an unknown field or stage) is named with its line.
 
@@ -99,7 +99,7 @@ class LockCheck:
         return f"{run.recipe.rel_file}: building would change {self.ws.display(run.recipe.lock_file)}: {problem}"
 
     def _malformed(self, run: RecipeRun, stages: list[str]) -> str | None:
-        """Where the lock file is one no build wrote (engine/lockshape.py), or None."""
+        """Where the lock file is one no build wrote (lock/shape.py), or None."""
         try:
             text = run.recipe.lock_file.read_text()
         except OSError:

@@ -56,7 +56,7 @@ class Row:
     peak_rss_bytes: int | None = None  # a `built` stage's worker: its peak resident set size in that stage
     # A stage run by a worker: `seconds` is its own work, timed in the worker; this is the
     # rest of the wait for its reply: a free slot (-j), a new worker's process start and
-    # TensorFlow import (engine/import_clock.py), on Ray the task's scheduling and transfers.
+    # TensorFlow import (workers/import_clock.py), on Ray the task's scheduling and transfers.
     worker_startup_seconds: float | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -89,7 +89,7 @@ class WorkerTime:
 # report after verify. Report makes the same CPU twin of the same input as verify (kept in
 # the worker's scratch: tpu/twin.py cpu_twin) and saves a worker's TensorFlow import. Its
 # peak in verify's worker, ResNet50 bf16 with TensorFlow imported without JAX
-# (engine/lean_import.py): see benchmarks/real_models.py; the goal, 3x the model +
+# (workers/lean_import.py): see benchmarks/real_models.py; the goal, 3x the model +
 # TensorFlow's own, holds.
 HANDOFF = {"verify": "report"}
 
@@ -120,7 +120,7 @@ class Engine:
         self.relock = False  # build --relock: lock files rewritten with this machine's measured figures
         self.timeout = float(getattr(ws, "stage_timeout", None) or DEFAULT_STAGE_TIMEOUT)
         self.link_type = getattr(ws, "link_type", None) or "copy"
-        self.executor = getattr(ws, "executor", None) or "local"  # or "ray": engine/ray_executor.py
+        self.executor = getattr(ws, "executor", None) or "local"  # or "ray": workers/ray.py
         from tpubuild.workers import own_worker_min_bytes
 
         self.own_worker_min = own_worker_min_bytes()  # a bad value stops the build before it starts
@@ -496,7 +496,7 @@ class Engine:
 
     def write_lock(self, run: RecipeRun) -> None:
         path, document = run.recipe.lock_file, lock_for(run, self.stat, self.ws.file)
-        # Keys the build's but a malformed or stale file (engine/lockshape.py): rewritten, said once.
+        # Keys the build's but a malformed or stale file (lock/shape.py): rewritten, said once.
         why = None if self.relock else rewrite_reason(path, self.ws.display, document)
         history = Path(self.ws.state_dir) / "lock-history" / f"{run.name}.json"
         if write_lock(path, document, force=self.relock or why is not None, history=history) and why is not None:
@@ -612,7 +612,7 @@ def up_to_date(engine: Engine, run: RecipeRun) -> bool:
 
 
 def memo_files(engine: Engine, run: RecipeRun) -> list[str] | None:
-    """Every file and directory the full no-op check of `run` read (engine/noop.py), or
+    """Every file and directory the full no-op check of `run` read (lock/memo.py), or
     None when the recipe cannot be memoized (glob inputs, unknown recipe files)."""
     import glob
 
@@ -767,7 +767,7 @@ def _unexpected(exc: Exception) -> str:
 
 
 def _settle_logs(engine: Engine, runs: list[RecipeRun]) -> None:
-    """Keep the worker logs failure messages of this build point to (engine/buildlogs.py)."""
+    """Keep the worker logs failure messages of this build point to (workers/logs.py)."""
     from tpubuild.workers import WorkerPool, settle
 
     pool = engine.pool

@@ -82,7 +82,7 @@ class RecipeRun:
     error: str | None = None
     version: int | None = None
     # The publish step updated version `version` in place: the same model, re-measured
-    # (engine/version_refresh.py); no new version was published.
+    # (publish/refresh.py); no new version was published.
     updated_in_place: bool = False
     # With `build --keep-going`: target -> why its chain failed; the rest still publishes.
     failed_targets: dict[str, str] = field(default_factory=dict)
@@ -245,7 +245,7 @@ class Resolver:
         """The first candidate ({"files": {path: hash}, "key": final key}) whose discovered
         files all still have the content that was imported (local or remote candidates)."""
         for candidate in candidates:
-            # A file recorded absent (engine/imports.py: where an import looked) matches only
+            # A file recorded absent (workers/import_record.py: where an import looked) matches only
             # while it is still missing.
             if all((self.current_hash(run, rel) or ABSENT) == digest for rel, digest in candidate["files"].items()):
                 return candidate
@@ -256,7 +256,7 @@ class Resolver:
         self._entries[entry.key] = entry
 
     def discovered_changes(self, run: RecipeRun, discovered: dict[str, str], declared: set[str]) -> list[str]:
-        """What changed among the inputs a stage discovered last time (engine/imports.py):
+        """What changed among the inputs a stage discovered last time (workers/import_record.py):
         modules its user code imported, installed packages it named, and the paths where an
         import looked and found nothing, which matter only if a file appears there. A file
         that is also a declared input (`declared`: key-record input names) is left to the
@@ -303,7 +303,7 @@ class Resolver:
     # --- publish ------------------------------------------------------------------
     def publish_files(self, run: RecipeRun) -> list[FileEntry]:
         """The published tree: the final model, plus the files the report stage wrote, plus
-        each target's build output named `<target>/<path>` (engine/target_versions.py);
+        each target's build output named `<target>/<path>` (publish/targets.py);
         the warmup requests go into the model and into each SavedModel target."""
         planned = run.plan[-1]
         files = {f.path: f for f in run.outputs[planned.consumes["model"]].files}

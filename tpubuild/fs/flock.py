@@ -19,7 +19,8 @@ import stat
 import time
 from typing import Callable
 
-from tpubuild.fs.nofollow import NotAFile, kind, lstat_at
+from tpubuild.errors import file_kind
+from tpubuild.fs.nofollow import NotAFile, lstat_at
 
 # Between two tries of a busy lock: short at first (a session opens in milliseconds).
 _POLL_FIRST, _POLL_MAX = 0.02, 0.5
@@ -41,7 +42,7 @@ def open_lock_file(name: str, dir_fd: int | None, mode: int, create: bool = True
     for _ in range(10):  # a file removed between two calls: open again
         st = lstat_at(name, dir_fd)
         if st is not None and not stat.S_ISREG(st.st_mode):
-            raise NotAFile(name, kind(st.st_mode))
+            raise NotAFile(name, file_kind(st.st_mode))
         if st is None and not create:
             raise FileNotFoundError(errno.ENOENT, "no lock file", name)
         if st is None:
@@ -63,12 +64,12 @@ def open_lock_file(name: str, dir_fd: int | None, mode: int, create: bool = True
         except OSError as exc:
             st = lstat_at(name, dir_fd)
             if st is not None and not stat.S_ISREG(st.st_mode):
-                raise NotAFile(name, kind(st.st_mode)) from exc
+                raise NotAFile(name, file_kind(st.st_mode)) from exc
             raise
         found = os.fstat(fd)
         if not stat.S_ISREG(found.st_mode):  # swapped between the lstat and the open
             os.close(fd)
-            raise NotAFile(name, kind(found.st_mode))
+            raise NotAFile(name, file_kind(found.st_mode))
         return fd
     raise FileNotFoundError(name)
 

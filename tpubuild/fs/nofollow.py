@@ -19,6 +19,8 @@ import stat
 from contextlib import contextmanager
 from typing import Iterator
 
+from tpubuild.errors import file_kind
+
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 # errno of opening a symbolic link with O_NOFOLLOW (Linux: ELOOP; some BSDs: EMLINK,
@@ -33,23 +35,6 @@ class NotAFile(OSError):
     def __init__(self, path: str, kind: str):
         super().__init__(errno.EINVAL, f"{kind}, not what tpubuild writes there", path)
         self.kind = kind
-
-
-def kind(mode: int) -> str:
-    """What a file is, in words ("a symbolic link", "a directory", "a FIFO (named pipe)")."""
-    if stat.S_ISLNK(mode):
-        return "a symbolic link"
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISREG(mode):
-        return "a regular file"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO (named pipe)"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device file"
-    return "a special file"
 
 
 def lstat_at(name: str, dir_fd: int | None) -> os.stat_result | None:
@@ -69,7 +54,7 @@ def open_dir(name: str, dir_fd: int | None = None) -> int:
         if exc.errno in _LINK_ERRNOS or exc.errno == errno.ENOTDIR:
             st = lstat_at(name, dir_fd)
             if st is not None:
-                raise NotAFile(name, kind(st.st_mode)) from None
+                raise NotAFile(name, file_kind(st.st_mode)) from None
         raise
 
 
@@ -82,12 +67,12 @@ def open_regular_at(name: str, dir_fd: int | None) -> tuple[int, os.stat_result]
         if exc.errno in _LINK_ERRNOS or exc.errno in (errno.EISDIR, errno.ENXIO):
             st = lstat_at(name, dir_fd)
             if st is not None:
-                raise NotAFile(name, kind(st.st_mode)) from None
+                raise NotAFile(name, file_kind(st.st_mode)) from None
         raise
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise NotAFile(name, kind(st.st_mode))
+        raise NotAFile(name, file_kind(st.st_mode))
     return fd, st
 
 
@@ -186,7 +171,7 @@ def walk_regular(dir_fd: int, display: str) -> list[tuple[str, os.stat_result]]:
                 raise refuse(rel, "a symbolic link",
                              f"a symbolic link (to {target}); stage outputs must be regular files")
             else:
-                raise refuse(rel, kind(st.st_mode), f"{kind(st.st_mode)}, not a regular file")
+                raise refuse(rel, file_kind(st.st_mode), f"{file_kind(st.st_mode)}, not a regular file")
 
     visit(dir_fd, "")
     out.sort()

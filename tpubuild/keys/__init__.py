@@ -6,11 +6,9 @@ same way whether it came from the local store or a remote cache.
 
 from __future__ import annotations
 
-from typing import Any
+from tpubuild.face import lazy
 
-# The package's face: name -> the module of this package that defines it, imported on first
-# use (PEP 562), so that importing one part of the package loads no other. keys/code.py
-# reads this mapping to follow `from tpubuild.keys import name` to its module.
+# Name -> the module of this package that defines it, loaded on first use (tpubuild/face.py).
 _FACE = {
     "DIGEST": "records",
     "PACKAGE_ROOT": "code",
@@ -32,14 +30,4 @@ _FACE = {
     "summary_digest": "stage",
 }
 __all__ = sorted(_FACE)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _FACE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    # __import__, the import statement's own path (-X importtime sees it), not importlib's.
-    return getattr(__import__(f"{__name__}.{_FACE[name]}", fromlist=[name]), name)
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy(__name__, _FACE)

@@ -5,7 +5,7 @@ A record names the files a checkout writes; whoever can write the cache director
 write a record. So a record is used only when it names its own key, hashes to it (its key
 record), lists safe relative paths and well-formed digests, and its tree hash is its
 files'. Each file's content is then checked against its digest when it is materialized.
-A local record must also carry a MAC made with this user's key (engine/record_mac.py,
+A local record must also carry a MAC made with this user's key (store/record_mac.py,
 checked by Store.get): that is what ties its output to the key it is stored under.
 """
 

@@ -1,6 +1,6 @@
 """Stage keys: a full-length hash of everything that can change a stage's output.
 
-A key record holds the stage's name, the digest of its own code (engine/code.py), the
+A key record holds the stage's name, the digest of its own code (keys/code.py), the
 toolchain (Python, TensorFlow, numpy, protobuf versions), the allow-listed environment
 variables that change TensorFlow's behaviour, the stage's option slice, and the digests
 of exactly the inputs it reads (workspace files, consumed earlier outputs and summaries).

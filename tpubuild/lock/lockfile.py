@@ -12,7 +12,7 @@ floats, such as verification errors, and everything keyed on them) end with MEAS
 (`build --relock`) and compares them with `git diff --exit-code -I '<MEASURED>$'`.
 
 A build rewrites a lock file only when a key it records changed (`same_keys`), or when no
-build wrote it as it is (engine/lockshape.py: malformed, an output its key did not make):
+build wrote it as it is (lock/shape.py: malformed, an output its key did not make):
 a clean checkout built on another machine stays clean, whatever that machine measured (a
 verification error, a calibrated output's size). Measured figures belong in the report.
 """
@@ -136,7 +136,7 @@ def parse_lock(text: str) -> dict[str, Any] | None:
     of this schema."""
     # Only for a layout lock_text does not write: `build --check` reads the others without
     # YAML. The recipes' loader: a key given twice (a second `stages:` from a bad merge) makes
-    # the file unreadable, not the last one silently read (engine/lockshape.py says where).
+    # the file unreadable, not the last one silently read (lock/shape.py says where).
     from tpubuild.config.yamlload import load_yaml
     from tpubuild.errors import ConfigError
 
@@ -236,7 +236,7 @@ def _parse_layout(text: str) -> dict[str, Any]:
                 continue
             if key == "artifact" and not has_value:
                 # The artifact's facts follow: a reviewer's, no key among them; a field after
-                # them is not lock_text's (engine/lockshape.py names it).
+                # them is not lock_text's (lock/shape.py names it).
                 if any(rest[:1] not in ("", " ", "#") for rest in lines[number + 1:]):
                     raise _OtherLayout
                 return doc

@@ -5,7 +5,7 @@ code (schemas included), the toolchain and the key variables, and from the input
 stages read (the lock file's `inputs`) and what they discovered (`discovered`). The lock
 file records a digest of the first ones (`planning`, planning_digest) and the hash of each
 of the others: when all of them hash the same now, every key would come out the same, so
-building would not change the lock file. That is the no-op memo's proof (engine/noop.py),
+building would not change the lock file. That is the no-op memo's proof (lock/memo.py),
 made from content instead of stats, which a fresh clone has. Anything else and the full
 check (engine/lockcheck.py) decides, computing the keys and naming the stage and cause.
 

@@ -1,6 +1,6 @@
 """The standard digests of a version's resolved dependencies, for in-toto consumers.
 
-tpubuild identifies its inputs by BLAKE3 (engine/hashing.py). in-toto's DigestSet
+tpubuild identifies its inputs by BLAKE3 (digests/hashing.py). in-toto's DigestSet
 (https://github.com/in-toto/attestation/blob/main/spec/v1/digest_set.md) names BLAKE3 by
 no standard key, and a consumer "MUST ignore unrecognized" algorithms: a statement that
 names the source model and the export script only by BLAKE3 identifies them to nobody.

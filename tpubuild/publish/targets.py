@@ -8,7 +8,7 @@ TPU SavedModel's base path, and `out/toy/cpu_savedmodel/` is a base path too.
 The main version's manifest lists every target's files and digests; each target version
 also holds a small `tpubuild-manifest.json` (recipe, target, version, files) so that
 `clean` and pruning can prove a target directory is tpubuild's before deleting it.
-Publishing (engine/versions.py) reserves the number, renames the main version into place,
+Publishing (publish/versions.py) reserves the number, renames the main version into place,
 then each target version (temp directory, fsync, rename): a target version's main version
 always exists. A main version whose target version a killed publish left missing is
 completed by the next build; a target version without its main version (an older

@@ -5,7 +5,7 @@ renamed into place, so the highest number (what TF Serving serves) is always com
 A new number appears only when the model differs from the newest version's: its files,
 the report's aside (a manifest's `model` digest). A build that re-measured the same model
 (new verification figures, latencies, report) updates the newest version's report,
-manifest and provenance in place instead (engine/version_refresh.py).
+manifest and provenance in place instead (publish/refresh.py).
 
 Publishing modes (workspace `link_type`):
 - `copy` (default): each file is a reflink of the cache object where the file system
@@ -27,7 +27,7 @@ that number is renamed into place, so a publish killed at any point burns its nu
 `clean` does not reset it.
 
 Targets (recipe `targets:`): each other target of version N is published at
-`<recipe>/<target>/<N>/` (engine/target_versions.py); the main manifest lists their files
+`<recipe>/<target>/<N>/` (publish/targets.py); the main manifest lists their files
 too, so the no-op check, repair, pruning and `clean` cover them. Order: the main `<N>/`
 is renamed into place first, each target version after it; pruning and `clean` delete in
 the opposite order. So at every instant a target version's main version exists (a TF
@@ -226,7 +226,7 @@ def newest_same_model(recipe_dir: Path, model: str) -> int | None:
     """The newest version's number when it holds the model whose digest is `model` (its
     manifest's `model`: every file but the report's, target files included) and nothing
     tpubuild did not write; else None. A query: nothing is written (the build's publish
-    step updates that version in place, engine/version_refresh.py)."""
+    step updates that version in place, publish/refresh.py)."""
     numbers = version_numbers(recipe_dir)
     if not numbers:
         return None

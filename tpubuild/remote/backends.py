@@ -1,4 +1,4 @@
-"""Where the remote cache's bytes live (engine/remote.py): an object store through fsspec
+"""Where the remote cache's bytes live (remote/cache.py): an object store through fsspec
 (s3://, gs://) or a shared directory (file://). Paths are relative to `<url>/v1/`.
 
 Both give the two writes the cache needs: an upload that is atomic under its final
@@ -19,8 +19,7 @@ from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from tpubuild.config.remote_url import BACKENDS, EXTRA, Timeouts, url_problem
-from tpubuild.errors import TpubuildError
-from tpubuild.fs import kind as file_kind
+from tpubuild.errors import TpubuildError, file_kind
 from tpubuild.keys import RECORD_LIMIT
 from tpubuild.store import LAYOUT
 

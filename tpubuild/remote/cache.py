@@ -2,7 +2,7 @@
 `file:///shared/dir`): the local store's stage records and objects, shared by every
 builder that names the same URL.
 
-Layout under `<url>/v1/` (the local one's, engine/store.py):
+Layout under `<url>/v1/` (the local one's, store/store.py):
 - `objects/ab/cdef...`: file contents by BLAKE3 hash. Self-verifying: every download is
   re-hashed before it enters the local store (an S3-compatible server may accept a wrong
   checksum, a disk may rot), so a wrong object is reported and never used, and an upload
@@ -15,7 +15,7 @@ Layout under `<url>/v1/` (the local one's, engine/store.py):
   that run user code (the local dep file is a mutable list; a remote one would be a
   lost-update race, so here each candidate is its own create-only file).
 
-Every upload is atomic under its final name (engine/remote_backends.py): an S3 or GCS
+Every upload is atomic under its final name (remote/backends.py): an S3 or GCS
 object appears whole when its PUT (or multipart upload) completes, never in part; on a
 file system the content is written to a dot-named temp file, fsynced, then renamed
 (objects) or hard-linked (records, create-only: link fails if the name exists). A builder killed mid-upload leaves
@@ -26,7 +26,7 @@ Failures are said, never silent (Turborepo's lesson): each one is a line in `sta
 reported as it happens. A server that cannot be reached, or refuses our credentials, is
 reported once and the remote is disabled for the rest of the command: the build goes on
 locally. So is one that answers too slowly: every call has connect, first-byte and total
-deadlines (engine/remote_url.py Timeouts, set in tpubuild.yaml), and no download reads
+deadlines (config/remote_url.py Timeouts, set in tpubuild.yaml), and no download reads
 more than the size its record states (a record, more than records.RECORD_LIMIT). fsspec and the backends are imported only when a build first uses the remote,
 never by planning commands.
 """
@@ -104,7 +104,7 @@ class RemoteCache:
         self.timeouts = timeouts or Timeouts()
         self.push = push
         self.report = report or (lambda message: None)
-        # engine/record_signing.py: this builder signs what it uploads; readers with
+        # digests/signing.py: this builder signs what it uploads; readers with
         # trusted keys use signed records only (keyid -> public key).
         self.signing_key = signing_key
         self.trusted = dict(trusted or {})

@@ -1,4 +1,4 @@
-"""`tpubuild gc --remote`: the local retention rules (engine/gc.py `choose_removals`)
+"""`tpubuild gc --remote`: the local retention rules (store/gc.py `choose_removals`)
 applied to a remote cache.
 
 A remote has no registry of the workspaces that use it, and its records cannot be
@@ -47,7 +47,7 @@ def collect_remote(remote: RemoteCache, referenced: set[str], keep_days: float |
 def _collect(io: Any, referenced: set[str], keep_days: float | None, max_size: int | None,
              notify: Callable[[str], None], now: float) -> GcResult:
     records = []  # (created, key, rel, object hashes)
-    # A signed record (engine/record_signing.py) is the same record with a signature: its
+    # A signed record (digests/signing.py) is the same record with a signature: its
     # key is kept or removed with the unsigned one, and its objects count as named.
     listed = [(rel, mtime, False) for rel, _size, mtime in io.list("stages", LIST_DEADLINE)]
     listed += [(rel, mtime, True) for rel, _size, mtime in io.list("signed", LIST_DEADLINE)]

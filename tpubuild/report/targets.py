@@ -1,6 +1,6 @@
 """The serving targets of a published version side by side (TensorFlow-free).
 
-Read from the version's manifest (engine/target_versions.py): the report stage runs before the
+Read from the version's manifest (publish/targets.py): the report stage runs before the
 target chains, so `tpubuild-report.json` knows only the TPU SavedModel; each target's
 size, verification and latency are in `tpubuild-manifest.json` under `targets`.
 """

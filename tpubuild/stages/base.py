@@ -43,7 +43,7 @@ class StageSpec:
     # StableHLO does not change with the installed jaxlib).
     reports_inputs: bool = False
     # Loads and runs models with TensorFlow's runtime (tf.saved_model.load, a Session):
-    # on a large model it runs in a worker of its own (engine/workers.py OWN_WORKER_MIN_BYTES).
+    # on a large model it runs in a worker of its own (workers/pool.py OWN_WORKER_MIN_BYTES).
     runs_models: bool = False
     # Its output may legitimately differ between CPUs (measured floats), for these options:
     # lock files mark it, and everything keyed on it, as measured on the building machine.
@@ -100,7 +100,7 @@ class StageResult:
     summary: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     # A `reports_inputs` stage's discovered inputs: `dist:<name>` -> installed version
-    # (engine/imports.py ABSENT when it is not installed).
+    # (workers/import_record.py ABSENT when it is not installed).
     discovered: dict[str, str] = field(default_factory=dict)
 
 

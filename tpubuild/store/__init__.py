@@ -7,11 +7,9 @@ workspaces and users who trust each other (docs/shared-cache.md).
 
 from __future__ import annotations
 
-from typing import Any
+from tpubuild.face import lazy
 
-# The package's face: name -> the module of this package that defines it, imported on first
-# use (PEP 562), so that importing one part of the package loads no other. keys/code.py
-# reads this mapping to follow `from tpubuild.store import name` to its module.
+# Name -> the module of this package that defines it, loaded on first use (tpubuild/face.py).
 _FACE = {
     "GcResult": "gc",
     "LAYOUT": "layout",
@@ -22,14 +20,4 @@ _FACE = {
     "workspace_references": "gc",
 }
 __all__ = sorted(_FACE)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _FACE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    # __import__, the import statement's own path (-X importtime sees it), not importlib's.
-    return getattr(__import__(f"{__name__}.{_FACE[name]}", fromlist=[name]), name)
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy(__name__, _FACE)

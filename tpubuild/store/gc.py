@@ -5,7 +5,7 @@ A cache can be shared by several workspaces (`cache_dir` pointing to one directo
 the lock files of the workspace running `gc` are not enough: every workspace registers
 the stage keys it references in the store's index: at the end of each build, per recipe,
 the keys that build used (measured keys included, which a lock file written on another
-machine does not name: engine/used_keys.py); at each `gc`, the keys its lock files name.
+machine does not name: store/registration.py); at each `gc`, the keys its lock files name.
 `gc` keeps the keys of every registered workspace that still exists. It runs with
 the store held exclusively (`Store.exclusive`): no build using the cache is running.
 """
@@ -97,7 +97,7 @@ def workspace_references(ws: Any, lock_files: list[Path],
                          store: Store | None = None) -> tuple[dict[str, set[str]], set[str]]:
     """What a workspace references, as its store registration holds it: the keys its lock
     files name (under used_keys.LOCK_FILES), and per recipe that still has a lock file,
-    the keys its last build used (engine/used_keys.py: the measured keys of this machine,
+    the keys its last build used (store/registration.py: the measured keys of this machine,
     which the lock file may not name), when it registered them with `store`'s index. And
     the names of the recipes that have a lock file: the others' references are forgotten."""
     from tpubuild.lock import read_lock

@@ -1,6 +1,6 @@
 """The cache's index, `v1/index.sqlite`: objects, stage records, and the workspaces that
 use the cache with the stage keys each references; `gc` keeps everything a still-existing
-registered workspace references (engine/gc.py). The files on disk are the truth for
+registered workspace references (store/gc.py). The files on disk are the truth for
 objects and records; the workspace registry is what only the index knows.
 
 Every user of a shared cache writes it: tpubuild makes it itself with the cache's file
@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 from tpubuild.config.finding import WORKSPACE_FILE
-from tpubuild.fs import holder, kind, lstat_at, open_regular_at, opened
+from tpubuild.errors import file_kind
+from tpubuild.fs import holder, lstat_at, open_regular_at, opened
 from tpubuild.keys import StageEntry
 from tpubuild.store.layout import CacheLayout
 from tpubuild.store.sessions import lock_wait
@@ -106,7 +107,7 @@ class StoreIndex:
             for name in (INDEX, *(INDEX + suffix for suffix in _COMPANIONS)):
                 st = lstat_at(name, root_fd)
                 if st is not None and not stat.S_ISREG(st.st_mode):
-                    self.layout.remove_damage(name, root_fd, self.layout.root / name, kind(st.st_mode))
+                    self.layout.remove_damage(name, root_fd, self.layout.root / name, file_kind(st.st_mode))
                 elif st is not None and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) != mode:
                     # Ours, from a tpubuild that let sqlite choose (0644): as every user needs it now.
                     try:
@@ -173,7 +174,7 @@ class StoreIndex:
 
     def _holder(self) -> str:
         """Who holds sqlite's write lock: a POSIX lock on the database or, in WAL mode, on
-        its -shm file (/proc/locks, engine/flock.py)."""
+        its -shm file (/proc/locks, fs/flock.py)."""
         for path in (Path(f"{self.path}-shm"), self.path):
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)

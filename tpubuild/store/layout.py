@@ -1,7 +1,7 @@
 """The directories of a cache's layout (`<cache_dir>/v1/...`), opened without following a
 link, and what is said about damage found in them (docs/shared-cache.md).
 
-Each component is opened with O_NOFOLLOW from its parent's descriptor (engine/nofollow.py);
+Each component is opened with O_NOFOLLOW from its parent's descriptor (fs/nofollow.py);
 a link, a file or a FIFO where a directory of the layout should be is damage: removed (the
 link itself, never what it points to), said once, and a directory made. A new directory
 takes the mode of the one it is made in, so a group-writable cache stays group-writable
@@ -52,7 +52,7 @@ class CacheLayout:
         """The mode of a new directory `name`: its parent's (a group-writable cache stays
         group-writable whatever the umask), `tmp/` sticky in a shared cache (no user can
         rename another's session), `keys/` sticky and writable by all in a shared cache,
-        private to its user otherwise (engine/record_mac.py)."""
+        private to its user otherwise (store/record_mac.py)."""
         mode = os.fstat(parent_fd).st_mode & 0o2777
         shared = mode & 0o022
         if name == "keys":

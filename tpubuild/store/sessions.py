@@ -11,7 +11,7 @@ cache several processes and users share (docs/shared-cache.md).
 - The store lock is taken briefly to open a session; `gc` and `verify-cache` hold it and
   wait for every live session to end (`exclusive`). Anyone who can read the cache can
   hold it, so every wait has a deadline (TPUBUILD_CACHE_LOCK_WAIT for a build) and names
-  the holder (engine/flock.py).
+  the holder (fs/flock.py).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ workspaces and concurrent builds on one machine, and by users who trust each oth
 - `v1/stages/ab/<key>.json`: per stage key, the output tree (path -> object), the stage's
   summary and warnings, the key record (what `explain` diffs), and a MAC under the
   writer's key: only records whose MAC verifies with this user's key are used.
-- `v1/keys/<uid>`: each user's secret record key, mode 0600 (engine/record_mac.py); a
+- `v1/keys/<uid>`: each user's secret record key, mode 0600 (store/record_mac.py); a
   user whose key there is not one only they could have made uses a key of their own
   outside the cache instead (record_mac.user_key_dir).
 - `v1/trees/<tree hash>/`: a checkout of a tree as hardlinks to objects: the input
@@ -15,13 +15,13 @@ workspaces and concurrent builds on one machine, and by users who trust each oth
   file with its (verified) object and replaces a wrong one by a temp link + rename, so a
   reader of the old file is never disturbed and a partial checkout is repaired.
 - `v1/tmp/<session>/`, `v1/lock`: one private directory per build process, and the store
-  lock gc and verify-cache hold (engine/sessions.py).
+  lock gc and verify-cache hold (store/sessions.py).
 - `v1/index.sqlite`: the workspaces that use this cache and the keys each references (per
-  recipe, what its last build used; and what its lock files name, engine/used_keys.py),
-  for gc (engine/store_index.py).
+  recipe, what its last build used; and what its lock files name, store/registration.py),
+  for gc (store/index.py).
 
 Nothing in the cache is walked, written or deleted through a symbolic link: every
-directory is opened component by component with O_NOFOLLOW (engine/cache_layout.py,
+directory is opened component by component with O_NOFOLLOW (store/layout.py,
 nofollow.py), and a link, a FIFO or a directory where tpubuild keeps something else is
 damage, removed (the link, never what it points to) with one warning, then made again.
 Objects and records are read-only files every user of the cache can read.
@@ -42,11 +42,10 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from tpubuild.digests import FileEntry, StatCache, hash_fd, stat_key, tree_digest
-from tpubuild.errors import StageError
+from tpubuild.errors import StageError, file_kind
 from tpubuild.fs import (
     NotAFile,
     fsync_fd,
-    kind,
     lstat_at,
     make_dir,
     open_dir,
@@ -91,7 +90,7 @@ class Store:
         self._key_file: Path | None = None  # where it is
         self._key_refused = False
 
-    # --- sessions, the store lock and the index (engine/sessions.py, store_index.py) -----------
+    # --- sessions, the store lock and the index (store/sessions.py, store_index.py) -----------
     def session_dir(self) -> Path:
         """This process's private temp directory (mode 0700), made on first use under the
         store lock; its flock tells other processes that it is alive (gc waits for it)."""
@@ -190,7 +189,7 @@ class Store:
         data = json.loads(raw)
         if not record_mac.verifies(data, self._mac_key(create=False)):
             # Another user's record in a shared cache, or one someone rewrote: not ours to
-            # trust (engine/record_mac.py). Left in place; the rebuilt stage replaces it.
+            # trust (store/record_mac.py). Left in place; the rebuilt stage replaces it.
             why = "it has no MAC" if record_mac.FIELD not in data else \
                 f"its MAC does not verify with your key {self._key_file or record_mac.key_path(self.root)}"
             self.layout.say_once(path, f"warning: cache record {path} was not written by your tpubuild ({why}); "
@@ -199,7 +198,7 @@ class Store:
         return entry
 
     def _mac_key(self, create: bool) -> bytes | None:
-        """This user's record key (engine/record_mac.py), made on the first record written
+        """This user's record key (store/record_mac.py), made on the first record written
         (`create`); None when there is none yet, or when no key can be trusted (said once:
         then no record of this cache is trusted by this process)."""
         with self._guard:
@@ -319,7 +318,7 @@ class Store:
 
     def add_entry(self, entry: StageEntry) -> StageEntry:
         """Record an entry whose objects are already in the store, verified (one fetched
-        from the remote cache, engine/remote.py)."""
+        from the remote cache, remote/cache.py)."""
         self.session_dir()
         return self._record(entry.key, entry.stage, entry.files, entry.summary, entry.warnings, entry.record)
 
@@ -361,7 +360,7 @@ class Store:
         link, a copy read whatever it points to; a FIFO blocks a read, a device never
         ends), and in a private cache they are this user's."""
         if not stat.S_ISREG(st.st_mode):
-            return kind(st.st_mode)
+            return file_kind(st.st_mode)
         if st.st_uid != os.getuid() and self.private():
             return f"owned by uid {st.st_uid}, in a cache only uid {os.getuid()} can write"
         return None
@@ -463,7 +462,7 @@ class Store:
                 if st is None:
                     continue
                 if not stat.S_ISREG(st.st_mode):
-                    self._remove_object_damage(sub + name, shard, kind(st.st_mode))
+                    self._remove_object_damage(sub + name, shard, file_kind(st.st_mode))
                     continue
                 sizes[sub + name] = st.st_size
         return sizes
@@ -568,7 +567,7 @@ class Store:
         with self.layout.at("trees") as trees_fd:
             st = lstat_at(entry.tree, trees_fd)
             if st is not None and not stat.S_ISDIR(st.st_mode):
-                self.layout.remove_damage(entry.tree, trees_fd, dest, kind(st.st_mode))
+                self.layout.remove_damage(entry.tree, trees_fd, dest, file_kind(st.st_mode))
                 st = None
             if st is not None and self._repair_checkout(entry, trees_fd, entry.tree):
                 return dest

@@ -6,7 +6,7 @@ machine, more than many stages' own work (a 4x3 matmul's `tpu` stage printed 21 
 Reported as the stage's time, it made every first stage of a worker look slow. The
 clock times the import of the top-level `tensorflow` package (its loader's exec_module,
 inside which every module TensorFlow needs is imported) so that the worker can report
-it apart from the stage's own time (engine/workers.py main).
+it apart from the stage's own time (workers/pool.py main).
 
 The clock never imports anything itself and changes no module: the same package is
 found by the same finders and executed by its own loader (the wrapper is the pattern of

@@ -151,7 +151,7 @@ def install(workspace: Path) -> None:
     sys.meta_path.insert(0, _NegativeLookups())  # type: ignore[arg-type]
 
 
-# Distributions whose versions every key already holds (engine/keys.py toolchain).
+# Distributions whose versions every key already holds (keys/stage.py toolchain).
 _TOOLCHAIN_DISTS = frozenset({"tensorflow", "tensorflow-cpu", "tf-nightly", "numpy", "protobuf", "tpubuild"})
 
 

@@ -17,7 +17,7 @@ So, in a worker that runs tpubuild's own stages only, the import of the top-leve
 package fails while TensorFlow's own import runs (that module then sets `_jit = None`, its
 path for an absent JAX); afterwards `jax` and `jaxlib` import as ever, for the stages that
 use them. Workers that run user code (export scripts, dataset generators: they may call
-`experimental_from_jax`) never get this finder (engine/workers.py main).
+`experimental_from_jax`) never get this finder (workers/pool.py main).
 """
 
 from __future__ import annotations

@@ -3,14 +3,14 @@
 The protocol is one JSON line per request on the worker's stdin and one per reply on a
 private copy of its stdout; what stages print goes to the worker's log file instead.
 A reply's `seconds` is the stage's own work, timed here without TensorFlow's import
-(engine/import_clock.py): the engine reports the rest of its wait as worker start-up.
+(workers/import_clock.py): the engine reports the rest of its wait as worker start-up.
 A worker exits when its parent dies (stdin EOF, and PR_SET_PDEATHSIG on Linux), so a
 killed build leaves no stage running behind it.
 
 Workers get a scrubbed environment (keys.worker_env): only what is in every stage key,
 plus what a process needs to start. Stages that run user code (export scripts,
 dataset generators) get a fresh worker for each run, which records the workspace
-modules the user code imports (engine/imports.py) and then exits.
+modules the user code imports (workers/import_record.py) and then exits.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def stage_request(entry: str, stage: str, workspace: str, output_dir: str, optio
 # is one TensorFlow import (~3 s) per such stage: worth it for models of this size, not
 # for small ones, whose leftovers are a few MiB (200 small recipes would pay ~600 imports).
 # One exception, report after verify (engine/loop.py HANDOFF): measured again with
-# TensorFlow imported without JAX (engine/lean_import.py, 110 MiB less per worker), report
+# TensorFlow imported without JAX (workers/lean_import.py, 110 MiB less per worker), report
 # peaks at 898 MiB in verify's worker (788 in its own), under the goal (957 in that run).
 OWN_WORKER_MIN_BYTES = 64 * 2**20
 OWN_WORKER_ENV = "TPUBUILD_OWN_WORKER_MIN_BYTES"
@@ -216,7 +216,7 @@ class WorkerPool:
         return worker
 
     def _fresh(self, workspace: Path) -> Worker:
-        """A worker that records the imports of user code (engine/imports.py compiles the
+        """A worker that records the imports of user code (workers/import_record.py compiles the
         recorded modules from source; installed packages keep their bytecode caches)."""
         return self._new(dict(self.env, TPUBUILD_RECORD_IMPORTS=str(workspace)))
 

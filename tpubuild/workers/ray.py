@@ -8,7 +8,7 @@ remote, and the driver fetches them (verified again) into its own store before t
 usual after-run checks and `Store.put`. So a lock file written after a Ray build is
 the one a local build writes.
 
-On the node the stage runs in a tpubuild worker process (engine/workers.py), as
+On the node the stage runs in a tpubuild worker process (workers/pool.py), as
 locally: same scrubbed environment (with the driver's allow-listed variables, which
 are in the key), same quiet logs, same one-line errors, same import recording for user
 code. The workspace's own files (export scripts, datasets) are read at the driver's
@@ -105,7 +105,7 @@ class RayExecutor:
 
         self.ray = ray
         self.store = store
-        self.remote = remote  # the build's RemoteCache (engine/remote.py): its stats count the driver's transfers
+        self.remote = remote  # the build's RemoteCache (remote/cache.py): its stats count the driver's transfers
         self.remote_url = remote.url
         self.resources = resources or {}
         self.log_dir = log_dir  # where a stage bug's traceback from a node is kept, as locally
