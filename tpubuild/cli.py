@@ -38,6 +38,7 @@ VERBS = {
     "gc": "gc",
     "verify-cache": "verify_cache",
     "verify": "verify",
+    "serving-config": "serving_config",
     "schema": "schema",
 }
 

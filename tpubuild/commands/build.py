@@ -65,7 +65,9 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry
     was stops the build before anything runs, or with -k is skipped while the rest build.
 
     Prints a row per stage that built or failed, `published: RECIPE -> DIR` per new
-    version and a summary line; on a terminal also a live `[n/N]` line (colour off with
+    version (and `-> URL` per new version on a `publish_to:` destination; a destination
+    that cannot be reached is an error line and exit 1, the local build kept) and a
+    summary line; on a terminal also a live `[n/N]` line (colour off with
     NO_COLOR). -v: every stage; -q: errors, warnings and the summary only.
 
     With a shared cache (`remote_cache:` in tpubuild.yaml, or --remote-cache URL), a pull
@@ -126,12 +128,13 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry
     try:
         runs, engine = build(ws, recipes, jobs, printer=output.row, errors=output.error, started=output.started,
                              memo=memo, since_ns=since_ns, remote=remote, keep_going=keep_going, relock=relock,
-                             planned=output.planned)
+                             planned=output.planned, notes=output.note)
     finally:
         output.close()  # the live line goes, also on Ctrl-C or an error
     memo.save(ws)
     rows = [row for run in runs for row in run.rows]
-    failed = [run for run in runs if not run.succeeded]
+    # A recipe built here but not published to its destination fails the build too (exit 1).
+    failed = [run for run in runs if not run.succeeded or run.destination_error]
     if as_json:
         document = {
             "rows": [row.to_json() for row in rows],
@@ -139,6 +142,10 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry
             "hashed": {"files": engine.stat.files_hashed, "bytes": engine.stat.bytes_hashed},
             "exit_code": 1 if failed else invalid,
         }
+        destinations = {run.name: run.destination.to_json() if run.destination else {"error": run.destination_error}
+                        for run in runs if run.destination or run.destination_error}
+        if destinations:  # recipes with `publish_to:` that were published (or said why not)
+            document["destinations"] = destinations
         if engine.remote is not None:
             document["remote"] = engine.remote.stats.to_json(engine.remote.url)
         click.echo(json.dumps(document, indent=2))

@@ -5,7 +5,8 @@
   cached and skipped ones too, and each built stage's worker start-up; `-q` prints no rows.
 - `published: RECIPE -> out/RECIPE/N` for each recipe that published a new version;
   `RECIPE: out/RECIPE/N unchanged (report updated)` for one that re-measured the same
-  model (publish/refresh.py).
+  model (publish/refresh.py); `published: RECIPE -> s3://.../RECIPE/M` for a new
+  version on its `publish_to:` destination.
 - The summary line last: `14 recipes: 108 built, 2 cached, 1 failed`.
 - On a terminal, one live line at the bottom, redrawn in place: `[n/N]` stages done of
   the build's, the stages running and for how long (Bazel's `[n / N]`). Colour for
@@ -118,6 +119,19 @@ class BuildOutput:
             if lines:
                 self._clear()
                 self.out.write("".join(line + "\n" for line in lines))
+            if self.ticker is not None:
+                self._draw()
+            self.out.flush()
+
+    def note(self, line: str) -> None:
+        """A line of what the build did beside its stages (a publish destination's)."""
+        if self.verbosity < NORMAL:
+            return
+        with self.lock:
+            self._clear()
+            if line.startswith("published:"):
+                line = paint("published", "published", self.colour) + line[len("published"):]
+            self.out.write(line + "\n")
             if self.ticker is not None:
                 self._draw()
             self.out.flush()

@@ -31,6 +31,10 @@ cache_dir: .tpubuild/cache
 
 # A cache shared by a team and CI (fsspec URL: s3://..., gs://..., file:///...).
 # remote_cache: s3://my-bucket/tpubuild
+
+# Also publish each recipe's versions where TF Serving reads them, numbered there:
+# <publish_to>/<recipe>/<N>/ (docs/publish-to-object-storage.md).
+# publish_to: gs://my-bucket/models
 """
 
 # What `init` prints last: the next steps of the quick start.

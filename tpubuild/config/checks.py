@@ -65,6 +65,7 @@ class Checker:
             (self.check_quantization, converter.get("quantization_options")),
             (self.check_targets, self.data.get("targets")),
             (self.check_op_libraries, self.data.get("op_libraries") or []),
+            (self.check_publish_to, self.data.get("publish_to")),
         )
         for check, *args in checks:
             # The schema's errors are reported too; a check that meets a value of the
@@ -74,6 +75,15 @@ class Checker:
             except (TypeError, KeyError, IndexError, AttributeError, ValueError):
                 pass
         return self.problems
+
+    def check_publish_to(self, url: Any) -> None:
+        """A recipe's publish destination, as the workspace's (config/remote_url.py)."""
+        if isinstance(url, str):
+            from tpubuild.config.remote_url import url_problem
+
+            problem = url_problem(url)
+            if problem:
+                self.error(("publish_to",), problem)
 
     def check_model(self) -> None:
         model = self.data.get("model")

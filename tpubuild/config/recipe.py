@@ -49,6 +49,10 @@ class Recipe:
     # A value with glob characters (`deps: [models/*.py]`): its canonical form depends on
     # the files that match now, not only on the recipe's text.
     globs: bool = field(default=False, repr=False)
+    # Where its versions are also published (its own `publish_to:`, else the workspace's;
+    # None: out/ only), and `serving.version_labels`: neither is part of what is built.
+    publish_to: str | None = field(default=None, repr=False)
+    version_labels: dict[str, int] = field(default_factory=dict, repr=False)
 
     @cached_property
     def canonical_json(self) -> str:
@@ -376,10 +380,14 @@ def _finish(data: dict, marks: Marks, path: Path, display: str, ws: Workspace, d
         raise ConfigError(problems)
     data.pop("extends", None)
     data.pop("$schema", None)
+    # Where the versions go and how a server labels them: nothing a stage reads, so not
+    # in the canonical form (a new destination rebuilds nothing).
+    publish_to = data.pop("publish_to") if "publish_to" in data else getattr(ws, "publish_to", None)
+    labels = dict((data.pop("serving", None) or {}).get("version_labels") or {})
     name = data.get("name") or _stem(path)
     name_loc = marks.key(("name",)) if "name" in data else Location(display)
     return Recipe(name, path, display, ws.root, canonicalize(data, name, ws.root), name_loc=name_loc,
-                  globs=_has_glob(data))
+                  globs=_has_glob(data), publish_to=publish_to, version_labels=labels)
 
 
 def _has_glob(value: Any) -> bool:

@@ -35,7 +35,9 @@ class Workspace:
     remote_push: bool = True  # upload stages built here to the remote cache
     # Public keys whose signed remote records are accepted (absolute paths); empty: any record.
     remote_trusted_keys: list[Path] = field(default_factory=list)
-    remote_timeouts: Timeouts = field(default_factory=Timeouts)  # deadlines of remote calls
+    remote_timeouts: Timeouts = field(default_factory=Timeouts)  # deadlines of remote calls (publish_to's too)
+    # Where versions are also published for servers (publish/destination.py), an fsspec URL.
+    publish_to: str | None = None
     # The private key that signs every published version (provenance/signature.py), if any.
     signing_key: Path | None = None
     signing_certificate: Path | None = None  # sign with this certificate (and its chain) instead of a bare key
@@ -93,7 +95,7 @@ def load_workspace(start: Path | None = None, override: Path | None = None) -> W
         raise UsageError(f"{override} is a recipe, not a workspace file: --workspace takes the workspace's "
                          f"directory or its {WORKSPACE_FILE} (to build one recipe: tpubuild build {override})")
     problems = schema_diagnostics("workspace", data, marks) + _recipe_glob_problems(data, marks, root)
-    problems += _directory_problems(data, marks, root) + _remote_problems(data, marks)
+    problems += _directory_problems(data, marks, root) + _remote_problems(data, marks) + _publish_problems(data, marks)
     if not problems:
         problems += _layout_problems(data, marks, root) + _trusted_key_problems(data, marks, root)
     if problems:
@@ -116,6 +118,7 @@ def load_workspace(start: Path | None = None, override: Path | None = None) -> W
         remote_push=_remote_setting(data)[1],
         remote_trusted_keys=[root / key for key in _trusted_keys(data)],
         remote_timeouts=_remote_timeouts(data),
+        publish_to=data.get("publish_to"),
         signing_key=root / data["signing"]["key"] if "signing" in data else None,
         signing_certificate=root / data["signing"]["certificate"] if "certificate" in data.get("signing", {}) else None,
         signing_chain=[root / c for c in data.get("signing", {}).get("certificate_chain", [])],
@@ -261,6 +264,17 @@ def _remote_problems(data: dict, marks: Marks) -> list[Diagnostic]:
 
     problem = url_problem(url)
     return [Diagnostic(marks.value(path), format_path(path), problem)] if problem else []
+
+
+def _publish_problems(data: dict, marks: Marks) -> list[Diagnostic]:
+    """`publish_to:` as `remote_cache:`'s URL is checked: credentials in it, an unknown scheme."""
+    url = data.get("publish_to")
+    if not isinstance(url, str):
+        return []  # absent, or a wrong type the schema reports
+    from tpubuild.config.remote_url import url_problem
+
+    problem = url_problem(url)
+    return [Diagnostic(marks.value(("publish_to",)), "publish_to", problem)] if problem else []
 
 
 def _sub_marks(marks: Marks, prefix: tuple) -> Marks:

@@ -103,7 +103,8 @@ class Engine:
 
     def __init__(self, ws: Any, jobs: int = 1, printer: Callable[[RecipeRun, Row], None] | None = None,
                  errors: Callable[[str], None] | None = None,
-                 started: Callable[[RecipeRun, str], None] | None = None):
+                 started: Callable[[RecipeRun, str], None] | None = None,
+                 notes: Callable[[str], None] | None = None):
         self.ws = ws
         self.jobs = jobs
         self.store = Store(ws.cache_dir)
@@ -112,6 +113,7 @@ class Engine:
         self.printer = printer or (lambda run, row: None)
         self.errors = errors or (lambda message: None)
         self.started = started or (lambda run, stage: None)
+        self.notes = notes or (lambda line: None)  # what the build did beside its stages (stdout)
         self.pool: Any = None
         self.pool_lock = threading.Lock()
         self.state_lock = threading.RLock()  # resolver, stat cache and store index are shared by doit threads
@@ -494,6 +496,69 @@ class Engine:
             "report": run.outputs["report"].summary if "report" in run.outputs else {},
         }
 
+    # --- publish destinations -------------------------------------------------------
+    def publish_destinations(self, runs: list[RecipeRun]) -> None:
+        """Publish the newest local version of each recipe that built (or had nothing to
+        do) to its `publish_to:` destination, unless this workspace noted that it holds that
+        model already (publish/to_destination.py). A destination that fails is said in one
+        line per recipe and not contacted again in this build; the local build stays."""
+        import shutil
+
+        from tpubuild.errors import TpubuildError
+        from tpubuild.publish import (
+            Destination,
+            publish_version,
+            read_manifest,
+            recorded,
+            remember,
+        )
+
+        scratch = Path(self.ws.state_dir) / "publish-scratch"
+        down: set[str] = set()  # destinations that failed: not asked again in this build
+        destinations: dict[str, Any] = {}
+        for run in runs:
+            url = getattr(run.recipe, "publish_to", None)
+            if url is None or not run.succeeded or run.version is None:
+                continue
+            version_dir = Path(self.ws.output_dir) / run.name / str(run.version)
+            model = (read_manifest(version_dir) or {}).get("model")
+            if recorded(self.ws.state_dir, url, run.name, model):
+                continue
+            kept = f"{self.ws.display(version_dir)} is kept"
+            if url in down:
+                run.destination_error = f"{run.recipe.rel_file}: not published to {url} (it failed, said above); {kept}"
+                self.errors(run.destination_error)
+                continue
+            if not destinations:
+                shutil.rmtree(scratch, ignore_errors=True)  # a killed build's
+                scratch.mkdir(parents=True, exist_ok=True)
+            dest = destinations.setdefault(url, Destination(url, getattr(self.ws, "remote_timeouts", None)))
+            labels = getattr(run.recipe, "version_labels", {}) or {}
+            try:
+                outcome = publish_version(
+                    dest, run.name, version_dir, scratch, keep=self.ws.keep_versions, pinned=set(labels.values()),
+                    attest=self._attest, file_hash=lambda path: self.stat.file_hash(os.fspath(path)),
+                    say=self.errors)
+            except TpubuildError as exc:  # DestinationError; RemoteSetupError: no backend installed
+                line = (str(exc).splitlines() or [type(exc).__name__])[0]
+                if getattr(exc, "unreachable", True):
+                    down.add(url)
+                run.destination_error = f"{run.recipe.rel_file}: not published: {line}; {kept}"
+                self.errors(run.destination_error)
+                continue
+            run.destination = outcome
+            remember(self.ws.state_dir, url, run.name, model, outcome.number)
+            for line in outcome.mended:
+                self.notes(f"{run.name}: {line}")
+            where = f"{outcome.url}/{outcome.number}"
+            if outcome.new:
+                self.notes(f"published: {run.name} -> {where}")
+            else:
+                self.notes(f"{run.name}: {where} holds this model already (nothing published there)")
+            for number in outcome.pruned:
+                self.notes(f"{run.name}: pruned {outcome.url}/{number} (keep_versions: {self.ws.keep_versions})")
+        shutil.rmtree(scratch, ignore_errors=True)
+
     def write_lock(self, run: RecipeRun) -> None:
         path, document = run.recipe.lock_file, lock_for(run, self.stat, self.ws.file)
         # Keys the build's but a malformed or stale file (lock/shape.py): rewritten, said once.
@@ -660,6 +725,11 @@ def memo_files(engine: Engine, run: RecipeRun) -> list[str] | None:
         for dirpath, dirnames, filenames in os.walk(version_dir):
             files.append(dirpath)
             files.extend(os.path.join(dirpath, n) for n in filenames)
+    url = getattr(run.recipe, "publish_to", None)
+    if url is not None:  # the note that the destination holds this model: absent, nothing is remembered
+        from tpubuild.publish import record_path
+
+        files.append(str(record_path(engine.ws.state_dir, url, run.name)))
     return files
 
 
@@ -677,15 +747,18 @@ def build(
     keep_going: bool = False,
     relock: bool = False,
     planned: Callable[[list[RecipeRun]], None] | None = None,
+    notes: Callable[[str], None] | None = None,
 ) -> tuple[list[RecipeRun], Engine]:
     """Build `recipes` under the workspace lock. With a NoopMemo, every recipe the full
     check finds up to date is remembered (if its files are older than `since_ns`). With
     `remote` (url, push), stages missing locally are looked up in that remote cache and
     stages built here are uploaded to it; a build with nothing to do never contacts it.
-    `planned` is told the runs (each with its plan) before any stage is looked at."""
+    `planned` is told the runs (each with its plan) before any stage is looked at. Each
+    recipe with a `publish_to:` destination is then published there (`notes` is told
+    what was), a no-op build's too unless the workspace noted the destination holds it."""
     from tpubuild.fs import WorkspaceLock
 
-    engine = Engine(ws, jobs, printer, errors, started)
+    engine = Engine(ws, jobs, printer, errors, started, notes)
     engine.keep_going = keep_going
     engine.relock = relock
     runs = new_runs(recipes)
@@ -739,6 +812,7 @@ def build(
                     engine.write_lock(run)
             if engine.pool is not None:
                 _settle_logs(engine, todo)
+        engine.publish_destinations(runs)
         # What each recipe's build used, measured keys included, for gc: a no-op build
         # opens the store's index only when that differs from what it registered last,
         # and one that cannot write it (a read-only shared cache) still succeeds.

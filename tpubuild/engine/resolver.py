@@ -86,6 +86,10 @@ class RecipeRun:
     updated_in_place: bool = False
     # With `build --keep-going`: target -> why its chain failed; the rest still publishes.
     failed_targets: dict[str, str] = field(default_factory=dict)
+    # Its publish destination (`publish_to:`): the version there that holds the model
+    # (publish/destination.py Outcome), or why it could not be published there.
+    destination: Any = None
+    destination_error: str | None = None
 
     @property
     def name(self) -> str:

@@ -1,7 +1,10 @@
 """Published versions, `<output_dir>/<recipe>/<N>/` in TF Serving's layout: numbers reserved
 durably, versions written and checked in a temp directory and renamed into place, pruning,
-repair, clean (`versions`); the target versions beside them (`targets`); and the newest
-version updated in place when a build re-measured the same model (`refresh`).
+repair, clean (`versions`); the target versions beside them (`targets`); the newest
+version updated in place when a build re-measured the same model (`refresh`); the same
+versions published to object storage or a shared mount for servers, numbered by the
+destination (`destination`, `to_destination`); and TF Serving's model config of them
+(`serving_config`).
 """
 
 from __future__ import annotations
@@ -10,18 +13,26 @@ from tpubuild.face import lazy
 
 # Name -> the module of this package that defines it, loaded on first use (tpubuild/face.py).
 _FACE = {
+    "Destination": "destination",
+    "DestinationError": "destination",
     "Holding": "versions",
     "MANIFEST": "targets",
     "OWN_FILES": "versions",
     "check_manifest": "versions",
+    "download_version": "to_destination",
     "foreign_in_newest": "versions",
+    "model_server_config": "serving_config",
     "newest_holding": "versions",
     "newest_matching": "versions",
     "newest_same_model": "versions",
     "prune": "versions",
     "publish": "versions",
+    "publish_version": "to_destination",
     "published_versions": "versions",
     "read_manifest": "versions",
+    "record_path": "to_destination",
+    "recorded": "to_destination",
+    "remember": "to_destination",
     "remove_published": "versions",
     "repair_newest": "versions",
     "repair_version": "versions",

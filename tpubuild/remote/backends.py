@@ -1,9 +1,13 @@
-"""Where the remote cache's bytes live (remote/cache.py): an object store through fsspec
-(s3://, gs://) or a shared directory (file://). Paths are relative to `<url>/v1/`.
+"""Where the remote cache's bytes live (remote/cache.py), and the versions `publish_to:`
+publishes (publish/destination.py): an object store through fsspec (s3://, gs://) or a
+shared directory (file://). Paths are relative to `<url>/v1/` for the cache, to `<url>/`
+for a publish destination.
 
-Both give the two writes the cache needs: an upload that is atomic under its final
-name (whole or absent, never a part), and a create-only write that fails, without
-changing anything, when the name exists.
+Both give the writes the two need: an upload that is atomic under its final name (whole
+or absent, never a part), a create-only write that fails, without changing anything,
+when the name exists, and a copy within the store (server-side on S3 and GCS). A
+directory also renames a whole tree at once (`rename_tree`), which an object store
+cannot: there a tree appears object by object, in the order its writer chose.
 """
 
 from __future__ import annotations
@@ -59,13 +63,17 @@ class RemoteSetupError(TpubuildError):
 
 
 class Backend:
-    """Paths are relative to `<url>/v1/`. `read`, `download` and `size` raise
-    FileNotFoundError for an absent name, and `read` and `download` ObjectTooLarge for
-    one of more than `limit` bytes, having read none of them; `download` returns the
-    bytes it wrote; `upload` replaces a name atomically; `create`
-    writes a new name and returns False, changing nothing, when it exists; `list` gives
-    (relative path, size, modification time) of the files below a prefix (within
-    `deadline` seconds when given, else the total timeout)."""
+    """Paths are relative to the backend's root (`<url>/v1/` for the remote cache).
+    `read`, `download` and `size` raise FileNotFoundError for an absent name, and `read`
+    and `download` ObjectTooLarge for one of more than `limit` bytes, having read none of
+    them; `download` returns the bytes it wrote; `upload` replaces a name atomically;
+    `create` writes a new name and returns False, changing nothing, when it exists;
+    `list` gives (relative path, size, modification time) of the files below a prefix
+    (within `deadline` seconds when given, else the total timeout); `copy` makes `dst`
+    a whole copy of `src` (FileNotFoundError when `src` is absent); `rename_tree` moves
+    the tree below one prefix to another at once and says True, or says False, doing
+    nothing, where the store cannot (an object store); `remove_tree` deletes every file
+    below a prefix, the names in `first` before the others."""
 
     def read(self, rel: str, limit: int = RECORD_LIMIT) -> bytes: ...
     def download(self, rel: str, local: str, limit: int) -> int: ...
@@ -74,27 +82,42 @@ class Backend:
     def create(self, rel: str, data: bytes) -> bool: ...
     def list(self, rel_prefix: str, deadline: float | None = None) -> list[tuple[str, int, float]]: ...
     def delete(self, rels: list[str]) -> None: ...
+    def copy(self, src: str, dst: str) -> None: ...
+
+    def rename_tree(self, src: str, dst: str) -> bool:
+        return False
+
+    def remove_tree(self, prefix: str, first: tuple[str, ...] = ()) -> None:
+        below = prefix.rstrip("/") + "/"
+        names = [rel for rel, _size, _mtime in self.list(below) if rel.startswith(below)]
+        early = [rel for rel in names if rel in first]
+        self.delete(early)
+        self.delete([rel for rel in names if rel not in first])
 
 
-def open_backend(url: str, timeouts: Timeouts | None = None) -> Backend:
+def open_backend(url: str, timeouts: Timeouts | None = None, layout: str = LAYOUT,
+                 what: str = "remote cache") -> Backend:
+    """The backend of `url`, rooted at `<url>/<layout>/` (the remote cache's `v1`; a
+    publish destination's root is the URL itself: layout ""). `what` names the setting in
+    messages."""
     problem = url_problem(url)
     if problem:
-        raise TpubuildError(f"remote cache: {problem}")
+        raise TpubuildError(f"{what}: {problem}")
     scheme = urlsplit(url).scheme
     try:
         import fsspec
     except ImportError:
-        raise RemoteSetupError(f"remote cache {url}: fsspec is not installed (pip install '{EXTRA}')") from None
+        raise RemoteSetupError(f"{what} {url}: fsspec is not installed (pip install '{EXTRA}')") from None
     package = BACKENDS[scheme]
     if package is not None:
         try:
             __import__(package)
         except ImportError:
             raise RemoteSetupError(
-                f"remote cache {url}: the {scheme}:// backend needs {package} (pip install '{EXTRA}')") from None
+                f"{what} {url}: the {scheme}:// backend needs {package} (pip install '{EXTRA}')") from None
     if scheme == "file":
         fs, root = fsspec.core.url_to_fs(url)
-        return _LocalBackend(Path(root) / LAYOUT)
+        return _LocalBackend(Path(root) / layout if layout else Path(root))
     timeouts = timeouts or Timeouts()
     options: dict[str, Any] = {"skip_instance_cache": True, "use_listings_cache": False}
     if package == "s3fs":
@@ -109,7 +132,8 @@ def open_backend(url: str, timeouts: Timeouts | None = None) -> Backend:
     fs, root = fsspec.core.url_to_fs(url, **options)
     if package == "s3fs":
         fs.retries = 2  # a class attribute of S3FileSystem (5), not a constructor argument
-    return _FsspecBackend(fs, f"{root.rstrip('/')}/{LAYOUT}", timeouts)
+    root = root.rstrip("/")
+    return _FsspecBackend(fs, f"{root}/{layout}" if layout else root, timeouts)
 
 
 class _DaemonThreads(ThreadPoolExecutor):
@@ -243,6 +267,13 @@ class _FsspecBackend(Backend):
         for start in range(0, len(rels), 500):
             self._call("rm", [self._path(r) for r in rels[start:start + 500]])
 
+    def copy(self, src: str, dst: str) -> None:
+        # The store copies (S3 CopyObject, a multipart copy past 5 GiB: s3fs/core.py
+        # `_cp_file`; GCS's rewrite: gcsfs/core.py `_cp_file`): no byte passes through here,
+        # and the copy appears whole under `dst`, like a PUT.
+        size = self.size(src)
+        self._call("cp_file", self._path(src), self._path(dst), deadline=self.timeouts.upload_deadline(size))
+
 
 def _mtime(info: dict[str, Any]) -> float:
     for name in ("LastModified", "mtime", "updated", "created"):
@@ -366,6 +397,47 @@ class _LocalBackend(Backend):
     def delete(self, rels: list[str]) -> None:
         for rel in rels:
             _unlink(self.root / rel)
+
+    def copy(self, src: str, dst: str) -> None:
+        from tpubuild.atomic import fsync_path
+
+        target = self.root / dst
+        with self._open(src) as source:
+            tmp = self._temp_copy(target, lambda out: shutil.copyfileobj(source, out, 1 << 20))
+        try:
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, target)
+        finally:
+            _unlink(tmp)
+        fsync_path(target.parent)
+
+    def rename_tree(self, src: str, dst: str) -> bool:
+        """The directory `src` renamed to `dst` (which must not exist): every file of it
+        appears under `dst` at one instant. FileNotFoundError when `src` is gone (another
+        writer renamed it), FileExistsError when `dst` exists."""
+        from tpubuild.atomic import fsync_path
+
+        source, target = self.root / src, self.root / dst
+        if os.path.lexists(target):
+            raise FileExistsError(errno.EEXIST, "exists", os.fspath(target))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(source, target)  # an empty directory created at `target` meanwhile is replaced, as rename(2) does
+        fsync_path(target.parent)
+        fsync_path(source.parent)
+        return True
+
+    def remove_tree(self, prefix: str, first: tuple[str, ...] = ()) -> None:
+        """Renamed aside (a dot name beside it) first, then deleted: the tree leaves its
+        name at one instant, as `rename_tree` gave it."""
+        path = self.root / prefix
+        if not os.path.lexists(path):
+            return
+        if os.path.islink(path) or not path.is_dir():
+            _unlink(path)
+            return
+        trash = path.parent / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.trash"
+        os.rename(path, trash)
+        shutil.rmtree(trash, ignore_errors=True)
 
     def stale_temps(self, older_than: float) -> list[str]:
         """Temp files of killed writers (dot-named, older than `older_than`, a timestamp)."""

@@ -1,0 +1,493 @@
+"""Versions published where servers read them (`publish_to:` in tpubuild.yaml, or a
+recipe's own): any fsspec URL the remote extra's backends open (s3://, gs://, file://
+for a shared mount), beside the local `out/`. docs/publish-to-object-storage.md says
+what a server polling the destination can observe and when.
+
+Layout under `<url>/<recipe>/`, TF Serving's base path of the recipe:
+- `<N>/`, `<target>/<N>/`: the versions, as in the local `out/<recipe>/`.
+- `.tpubuild/claims/<N>`: one object per number ever taken, written create-only (S3
+  `If-None-Match: *`, GCS `ifGenerationMatch=0`, O_EXCL on a mount: remote/backends.py
+  `create`): the store, not a machine, hands out numbers, and a number claimed by a job
+  that was then killed is never taken again (claims are never deleted, not by pruning nor
+  by `clean`).
+- `.tpubuild/staging/<N>/version/`, `.tpubuild/staging/<N>/targets/<target>/`: the
+  version being uploaded, then checked object by object (size, then BLAKE3 against the
+  manifest) before anything of it appears under `<N>/`.
+- `.tpubuild/sealed/<N>`: written create-only once every staged object checked; it lists
+  what to copy where. From then on anyone may finish the version (copies of checked
+  bytes, the same whoever makes them): the next publish completes a sealed version a
+  killed job left, and removes an unsealed staging whose job is gone.
+
+TF Serving sees none of `.tpubuild/`: its FileSystemStoragePathSource aspires only the
+children of the base path whose name parses as an int64
+(tensorflow_serving/sources/storage_path/file_system_storage_path_source.cc,
+ParseVersionNumber/IndexChildrenByVersion; on GCS and S3 it takes each listed name's first
+path component). On an object store a version appears object by object (there is no
+rename): `saved_model.pb` last, each other object checked present and whole before it,
+because the SavedModel loader treats a directory without `saved_model.pb` as no model
+(tensorflow/cc/saved_model/loader.cc MaybeSavedModelDirectory, a NOT_FOUND TF Serving
+retries: loader_harness.cc, `max_num_load_retries`) but one without
+`variables/variables.index` as a model without variables ("no checkpoints were
+restored": served with uninitialized variables). On a mount the staged directory is
+renamed into place: every file appears at one instant.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tpubuild.errors import TpubuildError
+from tpubuild.provenance.statement import PROVENANCE, SIGNATURE
+from tpubuild.publish.targets import MANIFEST
+
+STATE = ".tpubuild"
+CLAIMS = f"{STATE}/claims"
+STAGING = f"{STATE}/staging"
+SEALED = f"{STATE}/sealed"
+# What the SavedModel loader looks for first (tensorflow/cc/saved_model/loader.cc
+# MaybeSavedModelDirectory: saved_model.pb or saved_model.pbtxt): written last, deleted first.
+COMMIT_FILES = ("saved_model.pb", "saved_model.pbtxt")
+OWN = (MANIFEST, PROVENANCE, SIGNATURE)  # files that describe a version (versions.OWN_FILES)
+MAX_CLAIM_TRIES = 1000
+# A claim's job is taken for gone this long after its own deadline passed (clocks of two
+# machines differ; a job past its deadline stops before it seals).
+CLOCK_MARGIN = 600.0
+# What `remove` of an unsealed staging without any claim waits for (a claim removed by hand).
+UNCLAIMED_AGE = 86400.0
+# TF Serving's own reading of a version number: safe_strto64 (sign and digits).
+TF_SERVING_NUMBER = re.compile(r"[+-]?[0-9]+")
+# A tree a file:// destination renamed aside to delete it (remote/backends.py remove_tree).
+TRASH = re.compile(r"\..+\.trash")
+
+
+class DestinationError(TpubuildError):
+    """The destination cannot be used (unreachable, refused, a version that does not
+    check): one line; nothing visible was left half-written. `unreachable`: the store
+    itself failed (a build then stops asking it)."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, unreachable: bool = False):
+        super().__init__(message)
+        self.unreachable = unreachable
+
+
+@dataclass
+class Tree:
+    """One version directory to publish: `<recipe>/<N>` or `<recipe>/<target>/<N>`,
+    staged at `staged`; `files`: path in the directory -> (size, BLAKE3)."""
+
+    final: str
+    staged: str
+    files: dict[str, tuple[int, str]]
+
+    @property
+    def commit(self) -> list[str]:
+        """What arrives last: saved_model.pb where there is one, else the manifest."""
+        found = [name for name in COMMIT_FILES if name in self.files]
+        return found or [MANIFEST]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"final": self.final, "staged": self.staged, "files": {k: list(v) for k, v in sorted(self.files.items())}}
+
+    @classmethod
+    def of(cls, data: dict[str, Any]) -> Tree:
+        return cls(str(data["final"]), str(data["staged"]),
+                   {str(k): (int(v[0]), str(v[1])) for k, v in data["files"].items()})
+
+
+@dataclass
+class Survey:
+    """What one listing of `<url>/<recipe>/` shows."""
+
+    recipe: str
+    versions: dict[int, dict[str, int]] = field(default_factory=dict)  # N -> {path in <N>/: size}
+    targets: dict[str, dict[int, dict[str, int]]] = field(default_factory=dict)
+    claims: dict[int, float] = field(default_factory=dict)  # N -> the claim's modification time
+    sealed: set[int] = field(default_factory=set)
+    staged: dict[int, float] = field(default_factory=dict)  # N -> newest staged object's time
+    numbered: set[int] = field(default_factory=set)  # every name TF Serving reads as a number
+    trash: set[str] = field(default_factory=set)  # on a mount: trees a killed removal renamed aside
+
+    def complete(self, number: int) -> bool:
+        """Whether `<N>/` holds its commit file (what makes it loadable)."""
+        return any(name in self.versions.get(number, {}) for name in COMMIT_FILES)
+
+    def complete_numbers(self) -> list[int]:
+        return sorted(n for n in self.versions if self.complete(n))
+
+    def used(self) -> set[int]:
+        return set(self.claims) | self.numbered | set(self.sealed) | set(self.staged)
+
+
+@dataclass
+class Outcome:
+    """A recipe's publish to its destination: the version that holds its model there, and
+    whether this publish made it (`new`); what it finished or removed of killed jobs."""
+
+    url: str
+    number: int
+    new: bool
+    mended: list[str] = field(default_factory=list)
+    pruned: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"url": self.url, "version": self.number, "new": self.new, "mended": self.mended,
+                "pruned": self.pruned}
+
+
+class Destination:
+    """One publish destination, `url` (its backend rooted at the URL itself). Every backend
+    error but "absent" and "exists" becomes a DestinationError naming the URL."""
+
+    def __init__(self, url: str, timeouts: Any = None, io: Any = None):
+        self.url = url.rstrip("/")
+        self.timeouts = timeouts
+        self._io = io
+
+    @property
+    def io(self) -> Any:
+        if self._io is None:
+            from urllib.parse import urlsplit
+
+            from tpubuild.remote import open_backend
+
+            parts = urlsplit(self.url)
+            if parts.scheme == "file" and not os.path.isdir(parts.path):
+                # A mount that is not there: writing would fill the local disk below its mount point.
+                raise DestinationError(f"publish_to {self.url}: no such directory (is the share mounted?)",
+                                       unreachable=True)
+            self._io = open_backend(self.url, self.timeouts, layout="", what="publish_to")
+        return self._io
+
+    def base_path(self, recipe: str) -> str:
+        """TF Serving's `--model_base_path` of the recipe."""
+        return f"{self.url}/{recipe}"
+
+    def call(self, what: str, fn: Callable[[], Any]) -> Any:
+        """`fn()` with the backend's own errors said as one line (FileNotFoundError and
+        FileExistsError are answers, raised as they are)."""
+        try:
+            return fn()
+        except (FileNotFoundError, FileExistsError, DestinationError):
+            raise
+        except TpubuildError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the SDKs raise their own types (botocore, aiohttp, google.auth)
+            reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+            raise DestinationError(f"publish_to {self.url}: {what}: {reason}", unreachable=True) from exc
+
+    # --- reading --------------------------------------------------------------------
+    def survey(self, recipe: str) -> Survey:
+        found = Survey(recipe)
+        listed = self.call(f"cannot list {recipe}/", lambda: self.io.list(f"{recipe}/"))
+        for rel, size, mtime in listed:
+            if not rel.startswith(f"{recipe}/"):
+                continue
+            parts = rel[len(recipe) + 1:].split("/")
+            aside = next((i for i, part in enumerate(parts[:-1]) if TRASH.fullmatch(part)), None)
+            if aside is not None:
+                found.trash.add("/".join([recipe, *parts[:aside + 1]]))
+                continue
+            if len(parts) < 2:
+                continue
+            head = parts[0]
+            if TF_SERVING_NUMBER.fullmatch(head):
+                found.numbered.add(int(head))
+                if str(int(head)) == head:
+                    found.versions.setdefault(int(head), {})["/".join(parts[1:])] = size
+            elif head == STATE and len(parts) >= 3 and parts[2].isdigit():
+                number = int(parts[2])
+                if parts[1] == "claims":
+                    found.claims[number] = mtime
+                elif parts[1] == "sealed":
+                    found.sealed.add(number)
+                elif parts[1] == "staging":
+                    found.staged[number] = max(mtime, found.staged.get(number, 0.0))
+            elif len(parts) >= 3 and TF_SERVING_NUMBER.fullmatch(parts[1]):
+                found.numbered.add(int(parts[1]))
+                if str(int(parts[1])) == parts[1]:
+                    found.targets.setdefault(head, {}).setdefault(int(parts[1]), {})["/".join(parts[2:])] = size
+        return found
+
+    def read_json(self, rel: str) -> dict[str, Any] | None:
+        """A small JSON document of the destination; None when absent or not JSON."""
+        try:
+            data = json.loads(self.call(f"cannot read {rel}", lambda: self.io.read(rel)))
+        except (FileNotFoundError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def manifest(self, recipe: str, number: int) -> dict[str, Any] | None:
+        return self.read_json(f"{recipe}/{number}/{MANIFEST}")
+
+    def newest_same_model(self, survey: Survey, model: str) -> int | None:
+        """The newest complete version's number when its manifest holds the model `model`
+        (publish/versions.py newest_same_model's rule, on the destination)."""
+        numbers = survey.complete_numbers()
+        if not numbers:
+            return None
+        manifest = self.manifest(survey.recipe, numbers[-1])
+        if manifest and manifest.get("model") == model and manifest.get("recipe") == survey.recipe:
+            return numbers[-1]
+        return None
+
+    # --- numbers --------------------------------------------------------------------
+    def claim(self, survey: Survey, budget: float) -> int:
+        """A number no one else has or will have: one more than every number the listing
+        shows (claims, versions, stagings), taken by a create-only claim object; when
+        another job took it first, the next one. `budget`: the seconds this job gives
+        itself to seal its staging (a cleaner waits that long, and CLOCK_MARGIN, before
+        taking the job for gone)."""
+        number = max(survey.used(), default=0) + 1
+        document = json.dumps({**_whoami(), "budget": round(budget, 1), "claimed": time.time()},
+                              sort_keys=True).encode()
+        for _ in range(MAX_CLAIM_TRIES):
+            rel = f"{survey.recipe}/{CLAIMS}/{number}"
+            if self.call(f"cannot claim version {number}", lambda r=rel: self.io.create(r, document)):
+                survey.claims[number] = time.time()
+                return number
+            number += 1
+        raise DestinationError(f"publish_to {self.url}: {survey.recipe}: no version number free after "
+                               f"{MAX_CLAIM_TRIES} tries (other jobs claimed them first)")
+
+    # --- staging, sealing, promoting ------------------------------------------------
+    def stage(self, trees: list[tuple[Tree, Path]], scratch: Path, deadline: float) -> None:
+        """Upload each tree's files from its local directory to its staging name, then read
+        every object back and check its size and BLAKE3. `deadline` (time.monotonic()): past
+        it nothing more is written (a cleaner may take the claim for gone)."""
+        for tree, local in trees:
+            for rel in sorted(tree.files):
+                _before(deadline, self.url)
+                source, staged = os.fspath(local / rel), f"{tree.staged}/{rel}"
+                self.call(f"cannot upload {staged}", lambda s=source, d=staged: self.io.upload(s, d))
+        from tpubuild.digests import hash_file
+
+        for tree, _local in trees:
+            for rel, (size, digest) in sorted(tree.files.items()):
+                _before(deadline, self.url)
+                probe, staged = os.fspath(scratch / "read-back"), f"{tree.staged}/{rel}"
+                try:
+                    # More bytes than were sent: ObjectTooLarge, said by `call` as one line.
+                    got = self.call(f"cannot read back {staged}",
+                                    lambda s=staged, p=probe, n=size: self.io.download(s, p, n))
+                except FileNotFoundError:
+                    raise DestinationError(f"publish_to {self.url}: {tree.staged}/{rel} vanished after its upload "
+                                           "(removed by another job that took this one for gone?)") from None
+                if got != size or hash_file(probe) != digest:
+                    raise DestinationError(f"publish_to {self.url}: {tree.staged}/{rel} does not read back as "
+                                           f"uploaded ({got} bytes of {size}, or other bytes); nothing published")
+                os.unlink(probe)
+
+    def seal(self, recipe: str, number: int, trees: list[Tree], deadline: float) -> None:
+        _before(deadline, self.url)
+        document = json.dumps({"recipe": recipe, "number": number, "trees": [t.to_json() for t in trees]},
+                              sort_keys=True).encode()
+        rel = f"{recipe}/{SEALED}/{number}"
+        if not self.call(f"cannot seal version {number}", lambda: self.io.create(rel, document)):
+            raise DestinationError(f"publish_to {self.url}: {rel} exists: version {number} is another job's")
+
+    def promote(self, trees: list[Tree]) -> None:
+        """Make each staged tree visible under its final name, in order (the main version,
+        then each target version). A directory is renamed whole. On an object store each
+        object is copied, every one but the commit file first; they are checked present
+        and whole in a listing; then the commit file is copied and checked. A staged
+        object gone meanwhile means another job finished the version (mend): the tree
+        must then be whole under its final name."""
+        for tree in trees:
+            try:
+                self._promote_tree(tree)
+            except (FileExistsError, FileNotFoundError):
+                self.check_tree(tree, with_commit=True)
+
+    def _promote_tree(self, tree: Tree) -> None:
+        if self.call(f"cannot rename {tree.staged}", lambda: self.io.rename_tree(tree.staged, tree.final)):
+            return
+        early = [rel for rel in sorted(tree.files) if rel not in tree.commit]
+        for rel in early:
+            self.call(f"cannot copy {tree.staged}/{rel}", lambda r=rel: self.io.copy(f"{tree.staged}/{r}",
+                                                                                      f"{tree.final}/{r}"))
+        self.check_tree(tree, with_commit=False)
+        for rel in tree.commit:
+            self.call(f"cannot copy {tree.staged}/{rel}", lambda r=rel: self.io.copy(f"{tree.staged}/{r}",
+                                                                                      f"{tree.final}/{r}"))
+        self.check_tree(tree, with_commit=True)
+
+    def check_tree(self, tree: Tree, with_commit: bool) -> None:
+        """Every file of `tree` (its commit file too, when `with_commit`) listed under the
+        final name with the size staged: a DestinationError naming the first that is not."""
+        listed = {rel[len(tree.final) + 1:]: size for rel, size, _ in
+                  self.call(f"cannot list {tree.final}/", lambda: self.io.list(f"{tree.final}/"))
+                  if rel.startswith(f"{tree.final}/")}
+        for rel, (size, _digest) in sorted(tree.files.items()):
+            if rel in tree.commit and not with_commit:
+                continue
+            if listed.get(rel) != size:
+                seen = "missing" if rel not in listed else f"{listed[rel]} bytes, not {size}"
+                raise DestinationError(f"publish_to {self.url}: {tree.final}/{rel} is {seen} after its copy; "
+                                       f"{'its' if with_commit else 'no'} {tree.commit[0]} written")
+
+    def unstage(self, recipe: str, number: int) -> None:
+        """Remove a published version's staging, then its seal (either may be gone: the
+        job that published it and one that finished it both remove them)."""
+        for what, remove in ((f"{recipe}/{STAGING}/{number}", self.io.remove_tree),
+                             (f"{recipe}/{SEALED}/{number}", lambda rel: self.io.delete([rel]))):
+            try:
+                self.call(f"cannot remove {what}", lambda w=what, r=remove: r(w))
+            except FileNotFoundError:
+                pass
+
+    # --- what killed jobs left ------------------------------------------------------
+    def mend(self, survey: Survey, say: Callable[[str], None]) -> list[str]:
+        """Finish every sealed version (its bytes were checked; copying them again is
+        harmless), and remove each unsealed staging whose job is gone: a job on this
+        machine whose process ended, or one past its claim's budget (CLOCK_MARGIN after).
+        Returns what was done, a line each."""
+        done = []
+        recipe = survey.recipe
+        for number in sorted(survey.sealed):
+            seal = self.read_json(f"{recipe}/{SEALED}/{number}")
+            if seal is None:
+                continue  # finished and removed meanwhile
+            try:
+                trees = [Tree.of(t) for t in seal["trees"]]
+            except (KeyError, TypeError, ValueError, IndexError):
+                say(f"publish_to {self.url}: {recipe}/{SEALED}/{number} is malformed; left in place")
+                continue
+            whole = all(self._tree_whole(survey, t) for t in trees)
+            if not whole:
+                try:
+                    self.promote(trees)
+                except FileNotFoundError:
+                    continue  # its job finished and removed the staging meanwhile
+                done.append(f"completed {self.base_path(recipe)}/{number} (a publish that stopped before it was)")
+            self.unstage(recipe, number)
+        now = time.time()
+        for number, newest in sorted(survey.staged.items()):
+            if number in survey.sealed:
+                continue
+            claim = self.read_json(f"{recipe}/{CLAIMS}/{number}") if number in survey.claims else None
+            if _gone(claim, survey.claims.get(number), newest, now):
+                self.call(f"cannot remove {recipe}/{STAGING}/{number}",
+                          lambda n=number: self.io.remove_tree(f"{recipe}/{STAGING}/{n}"))
+                done.append(f"removed {self.base_path(recipe)}/{STAGING}/{number} (a publish that stopped before it "
+                            f"was sealed; number {number} stays unused)")
+        for aside in sorted(survey.trash):  # a removal killed after its rename: nothing there is visible
+            self.call(f"cannot remove {aside}", lambda a=aside: self.io.remove_tree(a))
+        return done
+
+    def _tree_whole(self, survey: Survey, tree: Tree) -> bool:
+        recipe = survey.recipe
+        rel = tree.final[len(recipe) + 1:]
+        parts = rel.split("/")
+        listed = survey.versions.get(int(parts[0]), {}) if len(parts) == 1 else \
+            survey.targets.get(parts[0], {}).get(int(parts[1]), {})
+        return all(listed.get(name) == size for name, (size, _) in tree.files.items())
+
+    # --- pruning and cleaning -------------------------------------------------------
+    def published_reason(self, survey: Survey, number: int) -> str | None:
+        """None when `<recipe>/<N>/` (and each target version of N) is a version tpubuild
+        published: its manifest names the recipe and lists exactly the files there."""
+        manifest = self.manifest(survey.recipe, number)
+        if manifest is None:
+            return f"no readable {MANIFEST}"
+        if manifest.get("recipe") != survey.recipe:
+            return f"its {MANIFEST} is for recipe {manifest.get('recipe')!r}"
+        if set(survey.versions.get(number, {})) - set(OWN) != set(manifest.get("files", {})):
+            return f"it holds other files than its {MANIFEST} lists"
+        for target, entry in (manifest.get("targets") or {}).items():
+            present = survey.targets.get(target, {}).get(number)
+            if present is not None and set(present) - set(OWN) != set(entry.get("files", {})):
+                return f"{target}/{number}/ holds other files than its {MANIFEST} lists"
+        return None
+
+    def remove_version(self, survey: Survey, number: int) -> None:
+        """Target versions first, then the main one (publish's order reversed); in each, the
+        commit file before the rest."""
+        recipe = survey.recipe
+        for target in sorted(survey.targets):
+            if number in survey.targets[target]:
+                self.call(f"cannot remove {recipe}/{target}/{number}",
+                          lambda t=target: self.io.remove_tree(f"{recipe}/{t}/{number}/", first=_commit_rels(
+                              f"{recipe}/{t}/{number}")))
+        self.call(f"cannot remove {recipe}/{number}",
+                  lambda: self.io.remove_tree(f"{recipe}/{number}/", first=_commit_rels(f"{recipe}/{number}")))
+
+    def prune(self, survey: Survey, keep: int | None, pinned: set[int], say: Callable[[str], None],
+              everything: bool = False) -> list[int]:
+        """Remove the complete versions tpubuild published but the newest `keep` (all but
+        the newest with `everything`: `clean`), never the newest nor a pinned one; a
+        version that is not tpubuild's is left and said."""
+        numbers = survey.complete_numbers()
+        if not numbers or (keep is None and not everything):
+            return []
+        kept = set(numbers[-1:] if everything else numbers[-keep:]) | set(pinned)
+        removed = []
+        for number in numbers:
+            if number in kept:
+                continue
+            why = self.published_reason(survey, number)
+            if why is not None:
+                say(f"warning: {self.base_path(survey.recipe)}/{number}: {why}; left in place")
+                continue
+            self.remove_version(survey, number)
+            removed.append(number)
+        return removed
+
+
+def _commit_rels(prefix: str) -> tuple[str, ...]:
+    return tuple(f"{prefix}/{name}" for name in COMMIT_FILES)
+
+
+def _before(deadline: float, url: str) -> None:
+    if time.monotonic() > deadline:
+        raise DestinationError(f"publish_to {url}: the upload took longer than its claim's budget; stopped before "
+                               "sealing (the next publish removes the staging; the number stays unused)")
+
+
+# --- whose claim -----------------------------------------------------------------------
+def _machine() -> str:
+    """This machine's boot and PID namespace: two processes with one value see each other's
+    PIDs (two containers on one host share the boot id, not the namespace)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return ""
+    return f"{boot}:{namespace}"
+
+
+def _started(pid: int) -> str | None:
+    """A process's start time in clock ticks since boot (/proc/PID/stat field 22): with
+    the PID, names one process even after its PID is reused."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[1].split()[19]
+
+
+def _whoami() -> dict[str, Any]:
+    return {"host": socket.gethostname(), "machine": _machine(), "pid": os.getpid(), "started": _started(os.getpid())}
+
+
+def _gone(claim: dict[str, Any] | None, claimed: float | None, staged: float, now: float) -> bool:
+    """Whether the job that staged a number has stopped for good: on this machine, its
+    process ended; anywhere, its budget and CLOCK_MARGIN have passed since its claim."""
+    if claim is None:
+        return now - max(staged, claimed or 0.0) > UNCLAIMED_AGE
+    machine = _machine()
+    if machine and claim.get("machine") == machine and isinstance(claim.get("pid"), int) \
+            and _started(claim["pid"]) != claim.get("started"):
+        return True
+    budget = claim.get("budget")
+    start = claimed if claimed else staged
+    return isinstance(budget, (int, float)) and now - start > budget + CLOCK_MARGIN
