@@ -129,6 +129,28 @@ def place(request, s3, tmp_path) -> Place:
     return file_place(tmp_path / "mount")
 
 
+# The CLI in a process that says, last, its exit code and whether TensorFlow was imported.
+PROBE = textwrap.dedent(
+    """\
+    import sys
+    from tpubuild.cli import main
+    try:
+        main(sys.argv[1:])
+    except SystemExit as exc:
+        code = exc.code
+    print("EXIT", code, "tensorflow" in sys.modules)
+    """
+)
+
+
+def probe(ws: Path, *args: str, env: dict | None = None) -> tuple[str, list[str], str]:
+    """`tpubuild ARGS` in PROBE: ("EXIT <code> <TensorFlow imported>", the lines before, stderr)."""
+    done = subprocess.run([sys.executable, "-c", PROBE, *args], cwd=ws, capture_output=True, text=True, check=False,
+                          env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})}, timeout=300)
+    lines = done.stdout.splitlines()
+    return (lines[-1] if lines else ""), lines[:-1], done.stderr
+
+
 def closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -253,9 +275,13 @@ def test_a_fresh_clone_publishes_after_the_destinations_versions_signed_and_an_u
     done = tpubuild(ws, "verify", f"{place.url}/toy/3", "--key", str(public), env=place.env)
     assert done.returncode == 0, done.stderr
     assert "every file matches its manifest and its signature" in done.stdout
-    _, other = key_pair(tmp_path, "other")
-    done = tpubuild(ws, "verify", f"{place.url}/toy/3", "--key", str(other), env=place.env)
-    assert done.returncode == 1 and "Traceback" not in done.stderr  # the check can fail
+    done = tpubuild(ws, "verify", f"{place.url}/toy/9", env=place.env)  # no such version: said so
+    assert done.returncode == 1 and done.stderr == f"error: {place.url}/toy/9: nothing there (give a version: " \
+        "<publish_to>/<recipe>/<N>)\n", done.stderr
+    if place.url.startswith("file://"):  # the check can fail (a bucket's bytes are checked the same way)
+        _, other = key_pair(tmp_path, "other")
+        done = tpubuild(ws, "verify", f"{place.url}/toy/3", "--key", str(other))
+        assert done.returncode == 1 and "Traceback" not in done.stderr
 
     # The same clone again: a no-op build, nothing published, no new claim.
     doc, _ = build(ws, place)
@@ -267,10 +293,11 @@ def test_a_fresh_clone_publishes_after_the_destinations_versions_signed_and_an_u
     assert not [line for line in out if line.startswith("published: toy -> ") and "://" in line]
     assert {rel for rel in place.listing() if "/.tpubuild/claims/" in rel} == claims | {"toy/.tpubuild/claims/3"}
 
-    # A no-op build contacts no destination: it succeeds while the destination is unreachable.
+    # A no-op build contacts no destination (it succeeds while the destination is
+    # unreachable) and imports no TensorFlow.
     gone = unreachable(place, tmp_path)
-    doc, err = build(again, place, env=gone.env)
-    assert built(doc) == [] and "not published" not in err
+    last, _, err = probe(again, "build", env=gone.env)
+    assert last == "EXIT 0 False" and "not published" not in err, (last, err)
 
 
 def unreachable(place: Place, tmp_path: Path) -> Place:
@@ -300,6 +327,20 @@ def test_an_unreachable_destination_is_one_line_and_exit_1_and_the_local_version
     assert doc["versions"] == {"toy": 1}
     done = tpubuild(ws, "verify", "out/toy/1")
     assert done.returncode == 0, done.stderr
+    # (On S3 each command spends seconds in the SDK's retries: verify alone there.)
+    commands = [["verify", f"{place.url}/toy/1"]] + ([["clean", "--remote"]] if place.url.startswith("file") else [])
+    for command in commands:
+        done = tpubuild(ws, *command, env=gone.env)
+        said = [line for line in done.stderr.splitlines() if line.strip()]
+        assert done.returncode == 1 and len(said) == 1 and "Traceback" not in done.stderr, (command, done.stderr)
+        assert place.url in said[0], said
+
+    # Reachable again: the next build publishes what the failed one could not.
+    if place.url.startswith("file://"):
+        (tmp_path / "unmounted").rename(place.url[len("file://"):])
+    doc, _ = build(ws, place)
+    assert doc["destinations"]["toy"]["version"] == 1 and doc["destinations"]["toy"]["new"] is True
+    assert place.versions() == [1] and place.leftovers() == []
 
 
 KILLER = textwrap.dedent(
@@ -308,43 +349,52 @@ KILLER = textwrap.dedent(
     from tpubuild.cli import main
     from tpubuild.publish import destination
 
-    where = sys.argv[1]
-    original = getattr(destination.Destination, where)
+    method, when = sys.argv[1:]
+    original = getattr(destination.Destination, method)
 
     def killed(self, *args, **kwargs):
-        if where == "check_tree" and kwargs.get("with_commit", args[-1] if args else None):
-            return original(self, *args, **kwargs)
-        if where == "seal":
+        if method == "check_tree" and kwargs.get("with_commit", args[-1] if args else False):
+            return original(self, *args, **kwargs)  # the check after saved_model.pb: not reached
+        if when == "after":
             original(self, *args, **kwargs)
         os.kill(os.getpid(), signal.SIGKILL)
 
-    setattr(destination.Destination, where, killed)
+    setattr(destination.Destination, method, killed)
     main(["build"])
     """
 )
 
 
-@pytest.mark.parametrize("where", ["check_tree", "seal"])
+@pytest.mark.parametrize("kill", ["s3: before saved_model.pb", "file: sealed", "file: staged"])
 def test_a_build_killed_in_its_publish_leaves_no_partial_version_and_the_next_build_finishes_it(
-        warm, s3, tmp_path, where):
-    """SIGKILL on S3 after every file but saved_model.pb was copied to `<N>/`, or on a mount
-    once the version is sealed (before its rename): the next build completes the version."""
-    place = s3_place(s3, f"pub-killed-{where}-{os.getpid()}") if where == "check_tree" else \
-        file_place(tmp_path / "mount")
+        warm, s3, tmp_path, kill):
+    """SIGKILL in a build's publish (on S3 once every file but saved_model.pb was copied
+    to `<N>/`; on a mount once the version is sealed, or staged and not sealed): TF Serving
+    sees no version; the next build completes a sealed one, removes an unsealed staging."""
+    method, when = {"s3: before saved_model.pb": ("check_tree", "before"), "file: sealed": ("seal", "after"),
+                    "file: staged": ("seal", "before")}[kill]
+    place = s3_place(s3, f"pub-killed-{os.getpid()}") if kill.startswith("s3") else file_place(tmp_path / "mount")
     ws = clone(warm, tmp_path / "ws", f"publish_to: {place.url}\n")
-    done = subprocess.run([sys.executable, "-c", KILLER, where], cwd=ws, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(REPO), **place.env})
+    done = subprocess.run([sys.executable, "-c", KILLER, method, when], cwd=ws, capture_output=True, text=True,
+                          timeout=300, check=False, env={**os.environ, "PYTHONPATH": str(REPO), **place.env})
     assert done.returncode == -signal.SIGKILL, done.stderr
     assert place.leftovers() != []  # it was killed mid-publish
     assert place.versions() == []  # and TF Serving sees no version
-    if where == "check_tree":
-        assert place.partial() == ["toy/1"]  # every file but saved_model.pb: not a model to a loader
+    if method == "check_tree":
+        assert place.partial() == ["toy/1"]  # every file but saved_model.pb: no model to a loader
 
-    out, err = build_text(ws, place)
-    assert f"toy: completed {place.url}/toy/1 (a publish that stopped before it was)" in out, out
-    assert f"toy: {place.url}/toy/1 holds this model already (nothing published there)" in out, out
-    assert place.versions() == [1] and place.partial() == [] and place.leftovers() == []
-    done = tpubuild(ws, "verify", f"{place.url}/toy/1", env=place.env)
+    out, _ = build_text(ws, place)
+    if kill == "file: staged":
+        assert f"toy: removed {place.url}/toy/.tpubuild/staging/1 (a publish that stopped before it was sealed; " \
+               "number 1 stays unused)" in out, out
+        assert f"published: toy -> {place.url}/toy/2" in out, out
+        number = 2
+    else:
+        assert f"toy: completed {place.url}/toy/1 (a publish that stopped before it was)" in out, out
+        assert f"toy: {place.url}/toy/1 holds this model already (nothing published there)" in out, out
+        number = 1
+    assert place.versions() == [number] and place.partial() == [] and place.leftovers() == []
+    done = tpubuild(ws, "verify", f"{place.url}/toy/{number}", env=place.env)
     assert done.returncode == 0, done.stderr
 
 
@@ -399,19 +449,6 @@ def place_s3_put(place: Place, key: str, data: bytes) -> None:
 
 
 # --- 5. serving-config ------------------------------------------------------------------
-SERVING_PROBE = textwrap.dedent(
-    """\
-    import sys
-    from tpubuild.cli import main
-    try:
-        main(sys.argv[1:])
-    except SystemExit as exc:
-        code = exc.code
-    print("EXIT", code, "tensorflow" in sys.modules)
-    """
-)
-
-
 def test_serving_config_parses_with_tf_servings_protos_and_names_each_base_path(warm, tmp_path):
     from google.protobuf import text_format
     from tensorflow_serving.config import model_server_config_pb2
@@ -437,10 +474,8 @@ def test_serving_config_parses_with_tf_servings_protos_and_names_each_base_path(
 
     # -o FILE, one recipe; the command imports no TensorFlow.
     target = tmp_path / "models.config"
-    probe = subprocess.run([sys.executable, "-c", SERVING_PROBE, "serving-config", "toy", "-o", str(target)],
-                           cwd=ws, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert probe.stdout.splitlines()[-1] == "EXIT 0 False", probe.stdout + probe.stderr
-    assert probe.stdout.splitlines()[0] == f"wrote {target} (1 model)"
+    last, said, err = probe(ws, "serving-config", "toy", "-o", str(target))
+    assert last == "EXIT 0 False" and said == [f"wrote {target} (1 model)"], (last, said, err)
     written = text_format.Parse(target.read_text(), model_server_config_pb2.ModelServerConfig())
     assert [m.name for m in written.model_config_list.config] == ["toy"]
     assert written.model_config_list.config[0] == models["toy"]

@@ -184,6 +184,13 @@ def remember(state_dir: Path, url: str, recipe: str, model: str | None, number: 
 def download_version(url: str, into: Path, timeouts: Any = None) -> int:
     """Every object below `url` (a version: `<dest>/<recipe>/<N>`) into the directory
     `into`, each no larger than listed; returns how many. Nothing found: DestinationError."""
+    from urllib.parse import urlsplit
+
+    nothing = f"{url}: nothing there (give a version: <publish_to>/<recipe>/<N>)"
+    parts = urlsplit(url)
+    if parts.scheme == "file" and not os.path.isdir(parts.path):
+        # Not Destination's "is the share mounted?": the URL is a version, not the mount.
+        raise DestinationError(nothing)
     dest = Destination(url, timeouts)
     listed = dest.call("cannot list it", lambda: dest.io.list(""))
     count = 0
@@ -195,6 +202,6 @@ def download_version(url: str, into: Path, timeouts: Any = None) -> int:
         dest.call(f"cannot download {rel}", lambda r=rel, p=path, s=size: dest.io.download(r, os.fspath(p), s))
         count += 1
     if not count:
-        raise DestinationError(f"{url}: nothing there (give a version: <publish_to>/<recipe>/<N>)")
+        raise DestinationError(nothing)
     return count
 
