@@ -108,6 +108,9 @@ MUTATIONS = [
     # The recipe batches, so warmup runs by default: off removes the stage, max_records keys it.
     ("warmup.enabled", ("warmup", "enabled"), False),
     ("warmup.max_records", ("warmup", "max_records"), 10),
+    # Where versions are published and how TF Serving labels them: in no key, so never reported.
+    ("publish_to", ("publish_to",), "s3://bucket/models"),
+    ("serving.version_labels", ("serving", "version_labels"), {"stable": 3}),
 ]
 # `targets:`: each option of each target whose stages this tpubuild has.
 TARGET_MUTATIONS = [
