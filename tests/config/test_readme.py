@@ -1,4 +1,5 @@
-"""The README's quick start and recipe example, taken from the README itself."""
+"""The README's quick start and recipe examples, and the reference recipe of docs/recipes.md,
+taken from the pages themselves."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ import pytest
 from tpubuild.config.recipe import load_recipe_file
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+RECIPES = (Path(__file__).resolve().parents[2] / "docs" / "recipes.md").read_text()
 
 
-def _block(section: str, language: str) -> str:
-    """The first ```language block after the heading `section`."""
-    after = README[README.index(f"\n## {section}\n"):]
+def _block(section: str, language: str, page: str = README) -> str:
+    """The first ```language block after the heading `section` of `page`."""
+    after = page[page.index(f"\n## {section}\n"):]
     return re.search(rf"```{language}\n(.*?)```", after, re.S).group(1)
 
 
@@ -50,7 +52,7 @@ def test_quick_start_works_word_for_word(quick_start):
 
 
 def test_recipe_example_validates_as_written(quick_start, tmp_path):
-    example = _block("Recipe format", "yaml")
+    example = _block("Recipe format", "yaml", RECIPES)
     assert "saved_model" in example and "quantization_options" in example  # the full reference
     workspace = shutil.copytree(quick_start, tmp_path / "my-models")  # the fixture stays as the quick start left it
     path = workspace / "recipes" / "toy.yaml"
@@ -63,13 +65,22 @@ def test_recipe_example_validates_as_written(quick_start, tmp_path):
     assert recipe.canonical["verify"]["rtol"] == 0.02
 
 
+def test_the_readme_recipe_in_brief_validates_in_the_quick_start_workspace(quick_start, tmp_path):
+    workspace = shutil.copytree(quick_start, tmp_path / "my-models")
+    path = workspace / "recipes" / "toy.yaml"
+    path.write_text(_block("Recipes in brief", "yaml"))
+    recipe = load_recipe_file(path)
+    assert sorted(recipe.canonical["targets"]) == ["cpu_savedmodel", "litert", "tpu_savedmodel", "xla_aot"]
+    assert recipe.canonical["converter"]["bfloat16_optimization"] == "ENABLED"
+
+
 def test_readme_states_the_export_contract():
     assert "`function(output_dir: str)`" in README
     assert "must write a TF2 SavedModel" in README
 
 
 def test_schema_lines_work_in_the_users_workspace(quick_start, tmp_path):
-    """The README's `$schema` lines name files that exist in the quick start's workspace
+    """The reference recipe's `$schema` lines name files that exist in the quick start's workspace
     once `tpubuild schema` wrote them (issue 30 item 10)."""
     import json
 
@@ -80,7 +91,7 @@ def test_schema_lines_work_in_the_users_workspace(quick_start, tmp_path):
     assert installed.name == "recipe.schema.json" and installed.is_absolute()
     (workspace / "recipe.schema.json").write_text(run("schema", "--content"))  # as the README says
     assert json.loads((workspace / "recipe.schema.json").read_text()) == json.loads(installed.read_text())
-    for line in (_block("Recipe format", "yaml").splitlines()[0], run("schema", "--modeline").strip()):
+    for line in (_block("Recipe format", "yaml", RECIPES).splitlines()[0], run("schema", "--modeline").strip()):
         target = re.fullmatch(r"# yaml-language-server: \$schema=(\S+)", line).group(1)
         assert json.loads((workspace / "recipes" / target).read_text())["$id"].endswith("/recipe.schema.json"), line
     assert Path(run("schema", "workspace").strip()).name == "workspace.schema.json"

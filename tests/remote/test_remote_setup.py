@@ -140,14 +140,13 @@ def test_a_downloaded_record_is_checked_before_use(pushed):
     assert parse_entry(key, b"{not json")[0] is None
 
 
-def test_the_readme_example_is_a_valid_workspace_file(tmp_path):
+def test_the_documented_example_is_a_valid_workspace_file(tmp_path):
     import re
 
     from tpubuild.config.workspace import load_workspace
 
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("\n## A shared remote cache (teams and CI)\n"):]
-    example = re.search(r"```yaml\n(.*?)```", section, re.DOTALL).group(1)
+    page = (REPO / "docs" / "remote-cache.md").read_text()
+    example = re.search(r"```yaml\n(.*?)```", page, re.DOTALL).group(1)
     (tmp_path / "tpubuild.yaml").write_text(example)
     ws = load_workspace(override=tmp_path)
     assert (ws.remote_cache, ws.remote_push) == ("s3://ml-build-cache/tpubuild", True)

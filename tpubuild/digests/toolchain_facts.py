@@ -40,11 +40,11 @@ ENV_ALLOWLIST = (
 # the example workspace with the three set to 1 and to 8 against unset: its 62 unmeasured
 # stage outputs (export, tpu, bfloat16, io_shape, batch, quantize, warmup, the targets'
 # builds) byte-identical; with 8, the static-range calibration (measured) differed in its
-# last bits, as it does between CPUs (README: "What is hashed").
+# last bits, as it does between CPUs (docs/builds.md: "What is hashed").
 ENV_THREADS = ("OMP_NUM_THREADS", "TF_NUM_INTEROP_THREADS", "TF_NUM_INTRAOP_THREADS")
 # Variables a worker needs to run at all. PYTHONPATH is passed but not keyed: what an
 # export imports from the workspace is discovered and hashed; modules from outside it are
-# installed packages, like TensorFlow (README: "What is hashed").
+# installed packages, like TensorFlow (docs/builds.md: "What is hashed").
 ENV_PASSTHROUGH = ("HOME", "LANG", "LC_ALL", "LC_CTYPE", "PATH", "PYTHONPATH", "TMPDIR", "VIRTUAL_ENV",
                    "SYSTEMROOT", "TPUBUILD_DEBUG", "TPUBUILD_QUIET_TENSORFLOW", *ENV_THREADS)
 TOOLCHAIN_PACKAGES = {"tensorflow": ("tensorflow", "tensorflow-cpu", "tf-nightly"), "numpy": ("numpy",),
