@@ -66,6 +66,9 @@ UNCLAIMED_AGE = 86400.0
 TF_SERVING_NUMBER = re.compile(r"[+-]?[0-9]+")
 # A tree a file:// destination renamed aside to delete it (remote/backends.py remove_tree).
 TRASH = re.compile(r"\..+\.trash")
+# A file:// create's temp file (remote/backends.py _temp_copy: `.<name>.<pid>.<hex>.tmp`),
+# left in claims/ or sealed/ by a writer killed before its link.
+TEMP = re.compile(r"\.([0-9]+)\.[0-9]+\.[0-9a-f]+\.tmp")
 
 
 class DestinationError(TpubuildError):
@@ -116,6 +119,8 @@ class Survey:
     staged: dict[int, float] = field(default_factory=dict)  # N -> newest staged object's time
     numbered: set[int] = field(default_factory=set)  # every name TF Serving reads as a number
     trash: set[str] = field(default_factory=set)  # on a mount: trees a killed removal renamed aside
+    # On a mount: temp files of killed claims and seals, path -> (the number, its time).
+    temps: dict[str, tuple[int, float]] = field(default_factory=dict)
 
     def complete(self, number: int) -> bool:
         """Whether `<N>/` holds its commit file (what makes it loadable)."""
@@ -216,6 +221,14 @@ class Destination:
                 found.numbered.add(int(parts[1]))
                 if str(int(parts[1])) == parts[1]:
                     found.targets.setdefault(head, {}).setdefault(int(parts[1]), {})["/".join(parts[2:])] = size
+        temps = self.call(f"cannot list {recipe}/{STATE}/", lambda: self.io.temps(f"{recipe}/{STATE}/"))
+        for rel, _size, mtime in temps:
+            parts = rel.split("/")
+            if len(parts) == 4 and parts[2] in ("claims", "sealed") and (temp := TEMP.fullmatch(parts[3])):
+                found.temps[rel] = (int(temp.group(1)), mtime)
+            elif len(parts) > 4 and parts[2] == "staging" and parts[3].isdigit():
+                # A staging whose only file is an upload a kill cut short is a staging too.
+                found.staged[int(parts[3])] = max(mtime, found.staged.get(int(parts[3]), 0.0))
         return found
 
     def read_json(self, rel: str) -> dict[str, Any] | None:
@@ -380,6 +393,16 @@ class Destination:
                           lambda n=number: self.io.remove_tree(f"{recipe}/{STAGING}/{n}"))
                 done.append(f"removed {self.base_path(recipe)}/{STAGING}/{number} (a publish that stopped before it "
                             f"was sealed; number {number} stays unused)")
+        for rel, (number, written) in sorted(survey.temps.items()):
+            # A seal's temp goes with its claim's job; a claim's temp, whose number another
+            # job may hold, once a day old (a create takes milliseconds).
+            if f"/{SEALED}/" in rel:
+                claim = self.read_json(f"{recipe}/{CLAIMS}/{number}") if number in survey.claims else None
+                gone = _gone(claim, survey.claims.get(number), written, now)
+            else:
+                gone = now - written > UNCLAIMED_AGE
+            if gone:
+                self.call(f"cannot remove {rel}", lambda r=rel: self.io.delete([r]))
         for aside in sorted(survey.trash):  # a removal killed after its rename: nothing there is visible
             self.call(f"cannot remove {aside}", lambda a=aside: self.io.remove_tree(a))
         return done

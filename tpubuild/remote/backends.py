@@ -87,6 +87,11 @@ class Backend:
     def rename_tree(self, src: str, dst: str) -> bool:
         return False
 
+    def temps(self, rel_prefix: str) -> list[tuple[str, int, float]]:
+        """Temp files below a prefix that `list` leaves out (a directory's writes in
+        progress, or of killed writers); an object store writes none."""
+        return []
+
     def remove_tree(self, prefix: str, first: tuple[str, ...] = ()) -> None:
         below = prefix.rstrip("/") + "/"
         names = [rel for rel, _size, _mtime in self.list(below) if rel.startswith(below)]
@@ -397,6 +402,21 @@ class _LocalBackend(Backend):
     def delete(self, rels: list[str]) -> None:
         for rel in rels:
             _unlink(self.root / rel)
+
+    def temps(self, rel_prefix: str) -> list[tuple[str, int, float]]:
+        out = []
+        for dirpath, _dirs, names in os.walk(self.root / rel_prefix):
+            for name in names:
+                if not (name.startswith(".") and name.endswith(".tmp")):
+                    continue
+                path = os.path.join(dirpath, name)
+                try:
+                    st = os.lstat(path)
+                except FileNotFoundError:
+                    continue  # its writer finished meanwhile
+                if stat.S_ISREG(st.st_mode):
+                    out.append((Path(path).relative_to(self.root).as_posix(), st.st_size, st.st_mtime))
+        return out
 
     def copy(self, src: str, dst: str) -> None:
         from tpubuild.atomic import fsync_path
