@@ -193,6 +193,9 @@ def download_version(url: str, into: Path, timeouts: Any = None) -> int:
         raise DestinationError(nothing)
     dest = Destination(url, timeouts)
     listed = dest.call("cannot list it", lambda: dest.io.list(""))
+    if listed and not any(rel == MANIFEST for rel, _size, _mtime in listed):
+        # A base path or a target's folder: refused before downloading every version below it.
+        raise DestinationError(f"{url}: not a version (no {MANIFEST} at its top; give <publish_to>/<recipe>/<N>)")
     count = 0
     for rel, size, _mtime in listed:
         if not rel or rel.startswith(".") or "/." in rel:
