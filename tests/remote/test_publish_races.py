@@ -24,7 +24,7 @@ import blake3
 import pytest
 
 from tests.engine.conftest import REPO
-from tests.remote.conftest import BUCKET
+from tests.remote.places import Place, file_place, s3_place
 
 RECIPE = "toy"
 KILLS = 8
@@ -81,38 +81,8 @@ class Poller(threading.Thread):
         self.checked.add(number)
 
 
-def _s3_side(s3, prefix: str) -> tuple[str, Callable[[], dict[str, int]], Callable[[str], bytes], dict]:
-    def listing() -> dict[str, int]:
-        found = {}
-        for page in s3.client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=f"{prefix}/"):
-            for item in page.get("Contents", []):
-                found[item["Key"][len(prefix) + 1:]] = item["Size"]
-        return found
-
-    def read(rel: str) -> bytes:
-        return s3.client.get_object(Bucket=BUCKET, Key=f"{prefix}/{rel}")["Body"].read()
-
-    return f"s3://{BUCKET}/{prefix}", listing, read, s3.env
-
-
-def _file_side(root: Path) -> tuple[str, Callable[[], dict[str, int]], Callable[[str], bytes], dict]:
-    root.mkdir()
-
-    def listing() -> dict[str, int]:
-        found = {}
-        for dirpath, _dirs, names in os.walk(root):
-            for name in names:
-                path = os.path.join(dirpath, name)
-                try:
-                    found[Path(path).relative_to(root).as_posix()] = os.lstat(path).st_size
-                except FileNotFoundError:
-                    continue
-        return found
-
-    def read(rel: str) -> bytes:
-        return (root / rel).read_bytes()
-
-    return f"file://{root}", listing, read, {}
+def _side(place: Place) -> tuple[str, Callable[[], dict[str, int]], Callable[[str], bytes], dict]:
+    return place.url, place.listing, place.read, place.env
 
 
 def _job(url: str, work: Path, log: Path, models: list[str], env: dict) -> subprocess.Popen:
@@ -131,8 +101,8 @@ def test_a_poller_never_sees_a_partial_version_while_two_jobs_publish_and_one_is
     from tpubuild.publish import Destination, publish_version
     from tpubuild.publish.destination import SEALED, STAGING
 
-    url, listing, read, env = _s3_side(s3, f"races-{os.getpid()}") if where == "s3" else \
-        _file_side(tmp_path / "mount")
+    url, listing, read, env = _side(s3_place(s3, f"races-{os.getpid()}") if where == "s3"
+                                    else file_place(tmp_path / "mount"))
     for name, value in env.items():  # this process publishes too, at the end
         monkeypatch.setenv(name, value)
     rng = random.Random(41)

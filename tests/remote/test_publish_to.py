@@ -19,8 +19,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -32,11 +30,12 @@ from tests.engine.conftest import (
     tpubuild,
     write_workspace,
 )
+from tests.provenance.test_signed_versions import key_pair
 from tests.remote.conftest import BUCKET
+from tests.remote.places import MANIFEST, Place, file_place, s3_place
 
 # Two models of `toy`: another batch timeout is another converted model (and manifest model).
 MODELS = {"a": source_recipe("toy"), "b": source_recipe("toy", timeout=300)}
-MANIFEST = "tpubuild-manifest.json"
 
 
 def recipe(model: str, name: str = "toy", extra: str = "") -> str:
@@ -68,58 +67,6 @@ def clone(warm: Path, where: Path, workspace: str = "", recipes: dict[str, str] 
     for name, text in (recipes or {}).items():
         (where / "recipes" / f"{name}.yaml").write_text(text)
     return where
-
-
-@dataclass
-class Place:
-    """A publish destination the test reads on its own: `listing()` relative path -> size."""
-
-    url: str
-    env: dict[str, str]
-    listing: Callable[[], dict[str, int]]
-    read: Callable[[str], bytes]
-
-    def versions(self, recipe: str = "toy") -> list[int]:
-        """The numbers TF Serving would load: `<N>/saved_model.pb` listed."""
-        return sorted(int(rel.split("/")[1]) for rel in self.listing()
-                      if rel.startswith(f"{recipe}/") and rel.count("/") == 2 and rel.endswith("/saved_model.pb"))
-
-    def manifest(self, number: int, recipe: str = "toy") -> dict:
-        return json.loads(self.read(f"{recipe}/{number}/{MANIFEST}"))
-
-    def leftovers(self) -> list[str]:
-        """Objects of a publish that did not finish: staging or seals."""
-        return [rel for rel in self.listing() if "/.tpubuild/staging/" in rel or "/.tpubuild/sealed/" in rel]
-
-    def partial(self) -> list[str]:
-        """Numbered directories TF Serving could see without their saved_model.pb."""
-        listed = self.listing()
-        return sorted({rel.rsplit("/", rel.count("/") - 1)[0] for rel in listed
-                       if rel.split("/")[1].isdigit()
-                       and f"{'/'.join(rel.split('/')[:2])}/saved_model.pb" not in listed})
-
-
-def s3_place(s3, prefix: str) -> Place:
-    def listing() -> dict[str, int]:
-        found = {}
-        for page in s3.client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=f"{prefix}/"):
-            for item in page.get("Contents", []):
-                found[item["Key"][len(prefix) + 1:]] = item["Size"]
-        return found
-
-    def read(rel: str) -> bytes:
-        return s3.client.get_object(Bucket=BUCKET, Key=f"{prefix}/{rel}")["Body"].read()
-
-    return Place(f"s3://{BUCKET}/{prefix}", dict(s3.env), listing, read)
-
-
-def file_place(root: Path) -> Place:
-    root.mkdir(parents=True)
-
-    def listing() -> dict[str, int]:
-        return {p.relative_to(root).as_posix(): p.stat().st_size for p in root.rglob("*") if p.is_file()}
-
-    return Place(f"file://{root}", {}, listing, lambda rel: (root / rel).read_bytes())
 
 
 @pytest.fixture(params=["s3", "file"])
@@ -230,19 +177,6 @@ def test_validate_names_the_line_of_a_bad_publish_to(warm, tmp_path):
 
 
 # --- 3. and 7. a fresh clone numbers after the destination; signed versions there ----------
-def key_pair(directory: Path, name: str) -> tuple[Path, Path]:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    private, public = directory / f"{name}.pem", directory / f"{name}.pub.pem"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
-    return private, public
-
-
 def test_a_fresh_clone_publishes_after_the_destinations_versions_signed_and_an_unchanged_one_nothing(
         warm, place, tmp_path):
     private, public = key_pair(tmp_path, "ci")
