@@ -430,23 +430,22 @@ class Store:
                 ok = False
         return ok
 
-    def _shards(self, top: str = "objects", skip: type[OSError] = FileNotFoundError) -> Iterator[tuple[str, int]]:
-        """(name, descriptor) of each `<top>/ab` directory (`objects` or `stages`); damage
-        among them removed; one that `skip` says cannot be opened is passed over."""
+    def _shards(self) -> Iterator[tuple[str, int]]:
+        """(name, descriptor) of each `objects/ab` directory; damage among them removed."""
         try:
-            top_fd = self.layout.open((top,), create=False)
+            objects_fd = self.layout.open(("objects",), create=False)
         except FileNotFoundError:
             return
-        with opened(top_fd):
-            for sub in sorted(os.listdir(top_fd)):
+        with opened(objects_fd):
+            for sub in sorted(os.listdir(objects_fd)):
                 if sub.startswith("."):
                     continue
                 try:
-                    shard = open_dir(sub, top_fd)
+                    shard = open_dir(sub, objects_fd)
                 except NotAFile as exc:
-                    self.layout.remove_damage(sub, top_fd, self.root / top / sub, exc.kind)
+                    self.layout.remove_damage(sub, objects_fd, self.objects / sub, exc.kind)
                     continue
-                except skip:
+                except FileNotFoundError:
                     continue
                 with opened(shard):
                     yield sub, shard
@@ -669,28 +668,39 @@ class Store:
         without following a link. A record that is not a regular file, cannot be read or is
         invalid is removed (its stage rebuilds, as `get` would) and counted in `damaged`."""
         entries, damaged = [], 0
-        # A shard that cannot be opened (another user's, unreadable) is passed over: gc removes
-        # nothing there.
-        for sub, shard in self._shards("stages", skip=OSError):
-            for name in sorted(os.listdir(shard)):
-                if not name.endswith(".json") or name.startswith("."):
-                    continue  # a temp file of an interrupted write
-                path, key = self.stages / sub / name, name[: -len(".json")]
+        try:
+            stages_fd = self.layout.open(("stages",), create=False)
+        except FileNotFoundError:
+            return entries, damaged
+        with opened(stages_fd):
+            for sub in sorted(os.listdir(stages_fd)):
                 try:
-                    fd, st = open_regular_at(name, shard)
-                    with opened(fd):
-                        raw = os.read(fd, RECORD_LIMIT + 1)
-                    entry, problem = parse_entry(key, raw, hash_record=False)
+                    shard = open_dir(sub, stages_fd)
                 except NotAFile as exc:
-                    entry, problem = None, exc.kind
-                except OSError as exc:
-                    entry, problem = None, exc.strerror or str(exc)
-                if entry is None:
-                    self.layout.say_once(path, f"warning: cache record {path} is invalid ({problem}); removed")
-                    if remove_at(name, shard):
-                        damaged += 1
+                    self.layout.remove_damage(sub, stages_fd, self.stages / sub, exc.kind)
                     continue
-                entries.append((st.st_mtime, key, {f.hash for f in entry.files}, entry.tree))
+                except OSError:
+                    continue
+                with opened(shard):
+                    for name in sorted(os.listdir(shard)):
+                        if not name.endswith(".json") or name.startswith("."):
+                            continue  # a temp file of an interrupted write
+                        path, key = self.stages / sub / name, name[: -len(".json")]
+                        try:
+                            fd, st = open_regular_at(name, shard)
+                            with opened(fd):
+                                raw = os.read(fd, RECORD_LIMIT + 1)
+                            entry, problem = parse_entry(key, raw, hash_record=False)
+                        except NotAFile as exc:
+                            entry, problem = None, exc.kind
+                        except OSError as exc:
+                            entry, problem = None, exc.strerror or str(exc)
+                        if entry is None:
+                            self.layout.say_once(path, f"warning: cache record {path} is invalid ({problem}); removed")
+                            if remove_at(name, shard):
+                                damaged += 1
+                            continue
+                        entries.append((st.st_mtime, key, {f.hash for f in entry.files}, entry.tree))
         return entries, damaged
 
     def remove_record(self, key: str) -> bool:
