@@ -1,7 +1,8 @@
 """File-system helpers the store, publishing and the workspace share: placing a file as a
 reflink, copy or checked hard link, and durable renames (`place`); directories walked,
 written and removed without following a link, by descriptor (`nofollow`); flock-based locks
-with deadlines that name their holder (`flock`), and the workspace's own lock (`wslock`).
+with deadlines that name their holder (`flock`), and the workspace's own lock (`wslock`);
+names read from a place others write, checked before they become paths or numbers (`names`).
 They know nothing of stages, keys or recipes.
 """
 
@@ -14,8 +15,10 @@ _FACE = {
     "LockTimeout": "flock",
     "NotAFile": "nofollow",
     "WorkspaceLock": "wslock",
+    "clean_relative": "names",
     "fsync_fd": "nofollow",
     "holder": "flock",
+    "inside": "names",
     "lstat_at": "nofollow",
     "make_dir": "nofollow",
     "open_dir": "nofollow",
@@ -30,6 +33,7 @@ _FACE = {
     "replace_file": "place",
     "try_lock": "flock",
     "unlock": "flock",
+    "version_number": "names",
     "wait_lock": "flock",
     "walk_regular": "nofollow",
     "write_atomic_at": "nofollow",
