@@ -1,6 +1,7 @@
 """A stage's key covers the code that runs it, and a lock file's `planning` line the code
 that decides keys: an edit of the build loop or the worker pool changes neither, so no lock
-file (issue 40). Real edits of a copy of the package, run in real processes."""
+file (issue 40), and neither does a module added beside them, with no list to update
+(issue 49 item 5). Real edits of a copy of the package, run in real processes."""
 
 from __future__ import annotations
 
@@ -13,15 +14,7 @@ import sys
 from pathlib import Path
 
 import tpubuild
-from tpubuild.keys.code import (
-    NOT_PLANNING,
-    PACKAGE_ROOT,
-    PLANNING_ROOTS,
-    RUNTIME_MODULES,
-    closure,
-    planning,
-    stage_modules,
-)
+from tpubuild.keys.code import PACKAGE_ROOT, RUNTIME_MODULES, closure, planning_files, planning_roots
 
 DIGESTS = ("import json; from tpubuild.keys.code import code_digest, planning_code_digest, stage_modules; "
            "print(json.dumps({'planning': planning_code_digest(), "
@@ -45,14 +38,23 @@ def _edited_copy(tmp_path: Path, *files: str) -> Path:
     return parent
 
 
-def test_no_key_reaches_a_file_left_out_of_planning():
-    reached = closure((*PLANNING_ROOTS, *stage_modules(), *RUNTIME_MODULES))
-    leaks = sorted(name for name, path in reached.items()
-                   if not planning(path.relative_to(PACKAGE_ROOT).as_posix()))
+# Code that runs a build but decides no key: the build loop, the pool, the commands, review,
+# publishing's destinations, the remote cache. Layering keeps them out of every key's closure;
+# this is a check of that, not a list the digest reads.
+NEVER_IN_A_KEY = ("cli.py", "commands/", "engine/loop.py", "engine/cache.py", "engine/tasks.py", "workers/pool.py",
+                  "review/", "remote/", "diagnosis/", "publish/destination.py", "publish/to_destination.py",
+                  "publish/refresh.py")
+
+
+def test_the_code_that_decides_keys_is_the_closure_of_the_planning_roots_and_reaches_no_upper_layer():
+    files = planning_files()
+    code = {rel for rel in files if rel.endswith(".py")}
+    assert code == {path.relative_to(PACKAGE_ROOT).as_posix() for path in closure(planning_roots()).values()}
+    leaks = sorted(rel for rel in code if any(rel == entry or (entry.endswith("/") and rel.startswith(entry))
+                                              for entry in NEVER_IN_A_KEY))
     assert leaks == []
-    for rel in ("engine/loop.py", "workers/pool.py", "commands/build.py", "cli.py"):
-        assert not planning(rel), rel
-    assert len(NOT_PLANNING) == len(set(NOT_PLANNING))
+    assert {"config/recipe.py", "engine/resolver.py", "stages/verify.py", "workers/process.py"} <= code
+    assert any(rel.endswith("recipe.schema.json") for rel in files), sorted(files)
 
 
 def test_a_stage_closure_holds_the_worker_process_not_the_pool_or_the_loop():
@@ -70,9 +72,29 @@ def test_an_edit_of_the_pool_or_the_loop_changes_no_digest_and_a_stage_edit_only
     assert edited["planning"] != original["planning"]  # a stage's code decides its key
 
 
+def _added_copy(tmp_path: Path, *files: str) -> Path:
+    """A copy of the installed package with a new module at each of `files`."""
+    parent = tmp_path / "src"
+    shutil.copytree(PACKAGE_ROOT, parent / "tpubuild", ignore=shutil.ignore_patterns("__pycache__"))
+    for rel in files:
+        (parent / "tpubuild" / rel).write_text('"""A new helper."""\n\nfrom tpubuild.errors import TpubuildError\n')
+    return parent
+
+
+def test_a_module_added_to_engine_publish_and_commands_changes_no_digest(tmp_path):
+    original = _digests(Path(tpubuild.__file__).resolve().parents[1])
+    added = ("engine/zz_new_helper.py", "publish/zz_new_helper.py", "commands/zz_new_helper.py")
+    assert _digests(_added_copy(tmp_path / "a", *added)) == original
+    # One that the resolver (which decides keys) imports is in the digest.
+    parent = _added_copy(tmp_path / "b", "engine/zz_new_helper.py")
+    with open(parent / "tpubuild" / "engine" / "resolver.py", "a") as handle:
+        handle.write("\nfrom tpubuild.engine import zz_new_helper  # noqa: E402,F401\n")
+    assert _digests(parent)["planning"] != original["planning"]
+
+
 def test_a_comment_edit_of_the_pool_and_the_loop_leaves_every_example_lock_file_unchanged(built_examples, tmp_path):
     """The example workspace, built, relocked by a tpubuild whose pool and build loop gained a
-    comment: every lock file byte for byte (`.ci/run`'s own check of the lock files)."""
+    comment and whose engine/, publish/ and commands/ gained a module: every lock file byte for byte (`.ci/run`'s own check of the lock files)."""
     ws = tmp_path / "ws"
     shutil.copytree(built_examples, ws, symlinks=True)
     relock = [sys.executable, "-m", "tpubuild", "build", "--relock"]
@@ -80,6 +102,8 @@ def test_a_comment_edit_of_the_pool_and_the_loop_leaves_every_example_lock_file_
     assert done.returncode == 0, done.stderr
     before = {p.name: p.read_bytes() for p in sorted((ws / "recipes").glob("*.lock.yaml"))}
     parent = _edited_copy(tmp_path, "workers/pool.py", "engine/loop.py")
+    for rel in ("engine/zz_new_helper.py", "publish/zz_new_helper.py", "commands/zz_new_helper.py"):
+        (parent / "tpubuild" / rel).write_text('"""A new helper nothing that decides a key imports."""\n')
     env = {**os.environ, "PYTHONPATH": str(parent)}
     done = subprocess.run(relock, cwd=ws, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr

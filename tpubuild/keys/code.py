@@ -167,19 +167,9 @@ PLANNING_ROOTS = ("tpubuild.config.recipe", "tpubuild.pipeline", "tpubuild.engin
                   "tpubuild.lock.lockfile", "tpubuild.lock.quickcheck")
 # Every stage module lives here (pipeline.py registers them).
 STAGE_FOLDERS = ("stages", "targets")
-# The package's files (relative paths, or folders ending in /) that decide no key: the
-# build loop, the worker pool, the commands, review, publishing's in-place update, the
-# remote cache, gc. Left out of `planning_code_digest`, so that an edit there changes no
-# lock file. No stage's closure nor the planning roots' may reach one of them
-# (tests/examples/test_planning_scope.py); a new module is in the digest until listed here.
-NOT_PLANNING = (
-    "__main__.py", "cli.py", "commands/", "convert.py", "diagnosis/", "engine/explain.py", "engine/lockcheck.py",
-    "engine/cache.py", "engine/loop.py", "engine/tasks.py", "entry.py", "fs/wslock.py", "lock/memo.py", "lock/shape.py",
-    "provenance/digests.py", "provenance/signature.py", "publish/destination.py", "publish/refresh.py",
-    "publish/serving_config.py", "publish/to_destination.py", "remote/", "render.py",
-    "report/targets.py", "review/", "store/gc.py", "store/registration.py", "tpu/inspect.py", "workers/logs.py",
-    "workers/pool.py", "workers/ray.py",
-)
+# Data files the code that decides keys reads by path, not by import: the JSON Schemas a recipe
+# and a workspace are validated and defaulted with, and the converter's restated protos.
+SCHEMA_SUFFIXES = (".json", ".proto")
 
 
 def stage_modules() -> tuple[str, ...]:
@@ -192,28 +182,39 @@ def stage_modules() -> tuple[str, ...]:
     return tuple(found)
 
 
-def planning(rel: str) -> bool:
-    """Whether the package file at `rel` (POSIX, relative to the package) can decide a key."""
-    return not any(rel == entry or (entry.endswith("/") and rel.startswith(entry)) for entry in NOT_PLANNING)
+def planning_roots() -> tuple[str, ...]:
+    """The modules whose closure is the code that decides keys: the planning roots, every stage
+    module, and the code that runs around every stage."""
+    return (*PLANNING_ROOTS, *stage_modules(), *RUNTIME_MODULES)
+
+
+def planning_files() -> dict[str, Path]:
+    """Package-relative POSIX path -> file, of the code that can decide a stage key: the
+    import closure of `planning_roots()` (the package faces on the way included), and the
+    schema files. Bounded by what those modules import, not by a list: a module nothing
+    there imports (a new helper of the build loop, a command) is not in it, so adding or
+    editing one changes no lock file (issue 49 item 5)."""
+    found = {Path(os.path.relpath(path, PACKAGE_ROOT)).as_posix(): path
+             for path in closure(planning_roots()).values()}
+    # schemas/ is a link to the repository's schemas in a checkout, a folder once installed.
+    for dirpath, dirnames, filenames in os.walk(PACKAGE_ROOT, followlinks=True):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for name in filenames:
+            if name.endswith(SCHEMA_SUFFIXES):
+                path = Path(dirpath, name)
+                found[Path(os.path.relpath(path, PACKAGE_ROOT)).as_posix()] = path
+    return found
 
 
 @lru_cache(maxsize=None)
 def planning_code_digest() -> str:
-    """A digest of the content of every source file of the package that can decide a stage
-    key (code and the schemas it validates with; not NOT_PLANNING's): what a lock file's
+    """A digest of the content of every file of `planning_files()`: what a lock file's
     `planning` line pins, and what `build --check` compares before trusting its keys
-    without computing them (lock/quickcheck.py). ~1 MB read, once."""
+    without computing them (lock/quickcheck.py)."""
     parts = []
-    # schemas/ is a link to the repository's schemas in a checkout, a folder once installed.
-    for dirpath, dirnames, filenames in os.walk(PACKAGE_ROOT, followlinks=True):
-        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
-        for name in sorted(filenames):
-            if name.endswith((".py", ".json", ".proto")):
-                path = os.path.join(dirpath, name)
-                rel = Path(os.path.relpath(path, PACKAGE_ROOT)).as_posix()
-                if planning(rel):
-                    with open(path, "rb") as handle:
-                        parts.append(f"{rel}\0{hash_bytes(handle.read())}")
+    for rel, path in sorted(planning_files().items()):
+        with open(path, "rb") as handle:
+            parts.append(f"{rel}\0{hash_bytes(handle.read())}")
     return hash_bytes("\n".join(parts).encode())
 
 
