@@ -133,10 +133,6 @@ def _metadata_version(dists: tuple[str, ...]) -> str:
     return "none"
 
 
-def tensorflow_version() -> str:
-    return toolchain()["tensorflow"]
-
-
 def key_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The allow-listed variables that are set: part of every key."""
     return {name: environ[name] for name in ENV_ALLOWLIST if name in environ}

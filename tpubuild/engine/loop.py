@@ -41,7 +41,6 @@ from tpubuild.store import register as register_used
 
 __all__ = ["Engine", "RecipeRun", "Row", "build", "new_runs"]
 
-STATUSES = ("built", "cached", "failed", "skipped")
 DEFAULT_STAGE_TIMEOUT = 3600.0
 
 

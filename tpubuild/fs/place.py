@@ -14,22 +14,13 @@ import os
 import stat
 from pathlib import Path
 
-from tpubuild.atomic import fsync_path, replacing
+from tpubuild.atomic import replacing
 from tpubuild.digests import hash_fd
 from tpubuild.errors import StageError
 
 # linux/fs.h: _IOW(0x94, 9, int). Shares the source's extents (btrfs, XFS with
 # reflink=1, bcachefs, ...): instant, and a later write to either file unshares it.
 FICLONE = 0x40049409
-LINK_TYPES = ("copy", "hardlink")
-
-
-def fsync_tree(root: Path | str) -> None:
-    """fsync every file and directory below `root`, directories after their contents."""
-    for dirpath, _dirnames, filenames in os.walk(root, topdown=False):
-        for name in filenames:
-            fsync_path(os.path.join(dirpath, name))
-        fsync_path(dirpath)
 
 
 def clone_or_copy(fsrc, fdst) -> str:

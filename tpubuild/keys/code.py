@@ -243,8 +243,3 @@ def code_digests(modules: list[str], memo_file: Path | None) -> dict[str, str]:
             except OSError:
                 pass  # only a memo
     return {m: digests[m] for m in modules}
-
-
-def code_files(module: str) -> list[str]:
-    """Package-relative files of the closure (what `explain` can name)."""
-    return sorted(os.path.relpath(p, PACKAGE_ROOT) for p in closure((module, *RUNTIME_MODULES)).values())

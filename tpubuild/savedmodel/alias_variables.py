@@ -40,7 +40,6 @@ from tpubuild.savedmodel.model import SavedModel
 # read back by tensorflow/python/saved_model/revived_types.py).
 LIST_WRAPPER = "trackable_list_wrapper"
 
-ObjectGraph = saved_object_graph_pb2.SavedObjectGraph
 CheckpointGraph = trackable_object_graph_pb2.TrackableObjectGraph
 
 

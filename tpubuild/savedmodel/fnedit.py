@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Iterable
 
 from tensorflow.core.framework import types_pb2
 from tensorflow.core.framework.attr_value_pb2 import AttrValue
@@ -72,16 +71,6 @@ def fresh_node_name(fdef: FunctionDef, base: str, taken: set[str] | None = None)
     if taken is not None:
         taken.add(name)
     return name
-
-
-def call_node(name: str, fn: str, inputs: Iterable[str], tin: list[int], tout: list[int]) -> NodeDef:
-    """A StatefulPartitionedCall node calling `fn` (stateful: callees may read variables)."""
-    node = NodeDef(name=name, op="StatefulPartitionedCall", input=list(inputs))
-    node.attr["f"].func.name = fn
-    node.attr["Tin"].list.type.extend(tin)
-    node.attr["Tout"].list.type.extend(tout)
-    fill_default_attrs(node)
-    return node
 
 
 def arg_shape(fdef: FunctionDef, index: int) -> TensorShapeProto | None:

@@ -245,14 +245,6 @@ class Sessions:
                     live.append(name)
         return live
 
-    def live(self) -> list[Path]:
-        """The lock files of sessions whose owner is alive (other processes)."""
-        try:
-            with self.layout.at("tmp", create=False) as tmp_fd:
-                return [self.tmp / name for name in self._live(tmp_fd)]
-        except FileNotFoundError:
-            return []
-
     @contextmanager
     def exclusive(self, wait: float, notify: Callable[[str], None]) -> Iterator[None]:
         """Hold the store alone: no session can start, and every running one has ended

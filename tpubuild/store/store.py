@@ -106,10 +106,6 @@ class Store:
         """Remove the sessions of dead processes; the names removed (sessions.py)."""
         return self.sessions.clean()
 
-    def live_sessions(self) -> list[Path]:
-        """The lock files of sessions whose owner is alive (other processes)."""
-        return self.sessions.live()
-
     def exclusive(self, wait: float = 3600.0,
                   notify: Callable[[str], None] = lambda m: None) -> AbstractContextManager[None]:
         """Hold the store alone (gc, verify-cache): no session can start, and every running
