@@ -98,7 +98,7 @@ def find_alias_lists(model: SavedModel, checkpoint: CheckpointGraph, reader) -> 
 def drop_alias_lists(model: SavedModel, checkpoint: CheckpointGraph, reader) -> set[str]:
     """Remove the alias lists from `model` and `checkpoint` (in memory); returns the
     checkpoint keys to leave out (empty when nothing was removed)."""
-    from tpubuild.savedmodel.prune import (
+    from tpubuild.savedmodel.saver_edits import (
         drop_saver_entries,
         renumber_objects,
         saver_entries_separable,

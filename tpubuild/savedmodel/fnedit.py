@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from tensorflow.core.framework import types_pb2
 from tensorflow.core.framework.attr_value_pb2 import AttrValue
 from tensorflow.core.framework.function_pb2 import FunctionDef
