@@ -222,3 +222,12 @@ def test_every_name_of_a_face_is_defined_where_it_says():
         for name, module in package_face(package).items():
             assert module in MODULES, (package, name, module)
             assert name in _top_level_assignments(module), (package, name, module)
+
+
+def test_each_package_face_has_a_stub_equal_to_it():
+    """Type checkers read `__init__.pyi` (scripts/face_stubs.py writes it from `_FACE`): a name
+    added to a face without its stub would be invisible to them, one in the stub alone a lie."""
+    from scripts.face_stubs import differing, faces
+
+    assert len(faces()) >= 9
+    assert [str(p.relative_to(ROOT.parent)) for p in differing()] == []
