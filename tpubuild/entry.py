@@ -12,7 +12,7 @@ prints the same line or the stale recipes and their causes.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -65,10 +65,10 @@ def fast_check(workspace: Path | None) -> int | None:
     return count
 
 
-def _check_command(args: list[str]) -> str | None | bool:
+def _check_command(args: list[str]) -> str | None | Literal[False]:
     """The `--workspace` of `[-w DIR | --workspace DIR | --workspace=DIR] build --check`
     (None: no option), or False for any other command line."""
-    workspace = None
+    workspace: str | None = None
     if args[:1] in (["-w"], ["--workspace"]) and len(args) >= 2:
         workspace, args = args[1], args[2:]
     elif args[:1] and args[0].startswith("--workspace="):

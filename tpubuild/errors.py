@@ -6,6 +6,7 @@ import errno
 import os
 import stat
 from dataclasses import dataclass
+from typing import Any
 
 
 class TpubuildError(Exception):
@@ -62,9 +63,16 @@ class UsageError(TpubuildError):
 
 
 class StageError(TpubuildError):
-    """A stage could not produce its output: bad model, failed check (exit code 1)."""
+    """A stage could not produce its output: bad model, failed check (exit code 1).
+    `detail`: a traceback for `--debug` and the worker log; `timing`: the worker's
+    WorkerTime (workers/pool.py) of the attempt, when one ran."""
 
     exit_code = 1
+
+    def __init__(self, message: str, detail: str | None = None, timing: Any = None):
+        super().__init__(message)
+        self.detail = detail
+        self.timing = timing
 
 
 class ConversionError(StageError):

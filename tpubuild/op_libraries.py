@@ -91,6 +91,6 @@ def unregistered_op_message(text: str, loaded: list[dict[str, Any]] | None) -> s
     op = found.group(1)
     package = next((pkg for pattern, pkg in KNOWN_OPS if pattern.match(op)), None)
     hint = f", e.g. {package}" if package else " (the Python package or .so that defines it)"
-    have = [e.get("module") or e.get("library") for e in loaded or []]
+    have = [str(e.get("module") or e.get("library")) for e in loaded or []]
     also = f"; loaded: {', '.join(have)}" if have else ""
     return f"op {op} is not registered: add its library to op_libraries{hint}{also}"

@@ -71,8 +71,9 @@ __all__ = ["ENGINE_STEPS", "MAIN_STAGES", "STAGE_ORDER", "TARGET_PACKAGES", "TAR
 
 def stage_module(name: str) -> str:
     """The module whose `run` and `SPEC` are stage `name`."""
-    if MAIN_STAGES.get(name):
-        return MAIN_STAGES[name]
+    module = MAIN_STAGES.get(name)
+    if module:
+        return module
     for target_name, chain in TARGET_STAGES.items():
         if name in chain:
             role = "stage" if name == chain[0] else "verify_stage"
@@ -109,7 +110,7 @@ def stage_names(recipe: Canonical) -> list[str]:
     return [name for name in STAGE_ORDER if name in wanted]
 
 
-def target_chains(names: list[str]) -> dict[str, tuple[str, str]]:
+def target_chains(names: list[str]) -> dict[str, tuple[str, ...]]:
     """Target -> (build stage, verify stage), for the target chains among `names`."""
     return {name: chain for name, chain in TARGET_STAGES.items() if chain and chain[0] in names}
 

@@ -31,17 +31,17 @@ def recipes_from(ctx: click.Context, patterns: tuple[str, ...] | list[str], keep
     for broken in selection.others:
         click.echo(f"warning: {broken.summary()}", err=True)
     if selection.broken:
-        problems = ConfigError([d for b in selection.broken for d in b.diagnostics])
+        invalid = ConfigError([d for b in selection.broken for d in b.diagnostics])
         if not keep_going or not selection.recipes:
-            raise problems
-        for line in problems.lines():
+            raise invalid
+        for line in invalid.lines():
             click.echo(line, err=True)
         names = ", ".join(b.name for b in selection.broken)
         click.echo(f"error: skipped, invalid: {names}", err=True)
         ctx.meta["tpubuild.broken"] = [b.name for b in selection.broken]
-    problems = check_output_overlap(ws, selection.recipes)
-    if problems:
-        raise OutputOverlapError(problems)
+    overlaps = check_output_overlap(ws, selection.recipes)
+    if overlaps:
+        raise OutputOverlapError(overlaps)
     return ws, selection.recipes
 
 

@@ -24,9 +24,9 @@ from tpubuild.errors import ConfigError, Diagnostic, TpubuildError, UsageError
 class Workspace:
     root: Path  # absolute; canonical recipe paths are relative to it
     file: Path
+    output_dir: Path
+    cache_dir: Path
     recipe_globs: list[str] = field(default_factory=lambda: list(DEFAULT_RECIPE_GLOBS))
-    output_dir: Path | None = None
-    cache_dir: Path | None = None
     keep_versions: int | None = None
     link_type: str = "copy"  # how versions are published: copy (reflink or copy) | hardlink
     stage_timeout: float = 3600.0  # seconds before a stage's worker is killed

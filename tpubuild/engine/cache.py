@@ -98,7 +98,7 @@ class RemoteLayer:
             return None
         with self.state_lock:
             self.resolver.remember(entry)
-            if candidate is not None:  # the local dep file learns it: the next lookup is local
+            if candidate is not None and pending.key is not None:  # the local dep file learns it
                 self.resolver.add_discovered(pending.key, candidate["files"])
         return entry
 

@@ -13,7 +13,7 @@ output is unchanged"; not found, it would run whatever they write, and explain s
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from tpubuild.engine.loop import Engine, lock_problem
 from tpubuild.engine.resolver import RecipeRun, Resolved, new_runs
@@ -140,7 +140,7 @@ def _predict_waiting(engine: Engine, run: RecipeRun, states: list[Resolved], las
 
 
 def _decide_assuming(engine: Engine, assumed: RecipeRun, stage: PlannedStage,
-                     last: _LastBuild) -> bool | list[str] | None:
+                     last: _LastBuild) -> Literal[True] | list[str] | None:
     """Whether `stage` is cached given the assumed earlier outputs (True, and its output
     joins them), else why it would run (or None when that cannot be told)."""
     resolver = engine.resolver

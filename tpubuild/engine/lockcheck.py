@@ -81,6 +81,7 @@ class LockCheck:
         lock = read_lock_keys(run.recipe.lock_file)
         stages = [planned.name for planned in run.plan]
         malformed = self._malformed(run, stages) if lock is None or not well_formed(lock, stages) else None
+        problem: str | None
         if malformed is not None:
             problem = f"malformed: {malformed}"
         elif lock is None:
@@ -181,8 +182,10 @@ class LockCheck:
             if planned.summaries:  # the lock file holds outputs, not summaries
                 raise _FullCheck
             pending = self.resolver.record_for(run, planned)
+            if pending.record is None or pending.key is None:  # an input could not be read
+                raise _FullCheck
             record = pending.record
-            key = discovered_final_key(pending.key, discovered) if discovers else pending.key
+            key = discovered_final_key(pending.key, discovered or {}) if discovers else pending.key
         reasons = self.resolver.discovered_changes(run, discovered or {}, set(record.get("inputs", {})))
         return key, record, discovered, reasons
 

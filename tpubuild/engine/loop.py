@@ -251,8 +251,7 @@ class Engine:
             else:
                 entry, peak_rss, timing = self._execute(run, planned, pending)
         except StageError as exc:
-            return self._fail(run, planned, str(exc), start, getattr(exc, "detail", None),
-                              getattr(exc, "timing", timing))
+            return self._fail(run, planned, str(exc), start, exc.detail, timing if exc.timing is None else exc.timing)
         except Exception as exc:  # a bug in tpubuild or a full disk: the recipe fails, the build goes on
             return self._fail(run, planned, _unexpected(exc), start, traceback.format_exc())
         self.cache.record(entry)
@@ -292,17 +291,19 @@ class Engine:
         """Copy the user's SavedModel into the store, each file checked against the hash
         the key took: later stages read the snapshot, never the user's directory."""
         rel = planned.options["saved_model"]
+        key, record = _keyed(pending)
         tree, files, directory = self.resolver.source_tree(run.recipe)
-        if tree != pending.record["inputs"][f"dir:{rel}"]:
+        if tree != record["inputs"][f"dir:{rel}"]:
             raise StageError(f"model.saved_model: {rel} changed while it was being read (build again)")
         with self.state_lock:
-            return self.store.put_files(pending.key, "source", files, directory, pending.record, self.stat)
+            return self.store.put_files(key, "source", files, directory, record, self.stat)
 
     def _execute(self, run: RecipeRun, planned: PlannedStage,
                  pending: Pending) -> tuple[StageEntry, int | None, WorkerTime]:
         """Run the stage in a worker and store its output; (entry, the worker's peak RSS in
         it, its time). A StageError raised after the worker replied carries the time too."""
         stage = spec(planned.name)
+        key, record = _keyed(pending)
         work = self.store.new_workdir(planned.name)
         out_dir = work / "out"
         out_dir.mkdir()
@@ -334,8 +335,8 @@ class Engine:
         if self.executor == "ray":  # no driver paths reach a node: input trees, and what the key holds
             request["trees"] = {role: [[f.path, f.hash, f.size] for f in run.outputs[name].files]
                                 for role, name in planned.consumes.items()}
-            request["keyed"] = {field: pending.record[field] for field in ("code", "toolchain", "env")}
-            request["declared"] = {k[5:]: v for k, v in pending.record["inputs"].items() if k.startswith("file:")}
+            request["keyed"] = {field: record[field] for field in ("code", "toolchain", "env")}
+            request["declared"] = {k[5:]: v for k, v in record["inputs"].items() if k.startswith("file:")}
         try:
             asked = time.monotonic()
             reply = self.workers().run(request, self.timeout, Path(run.recipe.root) if stage.runs_user_code else None,
@@ -346,23 +347,15 @@ class Engine:
                 if reply.get("bug"):
                     where = self.ws.display(Path(reply.get("log") or self.ws.state_dir / "logs"))
                     message = f"internal error: {message} (traceback in {where})"
-                error = StageError(message)
-                error.detail = reply.get("detail")
-                error.timing = timing
-                raise error
-            changed = changed_inputs(Path(run.recipe.root), pending.file_stats, pending.record["inputs"], self.stat)
+                raise StageError(message, detail=reply.get("detail"), timing=timing)
+            changed = changed_inputs(Path(run.recipe.root), pending.file_stats, record["inputs"], self.stat)
             if changed:
-                error = StageError(
-                    f"input {', '.join(changed)} changed while the stage ran; its result was not recorded "
-                    "(build again)"
-                )
-                error.timing = timing
-                raise error
-            key, record = pending.key, pending.record
+                raise StageError(f"input {', '.join(changed)} changed while the stage ran; its result was not "
+                                 "recorded (build again)", timing=timing)
             if stage.discovers:
                 discovered = reply.get("discovered", {})
                 with self.state_lock:
-                    key = self.resolver.add_discovered(pending.key, discovered)
+                    key = self.resolver.add_discovered(key, discovered)
                 record = dict(record, discovered=discovered)
             with self.state_lock:
                 stored = self.store.put(key, planned.name, out_dir, reply["summary"], reply["warnings"], record, self.stat)
@@ -861,3 +854,11 @@ def _result(out: Output) -> dict[str, Any]:
     """What a later stage sees of an earlier one: its summary, with its warnings (the
     checks' findings) so the report can show them even when the stage was cached."""
     return {**out.summary, "warnings": list(out.warnings)} if out.warnings else out.summary
+
+
+def _keyed(pending: Pending) -> tuple[str, dict[str, Any]]:
+    """The key and key record of a stage about to run: a Pending without them (an input
+    that could not be read) failed before it was run."""
+    if pending.key is None or pending.record is None:
+        raise StageError(pending.error or "the stage's inputs could not be read")
+    return pending.key, pending.record

@@ -121,9 +121,10 @@ class Pending:
 
 
 class Resolver:
-    def __init__(self, ws: Any, store: Store, stat: StatCache):
+    def __init__(self, ws: Any, store: Store | None, stat: StatCache):
+        """`store` None: keys only (engine/lockcheck.py), never a look in a store."""
         self.ws = ws
-        self.store = store
+        self._store = store
         self.stat = stat
         names = [name for name in STAGE_ORDER if name not in ENGINE_STEPS]
         digests = code_digests([stage_module(n) for n in names], Path(ws.state_dir) / "code-digests.json")
@@ -192,9 +193,10 @@ class Resolver:
         assert pending.key is not None
         key = pending.key
         if planned.name not in ENGINE_STEPS and spec(planned.name).discovers:
-            key = self.discovered_key(run, pending.key)
-            if key is None:
+            final = self.discovered_key(run, pending.key)
+            if final is None:
                 return None
+            key = final
         entry = self.entry(key)
         if entry is None:
             return None
@@ -211,6 +213,12 @@ class Resolver:
         content that was imported, newest candidate first."""
         match = self.matching_candidate(run, reversed(self.candidates(key)))
         return match["key"] if match else None
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            raise RuntimeError("this resolver computes keys only: it has no store")
+        return self._store
 
     def candidates(self, key: str) -> list[dict[str, Any]]:
         """The discovered-input candidates of the dep file of `key`, oldest first, each one's

@@ -182,7 +182,7 @@ class _OtherLayout(Exception):
     pass
 
 
-_PLAIN = {"null": None, "true": True, "false": False, "{}": {}}
+_PLAIN: dict[str, Any] = {"null": None, "true": True, "false": False, "{}": {}}
 _INT = re.compile(r"-?[0-9]+")
 _JSON_STRING = r'"(?:[^"\\]|\\.)*"'
 # One line of the layout `lock_text` writes: indentation, a list dash, the key (a name or a

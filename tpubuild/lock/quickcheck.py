@@ -112,7 +112,7 @@ def quick_check(start: Path, override: Path | None) -> int | None:
         hashed = None if chain is None else [(path, hash_bytes(data)) for path, data in chain]
         if hashed is None or lock.get("planning") != _planning(ws_hash, root, hashed, lock):
             return None
-        names.add(lock.get("recipe"))
+        names.add(str(lock.get("recipe")))
         inputs = lock.get("inputs") or {}
         if not all(_same(root, stat, name, digest) for name, digest in inputs.items()):
             return None

@@ -183,6 +183,8 @@ def generator_samples(
     if not module_file.is_file():
         raise StageError(f"{where}: generator module file {module_file} does not exist")
     module_spec = importlib.util.spec_from_file_location(module_name, module_file)
+    if module_spec is None or module_spec.loader is None:  # not a .py file importlib can load
+        raise StageError(f"{where}: generator module file {module_file} is not a Python source file")
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[module_name] = module  # so the module's own pickling / dataclasses work
     try:

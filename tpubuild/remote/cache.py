@@ -367,7 +367,7 @@ class RemoteCache:
         candidates = []
         for rel, _size, mtime in sorted(listing, key=lambda item: -item[2]):  # newest first
             try:
-                raw = self._read(lambda io, rel=rel: io.read(rel))
+                raw = self._read(lambda io, rel=rel: io.read(rel))  # type: ignore[misc]  # rel bound per row
             except (FileNotFoundError, ObjectTooLarge):
                 continue  # collected meanwhile, or not a candidate
             except _Off:

@@ -148,7 +148,8 @@ def estimate(model: SavedModel, tpu_functions: set[str] | None = None) -> CostRe
             return 0, 0, {}
         if name not in costs:
             costs[name] = _function_cost(model, library, name, tpu_names, warnings)
-        total, tpu, per = costs[name].own, 0, {}
+        total, tpu = costs[name].own, 0
+        per: dict[str, int] = {}
         for callee, on_tpu in costs[name].calls:
             sub_total, sub_tpu, sub_per = visit(callee, stack + (name,))
             total += sub_total
@@ -162,7 +163,8 @@ def estimate(model: SavedModel, tpu_functions: set[str] | None = None) -> CostRe
         totals[name] = (total, tpu, per)
         return totals[name]
 
-    total, tpu, per = 0, 0, {}
+    total, tpu = 0, 0
+    per: dict[str, int] = {}
     for key, function in sorted(model.signatures.items()):
         if function not in model.functions:
             continue

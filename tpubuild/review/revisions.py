@@ -99,7 +99,8 @@ def blobs(root: Path, commit: str, paths: list[str]) -> list[bytes | None]:
     request = "".join(f"{commit}:{p}\n" for p in paths).encode()
     done = subprocess.run(["git", "-C", str(root), "cat-file", "--batch"], input=request, capture_output=True,
                           check=True)
-    out, pos = [], 0
+    out: list[bytes | None] = []
+    pos = 0
     data = done.stdout
     for _ in paths:
         end = data.index(b"\n", pos)

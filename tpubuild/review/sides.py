@@ -47,18 +47,20 @@ def load_side(ws_file: Path, top: Path, label: str, changed: set[str], reuse: Si
         return Side(label, {}, top=top)
     try:
         ws = load_workspace(override=ws_file)
-        known = {}
+        known: dict[str, Any] = {}
+        reused_top = None
         if reuse is not None and reuse.ws is not None and _rel(ws_file, top) not in changed:
+            reused_top = reuse.top
             known = {_rel(r.file, reuse.top): r for r in reuse.recipes.values()
                      if not any(_rel(f, reuse.top) in changed for f in r.files)}
-        recipes = {}
+        recipes: dict[str, Any] = {}
         for path in discover(ws):
             other = known.get(_rel(path, top))
-            if other is None:
+            if other is None or reused_top is None:
                 recipe = load_recipe_file(path, ws)
             else:
                 recipe = dataclasses.replace(other, file=path, root=ws.root,
-                                             files=[top / _rel(f, reuse.top) for f in other.files])
+                                             files=[top / _rel(f, reused_top) for f in other.files])
             recipes.setdefault(recipe.name, recipe)
     except ConfigError as exc:
         raise _at(exc, label) from None

@@ -32,7 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tensorflow.core.protobuf import saved_object_graph_pb2, trackable_object_graph_pb2
+from tensorflow.core.protobuf import saved_object_graph_pb2
+from tensorflow.core.protobuf.trackable_object_graph_pb2 import TrackableObjectGraph
 
 from tpubuild.savedmodel.model import SavedModel
 
@@ -40,7 +41,6 @@ from tpubuild.savedmodel.model import SavedModel
 # read back by tensorflow/python/saved_model/revived_types.py).
 LIST_WRAPPER = "trackable_list_wrapper"
 
-CheckpointGraph = trackable_object_graph_pb2.TrackableObjectGraph
 
 
 @dataclass
@@ -55,7 +55,7 @@ class AliasDrop:
         return bool(self.lists)
 
 
-def find_aliases(model: SavedModel, checkpoint: CheckpointGraph, reader) -> dict[int, int]:
+def find_aliases(model: SavedModel, checkpoint: TrackableObjectGraph, reader) -> dict[int, int]:
     """Alias variable node -> its captured twin (see the module docstring)."""
     from tpubuild.savedmodel.prune import restored_handles
 
@@ -81,7 +81,7 @@ def find_aliases(model: SavedModel, checkpoint: CheckpointGraph, reader) -> dict
     return twins
 
 
-def find_alias_lists(model: SavedModel, checkpoint: CheckpointGraph, reader) -> AliasDrop:
+def find_alias_lists(model: SavedModel, checkpoint: TrackableObjectGraph, reader) -> AliasDrop:
     """The lists made only of aliases, and the keys their aliases are checkpointed under."""
     objects = model.meta_graph.object_graph_def
     twins = find_aliases(model, checkpoint, reader)
@@ -95,7 +95,7 @@ def find_alias_lists(model: SavedModel, checkpoint: CheckpointGraph, reader) -> 
     return AliasDrop({a: t for a, t in twins.items() if a in held}, lists, keys)
 
 
-def drop_alias_lists(model: SavedModel, checkpoint: CheckpointGraph, reader) -> set[str]:
+def drop_alias_lists(model: SavedModel, checkpoint: TrackableObjectGraph, reader) -> set[str]:
     """Remove the alias lists from `model` and `checkpoint` (in memory); returns the
     checkpoint keys to leave out (empty when nothing was removed)."""
     from tpubuild.savedmodel.saver_edits import (
@@ -141,7 +141,7 @@ def drop_alias_lists_in_place(saved_model_dir: Path) -> int:
     reader = tf.train.load_checkpoint(str(directory / PREFIX))
     if not reader.has_tensor(OBJECT_GRAPH_KEY):
         return 0
-    checkpoint = CheckpointGraph.FromString(reader.get_tensor(OBJECT_GRAPH_KEY))
+    checkpoint = TrackableObjectGraph.FromString(reader.get_tensor(OBJECT_GRAPH_KEY))
     before = len(model.meta_graph.object_graph_def.nodes)
     keys = drop_alias_lists(model, checkpoint, reader)
     if not keys:
@@ -159,7 +159,7 @@ def _same_variable(a: saved_object_graph_pb2.SavedObject, b: saved_object_graph_
         a.variable.dtype == b.variable.dtype and a.variable.shape == b.variable.shape
 
 
-def _same_value(checkpoint: CheckpointGraph, reader, a: int, b: int) -> bool:
+def _same_value(checkpoint: TrackableObjectGraph, reader, a: int, b: int) -> bool:
     """Whether the checkpoint stores the same tensor for both nodes' VARIABLE_VALUE."""
     import numpy as np
 

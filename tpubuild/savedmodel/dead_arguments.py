@@ -57,10 +57,10 @@ def dead_arguments(model: SavedModel) -> dict[str, list[int]]:
     changed = True
     while changed:
         changed = False
-        for name, args in candidates.items():
+        for name, resources in candidates.items():
             fdef = model.functions[name]
             returned = {ref_name(ref) for ref in fdef.ret.values()}
-            for arg in sorted(args - dead.get(name, set())):
+            for arg in sorted(resources - dead.get(name, set())):
                 if arg not in returned and all(_passes_to_dead(node, arg, dead, model) for node in _consumers(fdef, arg)):
                     dead.setdefault(name, set()).add(arg)
                     changed = True

@@ -198,7 +198,7 @@ class SavedModel:
 
     def _callee_index(self) -> dict[str, set[str]]:
         if self._callees is None:
-            index = {GRAPH: set()}
+            index: dict[str, set[str]] = {GRAPH: set()}
             for node in self.meta_graph.graph_def.node:
                 index[GRAPH] |= node_functions(node)
             for name, fdef in self.functions.items():

@@ -106,7 +106,7 @@ def restored_handles(model: SavedModel, checkpoint: trackable_object_graph_pb2.T
     key_of_id = {i: a.checkpoint_key for i, n in enumerate(checkpoint.nodes) for a in n.attributes
                  if a.name == "VARIABLE_VALUE"}
     id_of_key = {k: i for i, k in key_of_id.items()}
-    found = {}
+    found: dict[int, str] = {}
     for node in fdef.node_def:
         if node.op != "AssignVariableOp":
             continue
@@ -121,7 +121,7 @@ def restored_handles(model: SavedModel, checkpoint: trackable_object_graph_pb2.T
         index = int(value.split(":")[-1])
         key = names[index].decode()
         handle = handle_of_arg.get(arg)
-        if key in id_of_key and handle in graph and graph[handle].op == "VarHandleOp":
+        if key in id_of_key and handle is not None and handle in graph and graph[handle].op == "VarHandleOp":
             found[id_of_key[key]] = handle
     return found
 
@@ -207,9 +207,9 @@ def drop_unserved_objects(model: SavedModel, checkpoint: trackable_object_graph_
         del objects.concrete_functions[name]
     renumber_objects(model, checkpoint, nodes)
     set_saved_object_graph(model, checkpoint.SerializeToString(deterministic=True))
-    kept = served_functions(model) | {n for n in objects.concrete_functions if n in model.functions}
-    called = set(kept)
-    for name in kept:
+    served = served_functions(model) | {n for n in objects.concrete_functions if n in model.functions}
+    called = set(served)
+    for name in served:
         called |= model.reachable(name)
     for name in [n for n in model.functions if n not in called]:
         model.remove_function(name)

@@ -130,7 +130,7 @@ def renumber_objects(model: SavedModel, checkpoint: trackable_object_graph_pb2.T
                       removed: set[int]) -> None:
     """Remove object-graph nodes from both object graphs and renumber every reference."""
     objects = model.meta_graph.object_graph_def
-    new_id = {}
+    new_id: dict[int, int] = {}
     for old in range(len(objects.nodes)):
         if old not in removed:
             new_id[old] = len(new_id)

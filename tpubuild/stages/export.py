@@ -89,9 +89,8 @@ def user_error(prefix: str, exc: BaseException, context: StageContext) -> StageE
         if _in_workspace(frame.filename, context)
     ]
     where = f" (at {' <- '.join(reversed(frames))})" if frames else ""
-    error = StageError(f"{prefix} {type(exc).__name__}: {exc}{where}{missing_file_hint(exc, 'script', context.workspace)}")
-    error.detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return error
+    return StageError(f"{prefix} {type(exc).__name__}: {exc}{where}{missing_file_hint(exc, 'script', context.workspace)}",
+                      detail="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
 
 
 def _in_workspace(filename: str, context: StageContext) -> bool:

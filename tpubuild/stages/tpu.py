@@ -51,7 +51,7 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     for placement in placements:
         sites = ", ".join(f"{s['caller']}/{s['node']}" for s in placement.call_sites) or "none"
         context.log(f"tpu: placed {placement.alias or placement.function} (call sites: {sites})")
-    summary = {"placed": [p.to_json() for p in placements]}
+    summary: dict[str, Any] = {"placed": [p.to_json() for p in placements]}
     if aliases:
         summary["removed_alias_objects"] = aliases
     return StageResult(

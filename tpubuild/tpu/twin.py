@@ -71,12 +71,12 @@ def cpu_twin(src: Path, tags: list[str], scratch: Path) -> Path:
         make_cpu_twin(src, twin, tags)
         return twin
     key = (_made_from(Path(src)), tuple(tags))
-    twin = _TWINS.get(key)
-    if twin is None or not twin.is_dir():
-        twin = Path(tempfile.mkdtemp(prefix="twin-", dir=root)) / "twin"
-        make_cpu_twin(src, twin, tags)
-        _TWINS[key] = twin
-    return twin
+    made = _TWINS.get(key)
+    if made is None or not made.is_dir():
+        made = Path(tempfile.mkdtemp(prefix="twin-", dir=root)) / "twin"
+        make_cpu_twin(src, made, tags)
+        _TWINS[key] = made
+    return made
 
 
 def keep_loaded(twin: Path, tags: list[str], model: Any) -> bool:

@@ -97,7 +97,7 @@ def input_specs(model: SavedModel, fn: str, positions: list[int]) -> list[Spec]:
     fdef = model.functions[fn]
     names = fnedit.arg_names(fdef)
     sparse = _sparse_positions(model, fn)
-    inputs = []
+    inputs: list[Spec] = []
     for index in positions:
         name = _user_name(fdef, index) or names[index]
         spec = Spec(name, fnedit.dims(fnedit.arg_shape(fdef, index)), index in sparse)
@@ -206,7 +206,7 @@ def _inferred_output_dims(model: SavedModel, fn: str, count: int) -> list[list[i
             graph = function_def_to_graph(fdef, input_shapes=shapes)
     except Exception:  # a function TF cannot import (an op this TF does not register)
         return [None] * count
-    out = []
+    out: list[list[int] | None] = []
     for tensor in graph.outputs:
         if tensor.shape.rank is None:
             out.append(None)

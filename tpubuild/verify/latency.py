@@ -63,6 +63,7 @@ def measure(path: Path, tags: list[str], samples_by_key: dict[str, list[dict[str
         start = time.perf_counter()
         loaded = tf.saved_model.load(str(path), tags=tags)
         loads.append(time.perf_counter() - start)
+    assert loaded is not None  # runs >= 1: the loop ran at least once
     per_key = {key: median_call_seconds(signature_call(loaded.signatures[key], samples[0]), calls)
                for key, samples in sorted(samples_by_key.items())}
     return {"load_seconds": statistics.median(loads), "call_seconds": per_key}

@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 from tpubuild.digests import ABSENT, hash_bytes, hash_file, normalized_dist
 
@@ -72,7 +74,7 @@ def _input_name(path: str) -> str | None:
 def _imported_by_user_code() -> bool:
     """Whether the import statement being resolved is in a workspace file or another
     source file no distribution installed (the innermost frame outside importlib)."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         filename = frame.f_code.co_filename
         if filename.startswith("<frozen importlib") or f"{os.sep}importlib{os.sep}" in filename:
@@ -127,7 +129,7 @@ def install(workspace: Path) -> None:
     loader = importlib.machinery.SourceFileLoader
     original = loader.get_data
 
-    def get_data(self: object, path: str) -> bytes:
+    def get_data(self: Any, path: str) -> bytes:
         data = original(self, path)
         if path.endswith(".py"):
             name = _input_name(path)
@@ -147,7 +149,7 @@ def install(workspace: Path) -> None:
         return original_get_code(self, fullname)
 
     loader.get_data = get_data  # type: ignore[method-assign]
-    loader.get_code = get_code  # type: ignore[method-assign]
+    loader.get_code = get_code  # type: ignore[method-assign, assignment]
     sys.meta_path.insert(0, _NegativeLookups())  # type: ignore[arg-type]
 
 
@@ -180,8 +182,8 @@ def _imported_distributions(sources: list[str]) -> dict[str, str]:
     for name in sorted(named):
         module = sys.modules.get(name)
         # A namespace package (orbax, google) has no __file__, only its directories.
-        path = getattr(module, "__file__", None) or next(iter(getattr(module, "__path__", None) or []), None)
-        if not path or not _installed(os.path.realpath(path)):
+        where: str | None = getattr(module, "__file__", None) or next(iter(getattr(module, "__path__", None) or []), None)
+        if not where or not _installed(os.path.realpath(where)):
             continue  # not imported, or the workspace's own module of that name
         for dist in owners.get(name, []):
             key = normalized_dist(dist)

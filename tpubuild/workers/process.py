@@ -294,7 +294,8 @@ def _exit_now(replies: Any) -> None:
     closes such a worker) and before the build ends."""
     for stream in (replies, sys.stderr, sys.__stderr__):
         try:
-            stream.flush()
+            if stream is not None:
+                stream.flush()
         except (OSError, ValueError):
             pass  # a log on a full disk: the stage's reply said so already
     os._exit(0)

@@ -68,7 +68,7 @@ def _calls(source: Path) -> str | None:
 def needed_sources(headers: list[str]) -> list[Path]:
     """Core files, and the optional files that the generated headers call."""
     text = "\n".join(headers)
-    return [s for s in runtime_sources() if (_calls(s) is None or _calls(s) in text)]
+    return [s for s in runtime_sources() if (called := _calls(s)) is None or called in text]
 
 
 def runtime_names(headers: list[str]) -> list[str]:
