@@ -405,3 +405,165 @@ def test_docs_commands_names_nothing_the_cli_does_not_accept() -> None:
                  for use in uses for option in OPTION.findall(use) if option not in accepted]
     assert gone == [], "\n".join(gone)
 
+
+
+# --- docs/architecture.md against the package ----------------------------------------------
+
+ARCHITECTURE = REPO / "docs" / "architecture.md"
+
+
+def drawing() -> tuple[list[set[str]], int]:
+    """The layer drawing under `### Layers`, top line first: each line's folders and files;
+    and the ground floor's line (the one with `...`, which stands for the rest)."""
+    block = re.search(r"### Layers\n.*?```\n(.*?)```", ARCHITECTURE.read_text(), re.S)
+    assert block, "docs/architecture.md: no layer drawing (a fenced block under `### Layers`)"
+    lines = block.group(1).splitlines()
+    ground = next((i for i, line in enumerate(lines) if "..." in line), len(lines) - 1)
+    return [set(re.findall(r"(?<![\w/.])(\w+/|\w+\.py)(?![\w/])", line)) for line in lines], ground
+
+
+def place_of(module: str) -> str | None:
+    """Where the drawing would show a module: its folder below tpubuild (`engine/`) or, at the
+    top, its file (`pipeline.py`); None for the package itself."""
+    parts = module.split(".")
+    if not parts[0]:
+        return None
+    return f"{parts[0]}/" if len(parts) > 1 or (PACKAGE / parts[0]).is_dir() else f"{parts[0]}.py"
+
+
+def tpubuild_imports(module: Module) -> list[tuple[str, int]]:
+    """(imported module below tpubuild, line) of every import of a module, in functions too."""
+    found = []
+    for node in ast.walk(module.tree):
+        if isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            if node.module == "tpubuild":  # `from tpubuild import pipeline`
+                found += [(f"tpubuild.{a.name}", node.lineno) for a in node.names if a.name in code()[""].submodules]
+            else:
+                found.append((node.module, node.lineno))
+    return [(name.removeprefix("tpubuild."), line) for name, line in found if name.startswith("tpubuild.")]
+
+
+def test_the_layer_drawing_has_no_import_running_up() -> None:
+    lines, ground = drawing()
+    row = {place: i for i, line in enumerate(lines) for place in line}
+    up = set()
+    for module in code().values():
+        here = place_of(module.name)
+        for imported, line in tpubuild_imports(module):
+            there = place_of(imported)
+            if here and there and here != there and row.get(there, ground) < row.get(here, ground):
+                file = "tpubuild/" + module.name.replace(".", "/") + (".py" if (PACKAGE / module.name.replace(".", "/")).with_suffix(".py").exists() else "/__init__.py")
+                up.add(f"docs/architecture.md: the layer drawing puts {here} below {there}, "
+                       f"which it imports ({file}:{line})")
+    assert sorted(up) == [], "\n".join(sorted(up))
+
+
+def layout_rows() -> list[tuple[str, str]]:
+    """(first cell, whole row) of the table under `## Layout`."""
+    section = ARCHITECTURE.read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
+    return [(line.split(" | ")[0], line) for line in section.splitlines() if line.startswith("| `")]
+
+
+def test_the_layout_names_every_module() -> None:
+    rows = layout_rows()
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        parts = rel.split("/")
+        if parts[-1] == "__init__.py" or parts[0] == "commands":
+            continue  # a face hands names on; each verb is docs/commands.md's (tested above)
+        if len(parts) == 1:
+            if not any(f"`{rel}`" in first for first, _ in rows):
+                missing.append(f"docs/architecture.md: the layout names no `{rel}`")
+            continue
+        folder = "/".join(parts[:2]) + "/" if parts[0] == "targets" and len(parts) > 2 else parts[0] + "/"
+        home = [row for first, row in rows if f"`{folder}`" in first or (parts[0] == "targets" and "`targets/<name>/`" in first)]
+        name = parts[-1]
+        if not home:
+            missing.append(f"docs/architecture.md: the layout has no row for `{folder}`")
+        elif not any(f"`{name}`" in row or f"/{name}`" in row or f"`{name[:-3]}`" in row or f" {name}" in row for row in home):
+            missing.append(f"docs/architecture.md: the `{folder}` row names no `{name}` (tpubuild/{rel})")
+    assert missing == [], "\n".join(missing)
+
+
+# --- stage chains ----------------------------------------------------------------------------
+
+def main_stages() -> list[str]:
+    """pipeline.MAIN_STAGES' names in order, read from the source."""
+    for node in code()["pipeline"].tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == "MAIN_STAGES" for t in targets):
+                return list(ast.literal_eval(node.value))
+    raise AssertionError("tpubuild/pipeline.py: no MAIN_STAGES")
+
+
+CHAIN_LINK = r"(?:`\w+`(?: \(or `\w+`\))?|\(targets\))"
+CHAIN = re.compile(rf"{CHAIN_LINK}(?: > {CHAIN_LINK}){{3,}}")
+
+
+def test_every_stage_chain_the_docs_draw_is_the_pipelines() -> None:
+    order = [*main_stages(), "publish"]
+    wrong = []
+    for page in pages():
+        text = re.sub(r"\s+", " ", page.read_text())
+        for chain in CHAIN.findall(text):
+            names = re.findall(r"`(\w+)`", chain)
+            if not set(names) <= set(order):
+                continue  # not a chain of stages
+            where = f"{page.relative_to(REPO)}: {chain}"
+            if [order.index(n) for n in names] != sorted(order.index(n) for n in names):
+                wrong.append(f"{where}: not in pipeline.MAIN_STAGES' order")
+            # A whole chain (from the model to publish) names every stage; `source` and
+            # `export` are the two ways a chain starts, either will do.
+            left = set(order) - set(names) - ({"source", "export"} if {"source", "export"} & set(names) else set())
+            if names[0] in ("source", "export") and names[-1] == "publish" and left:
+                wrong.append(f"{where}: without {', '.join(n for n in order if n in left)}")
+    assert wrong == [], "\n".join(wrong)
+
+
+# --- file names in the code's own comments -------------------------------------------------
+
+# Files of TensorFlow and other libraries that tpubuild's comments cite by bare name.
+UPSTREAM_FILES = {"constants.py", "function_def_to_graph.py", "functional_saver.py", "save.py", "load.py", "lite.py",
+                  "saved_model_aot_compile.py", "function_deserialization.py", "json.py", "helper.py",
+                  "quantize_model.py"}
+FILE_IN_TEXT = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w-]+\.py)\b")
+
+
+def code_texts() -> list[tuple[str, int, str]]:
+    """(file, line, text) of each comment and string of tpubuild's code and of pyproject.toml's
+    comments."""
+    import io
+    import tokenize
+
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        for token in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+            if token.type in (tokenize.COMMENT, tokenize.STRING):
+                found.append((rel, token.start[0], token.string))
+    for number, line in enumerate((REPO / "pyproject.toml").read_text().splitlines(), 1):
+        if "#" in line:
+            found.append(("pyproject.toml", number, line.split("#", 1)[1]))
+    return found
+
+
+def test_every_file_the_code_comments_name_exists() -> None:
+    files, _ = tree_names()
+    top = {p.name for p in REPO.iterdir()} | {p.name for p in PACKAGE.iterdir()}
+    gone = []
+    for rel, line, text in code_texts():
+        for name in FILE_IN_TEXT.findall(text):
+            parts = name.split("/")
+            if len(parts) == 1:
+                ok = name in files or name in UPSTREAM_FILES
+            elif parts[0] in top:
+                ok = (REPO / name).exists() or (PACKAGE / name).exists()
+            else:
+                continue  # a path of another project (tensorflow/python/...), or of a workspace
+            if not ok:
+                gone.append(f"{rel}:{line}: {name}")
+    assert gone == [], "\n".join(gone)
