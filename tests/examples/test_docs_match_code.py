@@ -567,3 +567,74 @@ def test_every_file_the_code_comments_name_exists() -> None:
             if not ok:
                 gone.append(f"{rel}:{line}: {name}")
     assert gone == [], "\n".join(gone)
+
+
+# --- bare names --------------------------------------------------------------------------------
+
+# Names of other projects the docs give bare: TF's and orbax's options, TF Serving's flag, a package.
+OTHER_NAMES = {"save_options", "keras_hub", "load_retry_interval_micros", "min_num_elements_for_weights"}
+BARE = re.compile(r"([A-Za-z_]\w*)(\(.*)?")
+
+
+@cache
+def names_in_python() -> frozenset[str]:
+    """Every name the repository's Python code defines, uses or spells in a string (tests,
+    scripts and benchmarks too: the docs describe their helpers), and every schema key."""
+    found: set[str] = set()
+    for path in REPO.rglob("*.py"):
+        if SKIPPED_DIRS & set(path.relative_to(REPO).parts) or path == Path(__file__).resolve():
+            continue  # not this file either: it names what is gone
+        for node in ast.walk(ast.parse(path.read_bytes())):
+            if isinstance(node, ast.Name):
+                found.add(node.id)
+            elif isinstance(node, ast.Attribute):
+                found.add(node.attr)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                found.add(node.name)
+            elif isinstance(node, ast.arg):
+                found.add(node.arg)
+            elif isinstance(node, ast.keyword) and node.arg:
+                found.add(node.arg)
+            elif isinstance(node, ast.alias):
+                found.update((node.asname or node.name).split("."))
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                found.update(re.findall(r"\w+", node.value))
+    children = schema_children()
+    return frozenset(found | set(children) | {k for keys in children.values() for k in keys})
+
+
+def bare_name(token: str) -> str | None:
+    """The name a span gives bare when it looks like tpubuild's code: a snake_case name
+    (`finish_uploads`) or a call (`enforce(model)`); None for a word, a CamelCase or ALL_CAPS
+    name (`PutObject`, `SQLITE_FULL`, `AWS_PROFILE`: as often another program's), a dotted
+    name or a path."""
+    match = BARE.fullmatch(token)
+    if not match:
+        return None
+    name, call = match.groups()
+    if name.lower() != name or ("_" not in name.strip("_") and not call):
+        return None
+    return name
+
+
+@pytest.mark.parametrize("span,gone", [("finish_uploads", True), ("fetch_entry(key, store)", False),
+                                       ("enforce(model)", False), ("no_such_helper(x)", True), ("PutObject", False),
+                                       ("AWS_PROFILE", False), ("serving", False)])
+def test_bare_names_are_checked_when_they_look_like_code(span: str, gone: bool) -> None:
+    name = bare_name(span)
+    assert (name is not None and name not in names_in_python() and name not in OTHER_NAMES) == gone
+
+
+def test_every_bare_name_of_code_the_docs_give_exists() -> None:
+    gone = []
+    for page in pages():
+        fenced = False
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            if FENCE.match(line):
+                fenced = not fenced
+                continue
+            for span in [] if fenced else SPAN.findall(line):
+                name = bare_name(span)
+                if name and name not in names_in_python() and name not in OTHER_NAMES:
+                    gone.append(f"{page.relative_to(REPO)}:{number}: {name}: not in the code")
+    assert gone == [], "\n".join(gone)
