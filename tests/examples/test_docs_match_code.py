@@ -8,6 +8,7 @@ Fast: no TensorFlow, no build. A page added to docs/ is checked like the others.
 from __future__ import annotations
 
 import ast
+import itertools
 import json
 import re
 from dataclasses import dataclass, field
@@ -138,6 +139,7 @@ def test_every_file_the_docs_name_exists() -> None:
 @dataclass
 class Module:
     name: str  # dotted, below tpubuild ("" for the package itself)
+    path: Path
     tree: ast.Module
     names: dict[str, ast.AST] = field(default_factory=dict)  # top-level definitions
     face: dict[str, str] = field(default_factory=dict)  # a package's `_FACE`: name -> module
@@ -153,7 +155,7 @@ def code() -> dict[str, Module]:
         if parts[-1] == "__init__":
             parts = parts[:-1]
         tree = ast.parse(path.read_bytes())
-        module = Module(".".join(parts), tree)
+        module = Module(".".join(parts), path, tree)
         for node in tree.body:
             for name, value in _bound(node):
                 module.names[name] = value
@@ -296,7 +298,7 @@ def is_field_path(token: str) -> bool:
     parts = token.split(".")
     children = schema_children()
     known = set(children) | {k for ks in children.values() for k in ks}
-    return parts[0] in known and all(b in children.get(a, set()) for a, b in zip(parts, parts[1:]))
+    return parts[0] in known and all(b in children.get(a, set()) for a, b in itertools.pairwise(parts))
 
 
 def skipped(token: str) -> bool:
@@ -415,7 +417,7 @@ ARCHITECTURE = REPO / "docs" / "architecture.md"
 def drawing() -> tuple[list[set[str]], int]:
     """The layer drawing under `### Layers`, top line first: each line's folders and files;
     and the ground floor's line (the one with `...`, which stands for the rest)."""
-    block = re.search(r"### Layers\n.*?```\n(.*?)```", ARCHITECTURE.read_text(), re.S)
+    block = re.search(r"### Layers\n.*?```\n(.*?)```", ARCHITECTURE.read_text(), re.DOTALL)
     assert block, "docs/architecture.md: no layer drawing (a fenced block under `### Layers`)"
     lines = block.group(1).splitlines()
     ground = next((i for i, line in enumerate(lines) if "..." in line), len(lines) - 1)
@@ -454,9 +456,8 @@ def test_the_layer_drawing_has_no_import_running_up() -> None:
         for imported, line in tpubuild_imports(module):
             there = place_of(imported)
             if here and there and here != there and row.get(there, ground) < row.get(here, ground):
-                file = "tpubuild/" + module.name.replace(".", "/") + (".py" if (PACKAGE / module.name.replace(".", "/")).with_suffix(".py").exists() else "/__init__.py")
                 up.add(f"docs/architecture.md: the layer drawing puts {here} below {there}, "
-                       f"which it imports ({file}:{line})")
+                       f"which it imports ({module.path.relative_to(REPO)}:{line})")
     assert sorted(up) == [], "\n".join(sorted(up))
 
 
@@ -478,13 +479,13 @@ def test_the_layout_names_every_module() -> None:
             if not any(f"`{rel}`" in first for first, _ in rows):
                 missing.append(f"docs/architecture.md: the layout names no `{rel}`")
             continue
-        folder = "/".join(parts[:2]) + "/" if parts[0] == "targets" and len(parts) > 2 else parts[0] + "/"
-        home = [row for first, row in rows if f"`{folder}`" in first or (parts[0] == "targets" and "`targets/<name>/`" in first)]
+        # The package's row (`engine/`, `targets/<name>/`) names the file, or a stage by name.
+        home = [row for first, row in rows if f"`{parts[0]}/" in first]
         name = parts[-1]
         if not home:
-            missing.append(f"docs/architecture.md: the layout has no row for `{folder}`")
-        elif not any(f"`{name}`" in row or f"/{name}`" in row or f"`{name[:-3]}`" in row or f" {name}" in row for row in home):
-            missing.append(f"docs/architecture.md: the `{folder}` row names no `{name}` (tpubuild/{rel})")
+            missing.append(f"docs/architecture.md: the layout has no row for `{parts[0]}/`")
+        elif not any(f"`{name}`" in row or f"/{name}`" in row or f"`{name[:-3]}`" in row for row in home):
+            missing.append(f"docs/architecture.md: the `{parts[0]}/` row names no `{name}` (tpubuild/{rel})")
     assert missing == [], "\n".join(missing)
 
 
@@ -591,9 +592,7 @@ def names_in_python() -> frozenset[str]:
                 found.add(node.attr)
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 found.add(node.name)
-            elif isinstance(node, ast.arg):
-                found.add(node.arg)
-            elif isinstance(node, ast.keyword) and node.arg:
+            elif isinstance(node, (ast.arg, ast.keyword)) and node.arg:
                 found.add(node.arg)
             elif isinstance(node, ast.alias):
                 found.update((node.asname or node.name).split("."))
