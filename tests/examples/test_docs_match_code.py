@@ -82,18 +82,28 @@ DATA_EXTENSIONS = {"pb", "yaml", "yml", "json", "sig", "tflite", "txt", "sqlite"
 # Folders that a build, a cache or a report makes at run time, not files of this repository.
 RUNTIME_FOLDERS = {"out", "tmp", "objects", "hlo", ".tpubuild", "v1", "assets", "variables", ".pytest_cache",
                    ".hypothesis", "build", "dist"}
-SKIPPED_DIRS = {".git", "__pycache__", ".pytest_cache", ".hypothesis", "out", ".tpubuild"}
+SKIPPED_DIRS = {".git", "__pycache__", ".pytest_cache", ".hypothesis", "out", ".tpubuild", "build", "dist"}
 
 
 @cache
+def repository() -> tuple[tuple[Path, ...], frozenset[str]]:
+    """Every file of the repository, and the names of its folders: not .git, caches, build
+    outputs or virtual environments (pruned, not walked: a built checkout holds many)."""
+    import os
+
+    files, dirs = [], set()
+    for top, folders, names in os.walk(REPO):
+        folders[:] = [f for f in folders if f not in SKIPPED_DIRS and not f.startswith(".venv")
+                      and not f.endswith(".egg-info")]
+        dirs.update(folders)
+        files += [Path(top, name) for name in names]
+    return tuple(files), frozenset(dirs)
+
+
 def tree_names() -> tuple[frozenset[str], frozenset[str]]:
-    """The names of every file and of every folder in the repository (not .git, caches)."""
-    files, dirs = set(), set()
-    for path in REPO.rglob("*"):
-        if SKIPPED_DIRS & set(path.relative_to(REPO).parts):
-            continue
-        (dirs if path.is_dir() else files).add(path.name)
-    return frozenset(files), frozenset(dirs)
+    """The names of every file and of every folder in the repository."""
+    files, dirs = repository()
+    return frozenset(f.name for f in files), dirs
 
 
 def is_path(token: str) -> bool:
@@ -242,8 +252,10 @@ def _in_module(module: Module, rest: list[str]) -> bool:
 
 def resolves(token: str) -> bool:
     """Whether `token` (`engine.loop.Engine.uptodate`, `Store.put`, `remote_url.Timeouts`)
-    names something tpubuild defines: its longest prefix that names a module (by dotted path
-    below tpubuild or a unique tail of one) and the rest inside it; else a class by name."""
+    names something tpubuild defines: a prefix that names a module (by its dotted path below
+    tpubuild or the tail of one: `remote_url` is config/remote_url.py; of several modules
+    with that tail, any) and the rest inside it; else a class, or a module-level object
+    made by a class, by its bare name and the rest inside that class."""
     parts = token.removeprefix("tpubuild.").split(".")
     modules = code()
     for cut in range(len(parts), 0, -1):
@@ -582,8 +594,8 @@ def names_in_python() -> frozenset[str]:
     """Every name the repository's Python code defines, uses or spells in a string (tests,
     scripts and benchmarks too: the docs describe their helpers), and every schema key."""
     found: set[str] = set()
-    for path in REPO.rglob("*.py"):
-        if SKIPPED_DIRS & set(path.relative_to(REPO).parts) or path == Path(__file__).resolve():
+    for path in repository()[0]:
+        if path.suffix != ".py" or path == Path(__file__).resolve():
             continue  # not this file either: it names what is gone
         for node in ast.walk(ast.parse(path.read_bytes())):
             if isinstance(node, ast.Name):
