@@ -365,21 +365,27 @@ def spellings(command: click.Command) -> list[list[str]]:
             if isinstance(p, click.Option) and "--help" not in p.opts]
 
 
-def usages() -> dict[str, list[str]]:
-    """Verb -> the `tpubuild VERB ...` and `VERB --option` spans of docs/commands.md."""
+COMMANDS = REPO / "docs" / "commands.md"
+
+
+def usages(page: Path = COMMANDS) -> list[tuple[int, str, str]]:
+    """(line, verb, the rest) of each `tpubuild VERB ...` span of a page; in docs/commands.md
+    also each `VERB --option` span (`build --check`), whose verb the page is about."""
     from tpubuild.cli import VERBS
 
-    found: dict[str, list[str]] = {}
-    for line in (REPO / "docs" / "commands.md").read_text().splitlines():
+    found = []
+    for number, line in enumerate(page.read_text().splitlines(), 1):
         # A table row's first cell declares verbs (`tpubuild clean ...`, `tpubuild gc ...`):
         # a word there that is no verb is a verb gone; elsewhere only known verbs count.
-        first = line.split(" | ")[0] if line.startswith("| `tpubuild ") else ""
+        first = line.split(" | ")[0] if page == COMMANDS and line.startswith("| `tpubuild ") else ""
         for span in SPAN.findall(line):
             words = span.split()
-            if words and words[0] == "tpubuild":
-                words = words[1:]
-            if words and (words[0] in VERBS or f"`{span}`" in first):
-                found.setdefault(words[0], []).append(" ".join(words[1:]))
+            prefixed = bool(words) and words[0] == "tpubuild"
+            words = words[1:] if prefixed else words
+            if not words or not (prefixed or page == COMMANDS):
+                continue
+            if words[0] in VERBS or f"`{span}`" in first:
+                found.append((number, words[0], " ".join(words[1:])))
     return found
 
 
@@ -389,36 +395,40 @@ OPTION = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
 def test_docs_commands_names_every_verb_and_option_the_cli_accepts() -> None:
     from tpubuild.cli import cli
 
-    shown = usages()
+    shown: dict[str, set[str]] = {}
+    for _, verb, rest in usages():
+        shown.setdefault(verb, set()).update(OPTION.findall(rest))
     missing = []
     for verb, command in verbs().items():
         if verb not in shown:
             missing.append(f"docs/commands.md: no `tpubuild {verb}`")
             continue
-        said = {o for usage in shown[verb] for o in OPTION.findall(usage)}
         missing += [f"docs/commands.md: `tpubuild {verb}` without {'/'.join(names)}"
-                    for names in spellings(command) if not set(names) & said]
-    text = (REPO / "docs" / "commands.md").read_text()
+                    for names in spellings(command) if not set(names) & shown[verb]]
+    text = COMMANDS.read_text()
     missing += [f"docs/commands.md: no global option {'/'.join(names)}" for names in spellings(cli)
                 if not any(f"`{n}" in text for n in names)]
     assert missing == [], "\n".join(missing)
 
 
-def test_docs_commands_names_nothing_the_cli_does_not_accept() -> None:
+def test_the_docs_name_no_verb_or_option_the_cli_does_not_accept() -> None:
+    """docs/commands.md's verbs and options, and every `tpubuild VERB --option` of the other
+    pages (with a placeholder too, which test_docs_commands.py does not parse)."""
     from tpubuild.cli import cli
 
     commands = verbs()
     accepted_globally = {o for names in spellings(cli) for o in names} | {"--help", "-h", "--version"}
     gone = []
-    for verb, uses in usages().items():
-        if verb not in commands:
-            gone.append(f"docs/commands.md: `tpubuild {verb}`: no such verb")
-            continue
-        accepted = {o for names in spellings(commands[verb]) for o in names} | accepted_globally
-        gone += [f"docs/commands.md: `{verb} {option}`: no such option"
-                 for use in uses for option in OPTION.findall(use) if option not in accepted]
+    for page in pages():
+        where = page.relative_to(REPO)
+        for line, verb, rest in usages(page):
+            if verb not in commands:
+                gone.append(f"{where}:{line}: `tpubuild {verb}`: no such verb")
+                continue
+            accepted = {o for names in spellings(commands[verb]) for o in names} | accepted_globally
+            gone += [f"{where}:{line}: `{verb} {option}`: no such option"
+                     for option in OPTION.findall(rest) if option not in accepted]
     assert gone == [], "\n".join(gone)
-
 
 
 # --- docs/architecture.md against the package ----------------------------------------------
