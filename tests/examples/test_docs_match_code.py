@@ -478,8 +478,10 @@ def test_the_layer_drawing_has_no_import_running_up() -> None:
         for imported, line in tpubuild_imports(module):
             there = place_of(imported)
             if here and there and here != there and row.get(there, ground) < row.get(here, ground):
-                up.add(f"docs/architecture.md: the layer drawing puts {here} below {there}, "
-                       f"which it imports ({module.path.relative_to(REPO)}:{line})")
+                drawn = f"puts {here} below {there}" if here in row else \
+                    f"does not show {here} (the ground floor, then) but shows {there}"
+                up.add(f"docs/architecture.md: the layer drawing {drawn}, which it imports "
+                       f"({module.path.relative_to(REPO)}:{line})")
     assert sorted(up) == [], "\n".join(sorted(up))
 
 
