@@ -1,7 +1,10 @@
 """The docs name code that exists (issue 49 item 7): every file or folder README.md and
 docs/**/*.md name in backticks or links exists, every dotted `module.name` / `Class.method`
-they name is defined in tpubuild (read from the syntax trees, nothing imported), and
-docs/commands.md names every verb and option the CLI accepts and nothing it does not.
+they name is defined in tpubuild (read from the syntax trees, nothing imported), every bare
+snake_case name or call they give is in the code, and docs/commands.md names every verb and
+option the CLI accepts and nothing it does not. Also: docs/architecture.md's layer drawing
+has no import running up and its layout names every module, every stage chain a page draws
+is pipeline.MAIN_STAGES', and the file names in the code's comments and pyproject.toml exist.
 
 Fast: no TensorFlow, no build. A page added to docs/ is checked like the others."""
 
