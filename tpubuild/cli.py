@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
             click.echo(line, err=True)
         sys.exit(exc.exit_code)
     except (click.exceptions.Abort, KeyboardInterrupt):
-        # The build's workers were killed on the way out (engine.build's finally).
+        # The build's workers were killed on the way out (the finally of engine/loop.py's build).
         click.echo("tpubuild: interrupted", err=True)
         sys.exit(130)
     except click.ClickException as exc:

@@ -1,4 +1,4 @@
-"""The TPU runtime's rules (tpu_runtime_rules.py) and TF's MLIR clustering bridge on TPU bodies:
+"""The TPU runtime's rules (tpu/runtime_rules.py) and TF's MLIR clustering bridge on TPU bodies:
 every placement tpubuild makes passes both; models that break a rule fail with exact messages."""
 
 from __future__ import annotations

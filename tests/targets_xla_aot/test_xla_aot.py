@@ -95,7 +95,7 @@ def other_library(tmp_path_factory, workspace) -> tuple[Path, Path]:
 
 def test_same_bytes_on_a_second_build(other_library, workspace, tmp_path) -> None:
     # The loop unrolled, as in the example model: with a While loop, XLA orders the
-    # arguments of the loop's kernel differently from run to run (see xla_aot_compile.py).
+    # arguments of the loop's kernel differently from run to run (see targets/xla_aot/compile.py).
     other, first = other_library
     second = tmp_path / "second-with-a-longer-name"
     build(other, second, workspace, signatures=["unrolled"], batch_sizes=[3])

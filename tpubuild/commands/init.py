@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-# The workspace file `init` writes: every key at its default, each said in a comment.
+# The workspace file `init` writes: seven of its keys (three set to their defaults, four
+# commented out), each under a comment; `tpubuild schema workspace --content` lists them all.
 WORKSPACE_TEMPLATE = """\
 # The tpubuild workspace: `tpubuild build` run here or in a directory below builds its recipes.
 # Every key is optional and shows its default; `tpubuild schema workspace --content` lists them all.

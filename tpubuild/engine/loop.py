@@ -809,7 +809,7 @@ def build(
         # opens the store's index only when that differs from what it registered last,
         # and one that cannot write it (a read-only shared cache) still succeeds.
         # An index another user of a shared cache made and this one cannot write is said
-        # once (store_index.py); a full disk fails a build that wrote the cache (README).
+        # once (store/index.py); a full disk fails a build that wrote the cache (README).
         try:
             register_used(engine.store, ws, runs)
         except OSError as exc:

@@ -3,7 +3,10 @@ reflink, copy or checked hard link, and durable renames (`place`); directories w
 written and removed without following a link, by descriptor (`nofollow`); flock-based locks
 with deadlines that name their holder (`flock`), and the workspace's own lock (`wslock`);
 names read from a place others write, checked before they become paths or numbers (`names`).
-They know nothing of stages, keys or recipes.
+They know nothing of keys, recipes or the build; what they refuse (a link or a special file
+where a regular file should be, a copy that does not hash to the object checked, a full disk
+while copying) is raised as errors.py's StageError, because it fails the stage or publish
+step that placed the file: one line naming the path, exit 1.
 """
 
 from __future__ import annotations

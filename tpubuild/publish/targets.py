@@ -106,7 +106,7 @@ def write_version(target_dir: Path, number: int, files: list[tuple[str, tuple[Fi
 def prepare_version(target_dir: Path, files: list[tuple[str, tuple[FileEntry, Path]]], manifest: dict[str, Any],
                     link_type: str, finish: Callable[[Path], None] | None = None) -> Path:
     """A target version complete in a temp directory of `target_dir`, every file checked
-    against its digest (fsutil.place_file `expect`), durable; `commit_version` renames it."""
+    against its digest (fs/place.py place_file's `expect`), durable; `commit_version` renames it."""
     target_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target_dir))
     try:

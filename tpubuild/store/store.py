@@ -90,7 +90,7 @@ class Store:
         self._key_file: Path | None = None  # where it is
         self._key_refused = False
 
-    # --- sessions, the store lock and the index (store/sessions.py, store_index.py) -----------
+    # --- sessions, the store lock and the index (store/sessions.py, store/index.py) -----------
     def session_dir(self) -> Path:
         """This process's private temp directory (mode 0700), made on first use under the
         store lock; its flock tells other processes that it is alive (gc waits for it)."""
@@ -122,11 +122,11 @@ class Store:
 
     def register_workspace(self, root: Path, keys: set[str] | dict[str, set[str]], file: Path | None = None,
                            required: bool = True, only: set[str] | None = None) -> None:
-        """Record which stage keys the workspace at `root` references (store_index.py)."""
+        """Record which stage keys the workspace at `root` references (store/index.py)."""
         self.index.register_workspace(root, keys, file, required, only)
 
     def workspace_references(self, forget_missing: bool = True) -> dict[str, set[str]]:
-        """Registered workspace root -> the keys it references (store_index.py)."""
+        """Registered workspace root -> the keys it references (store/index.py)."""
         return self.index.workspace_references(forget_missing)
 
     def forget(self, keys: set[str], objects: set[str]) -> None:

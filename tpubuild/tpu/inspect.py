@@ -39,7 +39,7 @@ def inspect(path: Path, tags: list[str] | None = None) -> dict[str, Any]:
     """Tags, signatures with specs, aliases, functions with callers / XLA-compilability, TPU and batch ops.
 
     Functions a TPUPartitionedCall runs are reported as placed on the TPU, with the TPU
-    runtime's rule findings (tpu_runtime_rules.py, then TF's MLIR clustering bridge), on any
+    runtime's rule findings (runtime_rules.py, then TF's MLIR clustering bridge), on any
     SavedModel, converted by tpubuild or elsewhere.
     """
     from tpubuild.serving import warmup

@@ -1,6 +1,6 @@
 """XLA AOT libraries of a SavedModel's signatures: names, the compiler's process, the facts.
 
-The compiling itself is in xla_aot_compile.py (its own process); this module plans the
+The compiling itself is in compile.py (its own process); this module plans the
 jobs, runs that process, and describes what it wrote (xla_aot.json, xla_aot.cmake).
 """
 
@@ -71,7 +71,7 @@ def plan_jobs(signatures: list[str], batch_sizes: list[int]) -> list[Job]:
 
 
 def run_compiler(source: Path, tags: list[str], jobs: list[Job], out_dir: Path, log: Any) -> dict[str, Any]:
-    """Run xla_aot_compile in a child process; its results by job prefix. The child's own
+    """Run compile.py in a child process; its results by job prefix. The child's own
     output (TensorFlow's log lines included) goes to the stage's log, never to the terminal.
 
     The child sees the same inputs on every build: it runs in a scratch directory with
