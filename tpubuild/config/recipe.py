@@ -304,6 +304,20 @@ def load_converter_options_file(path: Path, saved_model: Path, workspace: Worksp
     return _finish(data, marks, path, display, ws)
 
 
+def load_converter_options(converter: dict[str, Any], saved_model: Path, origin: str, name: str,
+                           workspace: Workspace | None = None) -> Recipe:
+    """A `converter:` section read from elsewhere (a converter text proto, config/../
+    converter_text.py) for a SavedModel given on the command line; problems name `origin`."""
+    saved_model = Path(saved_model).resolve()
+    # Relative paths in the text (datasets) are the caller's, as the converter reads them.
+    ws = workspace or implicit_workspace(Path(os.path.commonpath([Path.cwd(), saved_model])))
+    saved_model_rel = Path(os.path.relpath(saved_model, ws.root)).as_posix()
+    data = {"name": name, "model": {"saved_model": saved_model_rel}, "converter": converter}
+    marks = Marks()
+    marks.values[()] = Location(origin)
+    return _finish(data, marks, ws.root / origin, origin, ws)
+
+
 def _load(path: Path, ws: Workspace, deep: bool = False) -> Recipe:
     display = display_path(path, ws.root)
     read: list[Path] = []
