@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from tpubuild.converter_protos import GUIDE, MESSAGES, TOPOLOGY, V2, message_class, short_names
@@ -70,8 +71,8 @@ def read_text_proto(text: str, origin: str) -> Imported:
             continue
         parsed[dialect] = message
     if not parsed:
-        # The dialect that read further is the one the text was written in.
-        line, column, dialect, detail = max(failures)
+        # The dialect that read further; at the same place, the guide's (the older spelling).
+        line, column, dialect, detail = max(failures, key=lambda f: (f[0], f[1], f[2] == GUIDE))
         if failures[0][:2] != failures[1][:2]:
             other = V2 if dialect == GUIDE else GUIDE
             detail += f" (reading it as {dialect}; as {other} it fails earlier)"
@@ -345,6 +346,23 @@ class _Reader:
         out: dict[str, Any] = {}
         self.take(message, path, {kind: lambda v, p: out.__setitem__(kind, v)} if kind else {})
         return out
+
+
+def rebase_datasets(converter: dict[str, Any], old: Path, new: Path) -> dict[str, Any]:
+    """`converter` with each relative tfrecord_file_path (relative to `old`, where the text's
+    reader stands: the converter reads them from its working directory) made relative to `new`."""
+    import os
+
+    quant = converter.get("quantization_options")
+    if not quant or not quant.get("representative_datasets"):
+        return converter
+    datasets = {}
+    for key, source in quant["representative_datasets"].items():
+        path = source.get("tfrecord_file_path")
+        if path and not os.path.isabs(path):
+            source = {**source, "tfrecord_file_path": Path(os.path.relpath(old / path, new)).as_posix()}
+        datasets[key] = source
+    return {**converter, "quantization_options": {**quant, "representative_datasets": datasets}}
 
 
 def _enum_name(message: Any, field: str, value: int) -> str:

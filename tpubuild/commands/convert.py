@@ -57,7 +57,12 @@ def command(src_dir: Path | None, out_dir: Path | None, recipe: Path | None, opt
     if len(given) != 1:
         raise click.UsageError(f"give exactly one of --recipe FILE, --options-file FILE or {OPTIONS_STRING} TEXT")
 
-    from tpubuild.config.recipe import load_converter_options, load_converter_options_file, load_recipe_file
+    from tpubuild.config.recipe import (
+        converter_options_root,
+        load_converter_options,
+        load_converter_options_file,
+        load_recipe_file,
+    )
     from tpubuild.convert import convert
 
     if recipe:
@@ -65,10 +70,12 @@ def command(src_dir: Path | None, out_dir: Path | None, recipe: Path | None, opt
     elif options_file:
         loaded = load_converter_options_file(options_file, saved_model=src_dir)
     else:
-        from tpubuild.converter_text import read_text_proto
+        from tpubuild.converter_text import read_text_proto, rebase_datasets
 
         imported = read_text_proto(options_string, OPTIONS_STRING)
-        loaded = load_converter_options(imported.converter, src_dir, OPTIONS_STRING, name="converter_options")
+        # The converter reads dataset paths from its working directory: the same here.
+        converter = rebase_datasets(imported.converter, Path.cwd(), converter_options_root(src_dir))
+        loaded = load_converter_options(converter, src_dir, OPTIONS_STRING, name="converter_options")
     result = convert(src_dir, out_dir, loaded.canonical, loaded.root, loaded.file,
                      log=lambda message: click.echo(message, err=True))
     for run in result.ran:

@@ -35,8 +35,8 @@ def command(ctx: click.Context, file: Path, saved_model: Path | None, name: str 
     from tpubuild.atomic import create_text_exclusive
     from tpubuild.config.names import invalid_name_message, valid_name
     from tpubuild.config.recipe import load_converter_options
-    from tpubuild.converter_text import read_text_proto
-    from tpubuild.errors import UsageError
+    from tpubuild.converter_text import read_text_proto, rebase_datasets
+    from tpubuild.errors import ConfigError, UsageError
 
     ws = workspace_from(ctx)
     name = name or file.name.split(".")[0]
@@ -50,13 +50,22 @@ def command(ctx: click.Context, file: Path, saved_model: Path | None, name: str 
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"{file}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     imported = read_text_proto(text, str(file))
+    # Dataset paths in the text are the reader's (this directory's); a recipe's, its file's.
+    converter = rebase_datasets(imported.converter, Path.cwd(), target.parent)
+    root_converter = rebase_datasets(imported.converter, Path.cwd(), ws.root)
     model = saved_model.resolve() if saved_model else ws.root / "exported" / name
-    # Everything a build would check of the options, reported against FILE before writing.
-    load_converter_options(imported.converter, model, str(file), name, workspace=ws)
+    # Everything a build would check of the options, reported against FILE before writing;
+    # not the model's path: the SavedModel may be exported after the import.
+    try:
+        load_converter_options(root_converter, model, str(file), name, workspace=ws)
+    except ConfigError as exc:
+        problems = [d for d in exc.diagnostics if not d.json_path.startswith("model")]
+        if problems:
+            raise ConfigError(problems) from None
 
     target.parent.mkdir(parents=True, exist_ok=True)
     relative = Path(os.path.relpath(model, target.parent)).as_posix()
-    if not create_text_exclusive(target, recipe_text(name, relative, imported.converter, str(file),
+    if not create_text_exclusive(target, recipe_text(name, relative, converter, str(file),
                                                      imported.dialect, guessed=saved_model is None)):
         raise UsageError(f"{_shown(target)}: exists; give another --name (import never overwrites a recipe)")
     click.echo(f"wrote {_shown(target)} from {file} ({imported.dialect})")
