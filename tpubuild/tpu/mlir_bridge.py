@@ -91,7 +91,10 @@ def check_body(model: SavedModel, fn: str) -> Finding | None:
 
 def soft_placement(model: SavedModel, fn: str) -> bool:
     """Whether the TPU body allows soft device placement (its TPUReplicateMetadata says so)."""
-    return any(node.op == METADATA and node.attr["allow_soft_placement"].b for node in model.functions[fn].node_def)
+    # `in` first: indexing a proto map inserts an empty AttrValue, which the bridge refuses
+    # ("Unknown AttrValue type"); a saved model drops the attribute when false (its default).
+    return any(node.op == METADATA and "allow_soft_placement" in node.attr and node.attr["allow_soft_placement"].b
+               for node in model.functions[fn].node_def)
 
 
 def _first_error(exc: Exception) -> tuple[str | None, str]:
