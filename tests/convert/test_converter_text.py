@@ -247,3 +247,14 @@ def test_import_and_render_do_not_import_tensorflow(workspace: Path) -> None:
             "assert 'tensorflow' not in sys.modules\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=workspace, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_migration_guide_shows_the_text_protos_it_imports() -> None:
+    repo = Path(__file__).resolve().parents[2]
+    page = (repo / "docs" / "migrating-from-the-converter.md").read_text()
+    import re
+
+    shown = re.findall(r"```textproto\n(.*?)```", page, re.S)
+    files = [(repo / "recipes" / "converter" / name).read_text() for name in ("toy_guide.pbtxt", "toy_v2.pbtxt")]
+    assert shown == files
+    assert [read_text_proto(text, "doc").dialect for text in files] == ["ConverterOptions", "ConverterOptionsV2"]

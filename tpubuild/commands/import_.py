@@ -14,9 +14,10 @@ from tpubuild.commands._common import workspace_from
     "import",
     short_help="Write a recipe from a converter text proto (ConverterOptions or ConverterOptionsV2).",
     epilog="\b\nExamples:\n"
-    "  tpubuild import options.pbtxt --saved-model exported/toy     recipes/options.yaml\n"
-    "  tpubuild import tuned.txt --name toy_tuned --saved-model exported/toy\n"
-    "  tpubuild render toy_tuned --format textproto-v2             the same message back",
+    "  python recipes/models/toy.py exported/toy    a SavedModel: the example workspace's toy\n"
+    "  tpubuild import recipes/converter/toy_v2.pbtxt --saved-model exported/toy    recipes/toy_v2.yaml\n"
+    "  tpubuild render toy_v2 --format textproto-v2    the text proto imported, back\n"
+    "  tpubuild import recipes/converter/toy_guide.pbtxt --name toy_tuned --saved-model exported/toy",
 )
 @click.argument("file", type=click.Path(path_type=Path, dir_okay=False, exists=True))
 @click.option("--saved-model", "saved_model", type=click.Path(path_type=Path, file_okay=False),
