@@ -190,3 +190,23 @@ def test_a_gpu_field_is_refused_in_one_line(models: dict[str, Path], tmp_path: P
     assert (code, output) == (
         2, "--converter_options_string: xla_functions[0].device_type: refused: GPU: GPU only (tpubuild converts "
            "for the TPU)\n")
+
+
+def test_the_guides_quantization_text_proto_converts_through_the_flags(tmp_path: Path) -> None:
+    """external_feature_configs { quantization_options { ... } } as `tpubuild render` writes it
+    for the example `quantized` recipe, its TFRecord path relative to the directory the
+    command runs in (as the converter's image reads it)."""
+    repo = Path(__file__).resolve().parents[2]
+    export = ("import runpy, sys\n"
+              "runpy.run_path('recipes/models/quantized.py')['export'](sys.argv[1])\n")
+    done = subprocess.run([sys.executable, "-c", export, str(tmp_path / "model")], cwd=repo, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    text = subprocess.run([sys.executable, "-m", "tpubuild", "render", "quantized"], cwd=repo, capture_output=True,
+                          text=True, timeout=120).stdout
+    assert 'tfrecord_file_path: "recipes/data/quantized.tfrecord"' in text
+    done = subprocess.run([sys.executable, "-m", "tpubuild", "convert", f"--input_model_dir={tmp_path / 'model'}",
+                           f"--output_model_dir={tmp_path / 'out'}", f"--converter_options_string={text}"],
+                          cwd=repo, capture_output=True, text=True, timeout=600)
+    assert (done.returncode, done.stdout) == (0, f"converted {tmp_path / 'model'} -> {tmp_path / 'out'} (quantize)\n"), \
+        done.stderr
