@@ -32,6 +32,7 @@ VERBS = {
     "explain-error": "explain_error",
     "diff": "diff",
     "convert": "convert",
+    "import": "import_",
     "inspect": "inspect_",
     "report": "report",
     "clean": "clean",

@@ -1,8 +1,10 @@
 """A canonical recipe's converter section as the Cloud TPU Inference Converter reads it.
 
-`textproto` is a `ConverterOptions` text proto (schemas/converter_options.proto) for the
-converter's `--converter_options_string`; `json` and `yaml` print the canonical
-converter section. TensorFlow-free: the text proto and the TopologyProto bytes inside
+`textproto` is the guide's `ConverterOptions` text proto (schemas/converter_options.proto)
+for the converter's `--converter_options_string`, `textproto-v2` today's
+`ConverterOptionsV2` (schemas/converter_options_v2.proto); `json` and `yaml` print the
+canonical converter section. A field the chosen message cannot hold is an error naming
+it, never left out. TensorFlow-free: the text proto and the TopologyProto bytes inside
 it are written here, field by field in field-number order, the layout of protobuf's
 own `text_format.MessageToString(..., as_utf8=True)`, so the output is deterministic.
 """
@@ -14,7 +16,7 @@ from typing import Any, Iterator
 
 from tpubuild.errors import ConfigError, Diagnostic, Location
 
-FORMATS = ("textproto", "json", "yaml")
+FORMATS = ("textproto", "textproto-v2", "json", "yaml")
 
 # tpubuild's method names -> TensorFlow's QuantizationMethod.PresetMethod values.
 PRESET_METHODS = {
@@ -48,9 +50,11 @@ def render(canonical: dict[str, Any], fmt: str = "textproto", *, source: str = "
         import yaml
 
         return yaml.safe_dump(converter, sort_keys=True, default_flow_style=False, allow_unicode=True)
+    where = source or f"recipe {canonical['name']}"
     if fmt == "textproto":
-        where = source or f"recipe {canonical['name']}"
         return format_fields(converter_fields(converter, where=where, path_prefix=path_prefix))
+    if fmt == "textproto-v2":
+        return format_fields(converter_fields_v2(converter, where=where))
     raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
 
 
@@ -68,6 +72,9 @@ def _without_extensions(converter: dict[str, Any]) -> dict[str, Any]:
 
 def converter_fields(converter: dict[str, Any], *, where: str = "", path_prefix: str = "") -> list[Field]:
     """ConverterOptions as fields, proto3 defaults (0, false, "", empty) left out."""
+    _refuse(where, [(f"converter.{path}", "the guide's ConverterOptions has no field for it; "
+                     "render --format textproto-v2 (ConverterOptionsV2) holds it")
+                    for path in _v2_only(converter)])
     fields: list[Field] = [("tpu_functions", _tpu_function(entry)) for entry in converter["tpu_functions"]]
     fields += [("batch_options", _batch_options(entry)) for entry in converter["batch_options"]]
     fields += _enum("io_shape_optimization", converter["io_shape_optimization"])
@@ -82,6 +89,54 @@ def converter_fields(converter: dict[str, Any], *, where: str = "", path_prefix:
         quant = _quantization(converter["quantization_options"], where, path_prefix)
         fields.append(("external_feature_configs", [("quantization_options", quant)]))
     return fields
+
+
+def converter_fields_v2(converter: dict[str, Any], *, where: str = "") -> list[Field]:
+    """ConverterOptionsV2 as fields, in field-number order, proto3 defaults left out."""
+    if "quantization_options" in converter:
+        _refuse(where, [("converter.quantization_options",
+                         "ConverterOptionsV2 has no field for quantization; render --format textproto "
+                         "(the guide's ConverterOptions, external_feature_configs) holds it")])
+    fields: list[Field] = []
+    for entry in converter["tpu_functions"]:
+        fields.append(("tpu_functions", _tpu_function(entry) + _true("enable_soft_device_placement",
+                                                                      entry.get("enable_soft_device_placement", False))))
+    fields += _true("enable_device_placement_safety_checks", converter.get("enable_device_placement_safety_checks", False))
+    for entry in converter["batch_options"]:
+        batch = _batch_options({k: v for k, v in entry.items() if k != "experimental"})
+        # V2's batch component sits at the top of BatchOptionsV2 (fields 11 to 13).
+        batch += [(k, entry["experimental"][k]) for k in EXPERIMENTAL_FIELDS if k in entry.get("experimental", {})]
+        fields.append(("batch_options", batch))
+    fields += _enum("io_shape_optimization", converter["io_shape_optimization"])
+    fields += _enum("bfloat16_optimization", converter["bfloat16_optimization"])
+    fields += _true("disable_default_optimizations", converter["disable_default_optimizations"])
+    options = converter["bfloat16_optimization_options"]
+    bf16 = _bfloat16_options(options)
+    if options["scope"] == "ALL":
+        # What tpubuild's scope ALL does, in V2's words (V2's ALL alone would change the
+        # signature to bfloat16 and keep the checkpoint float32).
+        bf16 += [("preserve_signature", True), ("experimental", [("convert_checkpoint", True)])]
+    if bf16:
+        fields.append(("bfloat16_optimization_options", bf16))
+    if "xla_sharding_options" in converter:
+        fields.append(("xla_sharding_options", _xla_sharding(converter["xla_sharding_options"])))
+    if "experimental_options" in converter:
+        pruning = converter["experimental_options"]["graph_pruning"]
+        fields.append(("experimental_options", [("graph_pruning", Enum(pruning))]))
+    return fields
+
+
+def _v2_only(converter: dict[str, Any]) -> list[str]:
+    """Where the canonical converter section uses what only ConverterOptionsV2 holds."""
+    paths = [f"tpu_functions[{i}].enable_soft_device_placement"
+             for i, entry in enumerate(converter["tpu_functions"]) if entry.get("enable_soft_device_placement")]
+    paths += [key for key in ("enable_device_placement_safety_checks", "experimental_options") if key in converter]
+    return paths
+
+
+def _refuse(where: str, problems: list[tuple[str, str]]) -> None:
+    if problems:
+        raise ConfigError([Diagnostic(Location(where), path, message) for path, message in problems])
 
 
 def _tpu_function(entry: dict[str, Any]) -> list[Field]:

@@ -42,7 +42,8 @@ def test_mis_indented_key_is_rejected(ws):
     text = MODEL + "converter:\n  batch_options:\n    - max_batch_size: 4\n  num_batch_threads: 2\n"
     assert errors_of(ws, text) == [
         "recipes/r.yaml:5:3: converter.num_batch_threads: unknown key 'num_batch_threads' (allowed: batch_options, "
-        "bfloat16_optimization, bfloat16_optimization_options, disable_default_optimizations, io_shape_optimization, "
+        "bfloat16_optimization, bfloat16_optimization_options, disable_default_optimizations, "
+        "enable_device_placement_safety_checks, experimental_options, io_shape_optimization, "
         "quantization_options, tpu_functions, xla_sharding_options)"
     ]
 

@@ -26,9 +26,10 @@ PAGES = [REPO / "README.md", REPO / "CHANGELOG.md", *sorted((REPO / "docs").rglo
 PLACEHOLDER = re.compile(r"\b[A-Z][A-Z_.]{1,}\b|[\[\]<>|]")
 
 
-def fenced_commands(text: str) -> list[str]:
-    """The `tpubuild` lines of the page's shell blocks (a `$ ` prompt taken off, a trailing
-    backslash joining the next line, the comment beside a line left out)."""
+def fenced_commands(text: str, programs: tuple[str, ...] = ("tpubuild ",)) -> list[str]:
+    """The `tpubuild` lines (or those of `programs`) of the page's shell blocks (a `$ `
+    prompt taken off, a trailing backslash joining the next line, the comment beside a
+    line left out)."""
     found = []
     for block in re.findall(r"```(?:sh|bash|shell|console)\n(.*?)```", text, re.S):
         joined = ""
@@ -36,7 +37,7 @@ def fenced_commands(text: str) -> list[str]:
             line = line.strip().removeprefix("$ ")
             if joined:
                 joined += " " + line
-            elif line.startswith("tpubuild "):
+            elif line.startswith(programs):
                 joined = line
             else:
                 continue
@@ -137,10 +138,13 @@ def test_every_fenced_command_runs_in_the_built_example_workspace(built_examples
     shutil.copytree(built_examples, ws, symlinks=True)
     ran = 0
     for page in PAGES:
-        for command in fenced_commands(page.read_text()):
+        # A page's `python` lines too: an example's export script writing the SavedModel
+        # the next commands convert (docs/migrating-from-the-converter.md).
+        for command in fenced_commands(page.read_text(), ("tpubuild ", "python ")):
             if any(word in command for word in NEEDS_A_CLUSTER):
                 continue  # accepted by the CLI: test_every_command_shown_is_one_the_cli_accepts
-            done = subprocess.run([sys.executable, "-m", "tpubuild", *shlex.split(command)[1:]], cwd=ws,
+            program = [sys.executable] if command.startswith("python ") else [sys.executable, "-m", "tpubuild"]
+            done = subprocess.run([*program, *shlex.split(command)[1:]], cwd=ws,
                                   capture_output=True, text=True, timeout=600)
             assert done.returncode in (0, 1) and "Traceback" not in done.stderr, \
                 f"{page.relative_to(REPO)}: {command}: exit {done.returncode}\n{done.stderr}"

@@ -14,23 +14,37 @@ REPO = Path(__file__).resolve().parents[2]
 PROTO = REPO / "schemas" / "converter_options.proto"
 
 
-@pytest.fixture(scope="session")
-def pb2(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
-    """The generated `converter_options_pb2` module (imported once: it registers the
-    file in protobuf's default descriptor pool)."""
-    out = tmp_path_factory.mktemp("protoc")
+PROTO_V2 = REPO / "schemas" / "converter_options_v2.proto"
+
+
+def compiled(proto: Path, out: Path) -> ModuleType:
+    """`proto` compiled by protoc into `out` and imported (once per session: the module
+    registers the file in protobuf's default descriptor pool)."""
     # In a subprocess: grpc_tools' compiler segfaults in a process that has loaded
     # TensorFlow (two copies of the C++ protobuf library).
     done = subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO.parent}", f"--python_out={out}", str(PROTO)],
+        [sys.executable, "-m", "grpc_tools.protoc", f"-I{proto.parent}", f"--python_out={out}", str(proto)],
         capture_output=True,
         text=True,
     )
     assert done.returncode == 0, done.stderr
-    spec = importlib.util.spec_from_file_location("converter_options_pb2", out / "converter_options_pb2.py")
+    name = f"{proto.stem}_pb2"
+    spec = importlib.util.spec_from_file_location(name, out / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def pb2(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
+    """The generated `converter_options_pb2` module."""
+    return compiled(PROTO, tmp_path_factory.mktemp("protoc"))
+
+
+@pytest.fixture(scope="session")
+def pb2_v2(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
+    """The generated `converter_options_v2_pb2` module (ConverterOptionsV2, restated)."""
+    return compiled(PROTO_V2, tmp_path_factory.mktemp("protoc_v2"))
 
 
 STATES = ("DEFAULT", "ENABLED", "DISABLED")

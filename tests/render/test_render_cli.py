@@ -70,7 +70,7 @@ def test_unknown_format_is_a_usage_error() -> None:
     result = tpubuild("render", "toy", "--format", "pbtxt", cwd=REPO)
     assert result.returncode == 2
     assert result.stderr.splitlines()[-1] == (
-        "Error: Invalid value for '--format': 'pbtxt' is not one of 'textproto', 'json', 'yaml'."
+        "Error: Invalid value for '--format': 'pbtxt' is not one of 'textproto', 'textproto-v2', 'json', 'yaml'."
     )
 
 

@@ -301,7 +301,7 @@ def test_output_does_not_depend_on_key_order(fmt: str) -> None:
 def test_unknown_format() -> None:
     with pytest.raises(ValueError) as excinfo:
         render(canonical(), "pbtxt")
-    assert str(excinfo.value) == "unknown format 'pbtxt'; expected one of textproto, json, yaml"
+    assert str(excinfo.value) == "unknown format 'pbtxt'; expected one of textproto, textproto-v2, json, yaml"
 
 
 # Property: any canonical converter section survives render -> protobuf parse unchanged,

@@ -82,9 +82,9 @@ def test_needs_exactly_one_of_recipe_and_options_file(zoo, tmp_path, capsys):
     code, _, stderr = tpubuild(capsys, "convert", str(zoo), str(tmp_path / "out"))
     assert code == 2
     assert stderr == (
-        "Usage: tpubuild convert [OPTIONS] SRC_DIR OUT_DIR\n"
+        "Usage: tpubuild convert [OPTIONS] [SRC_DIR] [OUT_DIR]\n"
         "Try 'tpubuild convert --help' for help.\n\n"
-        "Error: give exactly one of --recipe FILE or --options-file FILE\n"
+        "Error: give exactly one of --recipe FILE, --options-file FILE or --converter_options_string TEXT\n"
     )
 
 

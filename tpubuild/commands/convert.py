@@ -1,4 +1,9 @@
-"""`tpubuild convert SRC_DIR OUT_DIR`: convert one SavedModel directly, without the build engine."""
+"""`tpubuild convert SRC_DIR OUT_DIR`: convert one SavedModel directly, without the build engine.
+
+Also the Cloud TPU Inference Converter's own command line (`--input_model_dir`,
+`--output_model_dir`, `--converter_options_string`), so that a script running the
+converter's image runs with `tpubuild convert` in its place.
+"""
 
 from __future__ import annotations
 
@@ -6,34 +11,71 @@ from pathlib import Path
 
 import click
 
+# How a text proto given on the command line is named in errors.
+OPTIONS_STRING = "--converter_options_string"
+
 
 @click.command(
     "convert",
-    short_help="Convert one SavedModel now, as a recipe or options file says.",
+    short_help="Convert one SavedModel now, as a recipe, options file or converter text proto says.",
     epilog="\b\nExamples:\n  python recipes/models/toy.py exported/toy    a SavedModel: the example workspace's toy\n"
     "  tpubuild convert exported/toy converted/toy --recipe recipes/toy.yaml\n"
     "  echo 'tpu_functions: [{function_alias: tpu_func}]' > converter.yaml\n"
-    "  tpubuild convert exported/toy converted/toy-tpu --options-file converter.yaml",
+    "  tpubuild convert exported/toy converted/toy-tpu --options-file converter.yaml\n"
+    "  tpubuild convert --input_model_dir=exported/toy --output_model_dir=converted/toy-cli \\\n"
+    "      --converter_options_string='tpu_functions { function_alias: \"tpu_func\" }'",
 )
-@click.argument("src_dir", type=click.Path(path_type=Path, file_okay=False))
-@click.argument("out_dir", type=click.Path(path_type=Path))
+@click.argument("src_dir", type=click.Path(path_type=Path, file_okay=False), required=False)
+@click.argument("out_dir", type=click.Path(path_type=Path), required=False)
 @click.option("--recipe", type=click.Path(path_type=Path, dir_okay=False, exists=True),
               help="A recipe YAML; its converter section is applied to SRC_DIR.")
 @click.option("--options-file", type=click.Path(path_type=Path, dir_okay=False, exists=True),
               help="A YAML file holding a bare ConverterOptions-like `converter:` section.")
-def command(src_dir: Path, out_dir: Path, recipe: Path | None, options_file: Path | None) -> int:
+@click.option("--input_model_dir", "input_model_dir", type=click.Path(path_type=Path, file_okay=False),
+              help="The converter's flag: the SavedModel to convert (SRC_DIR).")
+@click.option("--output_model_dir", "output_model_dir", type=click.Path(path_type=Path),
+              help="The converter's flag: where the converted model goes (OUT_DIR).")
+@click.option("--converter_options_string", "options_string", metavar="TEXT",
+              help="The converter's flag: a ConverterOptions or ConverterOptionsV2 text proto.")
+def command(src_dir: Path | None, out_dir: Path | None, recipe: Path | None, options_file: Path | None,
+            input_model_dir: Path | None, output_model_dir: Path | None, options_string: str | None) -> int:
     """Run the recipe's transform stages (quantize, tpu, bfloat16, io_shape, batch) on
     SRC_DIR and publish the result at OUT_DIR, which must be absent or empty.
+
+    The options come from one of --recipe, --options-file or --converter_options_string
+    (a text proto of the guide's ConverterOptions or today's ConverterOptionsV2, as the
+    converter's image takes it, with --input_model_dir and --output_model_dir in place of
+    SRC_DIR and OUT_DIR).
 
     No cache and no version numbers: that is `tpubuild build`. The model given as
     SRC_DIR is used even when the recipe names another one.
     """
-    from tpubuild.config.recipe import load_converter_options_file, load_recipe_file
+    src_dir = _one_of("SRC_DIR", src_dir, "--input_model_dir", input_model_dir)
+    out_dir = _one_of("OUT_DIR", out_dir, "--output_model_dir", output_model_dir)
+    given = [name for name, value in (("--recipe FILE", recipe), ("--options-file FILE", options_file),
+                                      (f"{OPTIONS_STRING} TEXT", options_string)) if value is not None]
+    if len(given) != 1:
+        raise click.UsageError(f"give exactly one of --recipe FILE, --options-file FILE or {OPTIONS_STRING} TEXT")
+
+    from tpubuild.config.recipe import (
+        converter_options_root,
+        load_converter_options,
+        load_converter_options_file,
+        load_recipe_file,
+    )
     from tpubuild.convert import convert
 
-    if (recipe is None) == (options_file is None):
-        raise click.UsageError("give exactly one of --recipe FILE or --options-file FILE")
-    loaded = load_recipe_file(recipe) if recipe else load_converter_options_file(options_file, saved_model=src_dir)
+    if recipe:
+        loaded = load_recipe_file(recipe)
+    elif options_file:
+        loaded = load_converter_options_file(options_file, saved_model=src_dir)
+    else:
+        from tpubuild.converter_text import read_text_proto, rebase_datasets
+
+        imported = read_text_proto(options_string, OPTIONS_STRING)
+        # The converter reads dataset paths from its working directory: the same here.
+        converter = rebase_datasets(imported.converter, Path.cwd(), converter_options_root(src_dir))
+        loaded = load_converter_options(converter, src_dir, OPTIONS_STRING, name="converter_options")
     result = convert(src_dir, out_dir, loaded.canonical, loaded.root, loaded.file,
                      log=lambda message: click.echo(message, err=True))
     for run in result.ran:
@@ -42,3 +84,11 @@ def command(src_dir: Path, out_dir: Path, recipe: Path | None, options_file: Pat
     done = ", ".join(run.name for run in result.ran) or "no stage"
     click.echo(f"converted {src_dir} -> {out_dir} ({done})")
     return 0
+
+
+def _one_of(argument: str, positional: Path | None, flag: str, flagged: Path | None) -> Path:
+    if positional is not None and flagged is not None:
+        raise click.UsageError(f"give {argument} or {flag}, not both")
+    if positional is None and flagged is None:
+        raise click.UsageError(f"missing {argument} (or {flag})")
+    return positional if positional is not None else flagged

@@ -22,11 +22,12 @@ from tpubuild.errors import UsageError
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["textproto", "json", "yaml"]),
+    type=click.Choice(["textproto", "textproto-v2", "json", "yaml"]),
     default="textproto",
     show_default=True,
-    help="textproto: a ConverterOptions text proto (schemas/converter_options.proto); "
-    "json, yaml: the recipe's canonical converter section.",
+    help="textproto: the guide's ConverterOptions text proto (schemas/converter_options.proto); "
+    "textproto-v2: today's ConverterOptionsV2 (schemas/converter_options_v2.proto), which has no "
+    "quantization; json, yaml: the recipe's canonical converter section.",
 )
 @click.option(
     "--path-prefix",

@@ -83,7 +83,7 @@ def _converter(converter: dict[str, Any], tags: list[str], root: Path) -> dict[s
     bf16 = converter.get("bfloat16_optimization_options", {})
     scope = bf16.get("scope", "DEFAULT").upper()
     out: dict[str, Any] = {
-        "tpu_functions": [dict(entry) for entry in converter.get("tpu_functions", [])],
+        "tpu_functions": [_tpu_function(entry) for entry in converter.get("tpu_functions", [])],
         "batch_options": [_batch(entry) for entry in converter.get("batch_options", [])],
         "io_shape_optimization": converter.get("io_shape_optimization", "DEFAULT").upper(),
         "bfloat16_optimization": converter.get("bfloat16_optimization", "DEFAULT").upper(),
@@ -94,6 +94,13 @@ def _converter(converter: dict[str, Any], tags: list[str], root: Path) -> dict[s
             "filterlist": sorted(set(bf16.get("filterlist", []))),
         },
     }
+    # ConverterOptionsV2's fields, present only when set (recipes without them keep their
+    # keys); preserve_signature and convert_checkpoint are implied by scope ALL (render
+    # writes them), so they are not kept.
+    if converter.get("enable_device_placement_safety_checks"):
+        out["enable_device_placement_safety_checks"] = True
+    if (converter.get("experimental_options") or {}).get("graph_pruning"):
+        out["experimental_options"] = {"graph_pruning": converter["experimental_options"]["graph_pruning"].upper()}
     if "xla_sharding_options" in converter:
         xla = converter["xla_sharding_options"]
         out["xla_sharding_options"] = {
@@ -124,6 +131,15 @@ def _unit_spec(spec: dict[str, Any]) -> dict[str, Any]:
     """A unit-wise quantization spec with its method spelled once (NO_QUANTIZE, the default)."""
     units = [{k: unit[k] for k in ("op_type", "node_name", "func_name") if k in unit} for unit in spec["unit"]]
     return {"unit": units, "method": spec.get("method", "NO_QUANTIZE").upper()}
+
+
+def _tpu_function(entry: dict[str, Any]) -> dict[str, Any]:
+    """A TPU function entry; `enable_soft_device_placement` only when true, so an entry
+    without soft placement keeps the form (and keys) it had before the field existed."""
+    out = {k: v for k, v in entry.items() if k != "enable_soft_device_placement"}
+    if entry.get("enable_soft_device_placement"):
+        out["enable_soft_device_placement"] = True
+    return out
 
 
 def _batch(entry: dict[str, Any]) -> dict[str, Any]:

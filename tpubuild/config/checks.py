@@ -61,6 +61,7 @@ class Checker:
             (self.check_tolerances, self.data.get("verify", {})),
             (self.check_tpu_functions, converter.get("tpu_functions", [])),
             (self.check_batch_options, converter.get("batch_options", [])),
+            (self.check_bfloat16_scope, converter.get("bfloat16_optimization_options")),
             (self.check_xla_sharding, converter.get("xla_sharding_options")),
             (self.check_quantization, converter.get("quantization_options")),
             (self.check_targets, self.data.get("targets")),
@@ -160,6 +161,9 @@ class Checker:
         for index, entry in enumerate(entries):
             path = ("converter", "tpu_functions", index)
             kinds = [k for k in TPU_FUNCTION_KINDS if k in entry]
+            if not kinds:  # e.g. only enable_soft_device_placement
+                self.error(path, f"set exactly one of {', '.join(TPU_FUNCTION_KINDS)}")
+                continue
             if len(kinds) > 1:
                 self.error(path, _oneof_message(TPU_FUNCTION_KINDS, kinds))
                 continue
@@ -171,6 +175,18 @@ class Checker:
                 )
             else:
                 seen[named] = index
+
+    def check_bfloat16_scope(self, options: dict[str, Any] | None) -> None:
+        """ConverterOptionsV2's rule: preserve_signature and convert_checkpoint only with
+        scope ALL (the other scopes never change the signature or the checkpoint)."""
+        if not options:
+            return
+        scope = str(options.get("scope", "DEFAULT")).upper()
+        path = ("converter", "bfloat16_optimization_options")
+        if "preserve_signature" in options and scope != "ALL":
+            self.error(path + ("preserve_signature",), f"only with scope ALL (scope is {scope})")
+        if "convert_checkpoint" in (options.get("experimental") or {}) and scope != "ALL":
+            self.error(path + ("experimental", "convert_checkpoint"), f"only with scope ALL (scope is {scope})")
 
     def check_batch_options(self, entries: list[dict[str, Any]]) -> None:
         for index, entry in enumerate(entries):

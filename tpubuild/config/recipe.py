@@ -304,6 +304,25 @@ def load_converter_options_file(path: Path, saved_model: Path, workspace: Worksp
     return _finish(data, marks, path, display, ws)
 
 
+def converter_options_root(saved_model: Path) -> Path:
+    """The workspace root of options given for `saved_model` without a workspace: this
+    directory, or the directory holding both it and the model."""
+    return Path(os.path.commonpath([Path.cwd().resolve(), Path(saved_model).resolve()]))
+
+
+def load_converter_options(converter: dict[str, Any], saved_model: Path, origin: str, name: str,
+                           workspace: Workspace | None = None) -> Recipe:
+    """A `converter:` section read from elsewhere (a converter text proto, config/../
+    converter_text.py) for a SavedModel given on the command line; problems name `origin`."""
+    saved_model = Path(saved_model).resolve()
+    ws = workspace or implicit_workspace(converter_options_root(saved_model))
+    saved_model_rel = Path(os.path.relpath(saved_model, ws.root)).as_posix()
+    data = {"name": name, "model": {"saved_model": saved_model_rel}, "converter": converter}
+    marks = Marks()
+    marks.values[()] = Location(origin)
+    return _finish(data, marks, ws.root / origin, origin, ws)
+
+
 def _load(path: Path, ws: Workspace, deep: bool = False) -> Recipe:
     display = display_path(path, ws.root)
     read: list[Path] = []

@@ -189,7 +189,13 @@ def _stage_lines(report: dict[str, Any]) -> list[str]:
     lines = []
     for row in report["stages"].get("tpu", {}).get("placed", []):
         sites = len(row.get("call_sites", []))
-        lines.append(f"TPU placement: {row.get('alias') or row['function']} at {sites} call site(s)")
+        line = f"TPU placement: {row.get('alias') or row['function']} at {sites} call site(s)"
+        if "soft_placement" in row:  # ConverterOptionsV2's enable_soft_device_placement
+            host = row["soft_placement"].get("host_ops", [])
+            listed = ", ".join(f"{op['node']} ({op['op']})" for op in host)
+            line += f"; soft device placement: {len(host)} op(s) run on the host instead of the TPU" + \
+                (f": {listed}" if listed else "")
+        lines.append(line)
     for name, summary in sorted(report["stages"].items()):
         if name != "tpu":
             lines.append(_stage_line(name, summary))

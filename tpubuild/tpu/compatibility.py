@@ -41,9 +41,15 @@ def check_tpu_functions(model: SavedModel, functions: list[TpuFunction], xla: bo
         who = f"tpu function {model.describe(fn.name)}"
         check_boundary(model, fn.name, who)
         check_sparse_inputs(model, fn.name, who)
-        check_xla_kernels(model, fn.name, who)
+        if fn.soft_placement:
+            warnings.append(check_soft_placement(model, fn.name, who))
+        else:
+            check_xla_kernels(model, fn.name, who)
     if xla:
-        for fn in functions:
+        # With soft placement XLA never sees the host ops, so lowering the whole function
+        # here would fail on them: TensorFlow's bridge (run by the runtime check after
+        # placement) is the judge of what stays on the TPU.
+        for fn in (f for f in functions if not f.soft_placement):
             warning = check_xla_compiles(model, fn.name, f"tpu function {model.describe(fn.name)}")
             if warning:
                 warnings.append(warning)
@@ -105,6 +111,55 @@ def check_xla_kernels(model: SavedModel, name: str, who: str) -> None:
         raise ConversionError(
             f"{who}: {len(gaps)} ops: {', '.join(gaps)}; each has no XLA kernel and cannot run on the TPU"
         )
+
+
+def check_soft_placement(model: SavedModel, name: str, who: str) -> str:
+    """Soft device placement: the function's own ops the TPU cannot run go to the host
+    (tpu/placement.py allow_soft_placement); one line saying which. Ops of the functions
+    it calls are not moved (TensorFlow's bridge marks ops of the cluster's own body), so a
+    gap there is still refused."""
+    # xla_kernel_gaps names a callee's node "(node N in F)", the function's own "(node N)".
+    deeper = [gap for gap in xla_kernel_gaps(model, name) if " in " in gap.rsplit("(node ", 1)[-1]]
+    if deeper:
+        raise ConversionError(
+            f"{who}: {', '.join(deeper)}: no XLA kernel, in a function it calls; soft device placement "
+            "moves only the TPU function's own ops to the host"
+        )
+    host = host_ops(model, name)
+    if not host:
+        return f"{who}: soft device placement: every op runs on the TPU"
+    listed = ", ".join(f"{node} ({op})" for node, op in host)
+    return f"{who}: soft device placement: {len(host)} op(s) run on the host instead of the TPU: {listed}"
+
+
+def host_ops(model: SavedModel, name: str) -> list[tuple[str, str]]:
+    """(node, op) of each node of the function itself that the TPU cannot run, in node
+    order: as TensorFlow's outside-compilation marking decides (mark_ops_for_outside_compilation.cc
+    IsSupportedOp), an op with a string input or output or without an XLA kernel."""
+    from tensorflow.python.framework import op_def_registry
+
+    register_xla_kernels()
+    found = []
+    for node in model.functions[name].node_def:
+        if node.op in model.functions or node.op in PLUMBING_OPS:
+            continue
+        if not _has_xla_kernel(node.op) or _has_string(node, op_def_registry.get(node.op)):
+            found.append((node.name, node.op))
+    return found
+
+
+def _has_string(node: Any, op_def: Any) -> bool:
+    """Whether any input or output of the node is a string tensor (its type attrs, or fixed types)."""
+    if op_def is None:
+        return False
+    for arg in [*op_def.input_arg, *op_def.output_arg]:
+        if arg.type == types_pb2.DT_STRING:
+            return True
+        for attr in (arg.type_attr, arg.type_list_attr):
+            value = node.attr[attr] if attr and attr in node.attr else None
+            if value is not None and (value.type == types_pb2.DT_STRING or types_pb2.DT_STRING in value.list.type):
+                return True
+    return False
 
 
 # TPU plumbing that the TPU runtime removes before XLA sees the computation.

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tpubuild.errors import ConversionError
 from tpubuild.savedmodel.model import SavedModel
 
 XLA_MUST_COMPILE = "_XlaMustCompile"
+SOFT_PLACEMENT = "enable_soft_device_placement"  # the recipe's (and ConverterOptionsV2's) key
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,9 @@ class TpuFunction:
     entry: int  # index in tpu_functions
     how: str  # e.g. 'function_alias "tpu_func"'
     signature: str | None = None  # set when named by signature_name
+    # ConverterOptionsV2's enable_soft_device_placement: ops the TPU cannot run stay in the
+    # function and run on the host (outside compilation; tpu/placement.py).
+    soft_placement: bool = False
 
     @property
     def label(self) -> str:
@@ -62,6 +66,12 @@ def check_no_indirect_calls(model: SavedModel, functions: list[TpuFunction]) -> 
 
 
 def _resolve_entry(model: SavedModel, index: int, entry: dict[str, Any]) -> list[TpuFunction]:
+    soft = bool(entry.get(SOFT_PLACEMENT))
+    found = _resolve_name(model, index, {k: v for k, v in entry.items() if k != SOFT_PLACEMENT})
+    return [replace(f, soft_placement=soft) for f in found] if soft else found
+
+
+def _resolve_name(model: SavedModel, index: int, entry: dict[str, Any]) -> list[TpuFunction]:
     if len(entry) != 1:
         raise ConversionError(
             f"tpu_functions[{index}]: expected exactly one of function_alias, concrete_function_name, "

@@ -23,7 +23,8 @@ from tensorflow.core.framework.attr_value_pb2 import AttrValue
 from tensorflow.core.framework.function_pb2 import FunctionDef
 
 from tpubuild.savedmodel.model import SavedModel
-from tpubuild.tpu.findings import ERROR, Finding, tpu_bodies
+from tpubuild.tpu.findings import ERROR, WARNING, Finding, tpu_bodies
+from tpubuild.tpu.placement import METADATA
 
 PIPELINE = "tf-replicated-clustering-bridge-v2"
 _COUNTER = itertools.count()
@@ -45,6 +46,14 @@ def check_body(model: SavedModel, fn: str) -> Finding | None:
 
     from tpubuild.quiet import captured_stderr
 
+    if soft_placement(model, fn):
+        # The bridge's ExtractOutsideCompilation pass moves the host ops to the TPU host's
+        # CPU device, which it looks up among the TPU system's devices
+        # (tensorflow/compiler/mlir/tensorflow/utils/tpu_rewrite_device_util.cc: "Did not find
+        # any CPU:0 host devices" here): without a TPU system the pipeline cannot finish.
+        return Finding(WARNING, "mlir-bridge", fn, None,
+                       "soft device placement: TensorFlow's MLIR bridge needs a TPU system to move the "
+                       "host ops, so its check is not run on this function")
     names = [fn, *sorted(model.reachable(fn) & set(model.functions))]
     suffix = f"_tpubuild_bridge_{next(_COUNTER)}"
     renamed = {name: name + suffix for name in names}
@@ -78,6 +87,14 @@ def check_body(model: SavedModel, fn: str) -> Finding | None:
                        f"TensorFlow's MLIR clustering bridge left {op.group(1) if op else 'an op'} of the "
                        "cluster outside it")
     return None
+
+
+def soft_placement(model: SavedModel, fn: str) -> bool:
+    """Whether the TPU body allows soft device placement (its TPUReplicateMetadata says so)."""
+    # `in` first: indexing a proto map inserts an empty AttrValue, which the bridge refuses
+    # ("Unknown AttrValue type"); a saved model drops the attribute when false (its default).
+    return any(node.op == METADATA and "allow_soft_placement" in node.attr and node.attr["allow_soft_placement"].b
+               for node in model.functions[fn].node_def)
 
 
 def _first_error(exc: Exception) -> tuple[str | None, str]:

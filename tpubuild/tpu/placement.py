@@ -47,6 +47,8 @@ REPLICATED_INPUT = "TPUReplicatedInput"
 COMPILATION_RESULT = "TPUCompilationResult"
 REPLICATE_ATTR = "_tpu_replicate"
 OUTPUT_IDENTITY_ATTR = "_tpu_output_identity"  # what tpu.rewrite sets on its output Identity
+# A node of the computation that runs on the host (kXlaOutsideCompilationAttr).
+OUTSIDE_COMPILATION_ATTR = "_xla_outside_compilation"
 # The untagged Identity after TPUReplicatedOutput; the CPU twin and later stages find it by this.
 OUTPUT_SHARD_ATTR = "_tpubuild_tpu_output"
 # Devices the TPU runtime addresses: x, y, z, core (kTPUTopologyRank in tpu_defs.h).
@@ -65,9 +67,11 @@ class Placement:
     cluster: str
     call_sites: list[dict[str, str]] = field(default_factory=list)  # {"caller", "node"}
     wrapper: str | None = None  # the signature function turned into a thin wrapper
+    soft_placement: bool = False
+    host_ops: list[dict[str, str]] = field(default_factory=list)  # {"node", "op"}: run on the host
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "function": self.function,
             "alias": self.alias,
             "named_by": self.named_by,
@@ -75,6 +79,9 @@ class Placement:
             "call_sites": self.call_sites,
             "wrapper": self.wrapper,
         }
+        if self.soft_placement:  # present only then: other summaries (and keys) stay as they were
+            out["soft_placement"] = {"host_ops": self.host_ops}
+        return out
 
 
 # Ops only a model already placed on the TPU holds: what this module writes, and what
@@ -103,7 +110,11 @@ def place_on_tpu(
     graph_called = _graph_called(model)
     placements, warnings = [], sharding_warnings(sharding)
     for fn in functions:
-        placement = Placement(fn.name, fn.alias, fn.how, cluster_name(fn.label))
+        placement = Placement(fn.name, fn.alias, fn.how, cluster_name(fn.label), soft_placement=fn.soft_placement)
+        if fn.soft_placement:
+            from tpubuild.tpu.compatibility import host_ops
+
+            placement.host_ops = [{"node": node, "op": op} for node, op in host_ops(model, fn.name)]
         if fn.signature is not None or fn.name in graph_called:
             # Graph-level callers (TF Serving's signature nodes) stay as they are: the
             # signature's function keeps its name and calls a TPU copy of its body.
@@ -137,7 +148,10 @@ def place_on_tpu(
             )
     # Tag bodies last: the untagged copies above are taken from the bodies as exported.
     for placement in placements:
-        _mark_body(model.functions[placement.function], placement.cluster, metadata)
+        body = model.functions[placement.function]
+        _mark_body(body, placement.cluster, metadata)
+        if placement.soft_placement:
+            allow_soft_placement(body, [row["node"] for row in placement.host_ops])
     model.invalidate()
     return placements, warnings
 
@@ -402,6 +416,33 @@ def _mark_body(fdef: FunctionDef, cluster: str, metadata: dict[str, Any]) -> Non
     meta.attr["_output_shapes"].list.SetInParent()
     for index, arg in enumerate(fdef.signature.output_arg):
         _add_output_chain(fdef, arg.name, arg.type, index, cluster)
+
+
+def allow_soft_placement(fdef: FunctionDef, host_nodes: list[str]) -> None:
+    """Soft device placement, as the TPU runtime reads it.
+
+    TensorFlow's MLIR TPU bridge copies TPUReplicateMetadata's attributes onto the cluster
+    it forms (tensorflow/compiler/mlir/tensorflow/transforms/tpu_cluster_formation.cc), and
+    its outside-compilation marking pass
+    (tensorflow/compiler/mlir/tf2xla/internal/passes/mark_ops_for_outside_compilation.cc)
+    reads the cluster's `allow_soft_placement`: when true, every op it cannot compile for
+    the TPU (a string operand or result, no tf2xla kernel) gets `_xla_outside_compilation`
+    and is extracted to run on the host; when false, such an op fails the compilation
+    ("isn't compilable for TPU device. enable soft_device_placement option to run on CPU").
+    The older graph bridge (tensorflow/core/tpu/graph_rewrite/
+    encapsulate_tpu_computations_pass.cc, then extract_outside_compilation_pass.cc) moves
+    only the nodes already marked `_xla_outside_compilation`, as
+    `tf.tpu.outside_compilation` marks them (tensorflow/python/tpu/tpu_replication.py:
+    one counter value per region, the MLIR pass's own marks being "auto<N>"). So both are
+    written: the flag, and the mark on each node the compatibility check found the TPU
+    cannot run (tpu/compatibility.py host_ops), one region each.
+    """
+    for node in fdef.node_def:
+        if node.op == METADATA:
+            node.attr["allow_soft_placement"].b = True
+    marked = set(host_nodes)
+    for index, node in enumerate(n for n in fdef.node_def if n.name in marked):
+        node.attr[OUTSIDE_COMPILATION_ATTR].s = str(index).encode()
 
 
 def _add_output_chain(fdef: FunctionDef, key: str, dtype: int, index: int, cluster: str) -> None:

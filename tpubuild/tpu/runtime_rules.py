@@ -35,9 +35,7 @@ from tensorflow.core.protobuf.meta_graph_pb2 import MetaGraphDef
 
 from tpubuild.savedmodel.model import SavedModel
 from tpubuild.tpu.findings import ERROR, WARNING, Finding, tpu_bodies
-from tpubuild.tpu.placement import METADATA, REPLICATE_ATTR, REPLICATED_OUTPUT, TPU_CALL
-
-OUTSIDE_COMPILATION_ATTR = "_xla_outside_compilation"  # kOutsideCompilationAttr
+from tpubuild.tpu.placement import METADATA, OUTSIDE_COMPILATION_ATTR, REPLICATE_ATTR, REPLICATED_OUTPUT, TPU_CALL
 
 T = types_pb2
 # kTpuAllTypes, tensorflow/core/tpu/tpu_defs.h
@@ -132,7 +130,8 @@ def _undeclared(fn: str, node: str, consumer: str) -> Finding:
 def dtype_findings(model: SavedModel, fn: str) -> list[Finding]:
     """Every node of the computation and of its callees against the TPU backend's types."""
     fdef = model.functions[fn]
-    computation = [n for n in fdef.node_def if REPLICATE_ATTR in n.attr]
+    # Outside-compilation nodes run on the host (soft device placement): not the TPU's types.
+    computation = [n for n in fdef.node_def if REPLICATE_ATTR in n.attr and OUTSIDE_COMPILATION_ATTR not in n.attr]
     findings = _node_type_findings(model, fn, "", computation)
     for callee in sorted(model.reachable(fn)):
         if callee in model.functions:
