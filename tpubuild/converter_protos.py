@@ -3,7 +3,7 @@
 schemas/converter_options.proto (the guide's ConverterOptions) and
 schemas/converter_options_v2.proto (today's ConverterOptionsV2) compiled by protoc into
 one FileDescriptorSet, schemas/converter_options.binpb, committed beside them
-(tests/render/test_converter_protos.py checks that it is what protoc makes of them
+(tests/render/test_render_v2.py checks that it is what protoc makes of them
 now). A descriptor set, not generated _pb2 modules: those refuse a protobuf runtime
 older than the protoc that wrote them, a descriptor set loads in any.
 
