@@ -59,7 +59,9 @@ def _clean_destinations(ws, recipes) -> int:
         raise UsageError("--remote: no recipe selected has a publish_to destination (tpubuild.yaml or the recipe)")
     destinations: dict[str, Destination] = {}
     for recipe in with_destination:
-        dest = destinations.setdefault(recipe.publish_to, Destination(recipe.publish_to, ws.remote_timeouts))
+        # What the destination holds that tpubuild did not write is left alone, a warning line each.
+        dest = destinations.setdefault(recipe.publish_to, Destination(recipe.publish_to, ws.remote_timeouts,
+                                                                      say=lambda m: click.echo(m, err=True)))
         survey = dest.survey(recipe.name)
         for line in dest.mend(survey, say=lambda m: click.echo(m, err=True)):
             click.echo(f"{recipe.name}: {line}")
