@@ -264,7 +264,7 @@ class Destination:
                 continue
             head = parts[0]
             if TF_SERVING_NUMBER.fullmatch(head):
-                self._numbered(found, rel, head)
+                self._numbered(found, f"{recipe}/{head}", head)
                 number = version_number(head)
                 if number is not None:
                     found.versions.setdefault(number, {})["/".join(parts[1:])] = size
@@ -281,7 +281,7 @@ class Destination:
                 else:
                     found.staged[number] = max(mtime, found.staged.get(number, 0.0))
             elif len(parts) >= 3 and TF_SERVING_NUMBER.fullmatch(parts[1]) and not head.startswith("."):
-                self._numbered(found, rel, parts[1])
+                self._numbered(found, f"{recipe}/{head}/{parts[1]}", parts[1])
                 number = version_number(parts[1])
                 if number is not None:
                     found.targets.setdefault(head, {}).setdefault(number, {})["/".join(parts[2:])] = size
@@ -306,21 +306,21 @@ class Destination:
                 # A staging whose only file is an upload a kill cut short is a staging too.
                 found.staged[number] = max(mtime, found.staged.get(number, 0.0))
         if odd:
+            odd.sort()
             more = f" (and {len(odd) - 1} more)" if len(odd) > 1 else ""
             self.warn(f"{json.dumps(odd[0][:200], ensure_ascii=False)}{more}: not a name tpubuild writes; left alone")
         self._drop_far(found)
         return found
 
-    def _numbered(self, found: Survey, rel: str, name: str) -> None:
+    def _numbered(self, found: Survey, where: str, name: str) -> None:
         """A name TF Serving reads as a version number (safe_strto64: sign, digits, within
         int64): that number is taken. Past int64 TF Serving skips it, and so does tpubuild."""
-        value = int(name)
-        if 0 <= value <= INT64_MAX:
+        value = int(name) if len(name.lstrip("+-0")) <= 19 else None  # more digits: past int64 (and int()'s limit)
+        if value is not None and 0 <= value <= INT64_MAX:
             found.numbered.add(value)
         else:
-            shown = name if len(name) <= 30 else f"{name[:30]}..."
-            self.warn(f"{json.dumps(rel[:200], ensure_ascii=False)}: {shown} is no version TF Serving reads (not "
-                      "within int64); left alone")
+            self.warn(f"{json.dumps(where[:200], ensure_ascii=False)}: no version TF Serving reads (its number is "
+                      "not within int64); left alone")
 
     def _drop_far(self, found: Survey) -> None:
         """Ignore every number more than MAX_GAP above the number below it, and all above."""

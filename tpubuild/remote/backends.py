@@ -359,7 +359,7 @@ class _LocalBackend(Backend):
         from tpubuild.fs.nofollow import fsync_fd
         from tpubuild.remote.mount import parent
 
-        with parent(self.root, rel, create=True) as (fd, name):
+        with parent(self.root, rel, create=True, notes=self.left) as (fd, name):
             tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
             out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
                           dir_fd=fd)
@@ -407,8 +407,8 @@ class _LocalBackend(Backend):
                 if kind == "file" and not rel.rsplit("/", 1)[-1].startswith(".")]
 
     def directories(self, rel_prefix: str) -> list[str]:
-        """Every directory below a prefix (an empty one too: a number someone took)."""
-        return [rel for rel, kind, _st in self._walk(rel_prefix) if kind == "dir"]
+        """Every directory (an empty one too) or link below a prefix: names someone took."""
+        return [rel for rel, kind, _st in self._walk(rel_prefix) if kind in ("dir", "link")]
 
     def delete(self, rels: list[str]) -> None:
         from tpubuild.remote.mount import LinkInPath, parent
@@ -443,7 +443,7 @@ class _LocalBackend(Backend):
                 source_fd, source_name = stack.enter_context(parent(self.root, src))
             except (LinkInPath, NotADirectoryError):
                 raise FileNotFoundError(errno.ENOENT, "not in the destination", src) from None
-            target_fd, target_name = stack.enter_context(parent(self.root, dst, create=True))
+            target_fd, target_name = stack.enter_context(parent(self.root, dst, create=True, notes=self.left))
             if lstat_at(target_name, target_fd) is not None:
                 raise FileExistsError(errno.EEXIST, "exists", os.fspath(self.root / dst))
             st = lstat_at(source_name, source_fd)

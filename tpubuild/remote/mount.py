@@ -7,8 +7,9 @@ linked prefix would then act on your files. Here the root is opened once (the UR
 user gave: it may itself be a link, e.g. a mount point), and every component below it is
 opened relative to its parent's descriptor with `O_NOFOLLOW` (fs/nofollow.py), and every
 change is made with `dir_fd=` on the directory so opened. A link met on the way means the
-name is not in the destination: a read finds nothing, a removal removes nothing, a write
-is refused (LinkInPath). Walks and removals are iterative, with bounds on depth and on
+name is not in the destination: a read finds nothing, a removal removes nothing; where a
+write needs a directory, a link there is removed (never what it points to) and the
+directory made, said in one line. Walks and removals are iterative, with bounds on depth and on
 entries: a deep or huge tree a co-writer planted costs a bounded time and is said in one
 line, never a RecursionError.
 """
@@ -54,12 +55,20 @@ def open_root(root: Path) -> int:
     return os.open(root, _ROOT_FLAGS)
 
 
-def _descend(fd: int, parts: list[str], rel: str, create: bool) -> int:
+def _descend(fd: int, parts: list[str], rel: str, create: bool, notes: list[str] | None = None) -> int:
     """A descriptor of `parts` below `fd` (closed here), each opened without following a
-    link; made (mode from the umask, setgid inherited as mkdir(2) does) when `create`."""
+    link; made (mode from the umask, setgid inherited as mkdir(2) does) when `create`,
+    a symbolic link in the way then unlinked first (a line in `notes`)."""
     try:
-        for part in parts:
+        for depth, part in enumerate(parts):
             if create:
+                st = lstat_at(part, fd)
+                if st is not None and stat.S_ISLNK(st.st_mode):
+                    # Only the link goes: what it points to is never touched.
+                    os.unlink(part, dir_fd=fd)
+                    if notes is not None:
+                        notes.append(f"{'/'.join(parts[:depth + 1])}: a symbolic link, not a directory; replaced by "
+                                     "one (what it pointed to untouched)")
                 try:
                     os.mkdir(part, 0o777, dir_fd=fd)
                 except FileExistsError:
@@ -77,12 +86,14 @@ def _descend(fd: int, parts: list[str], rel: str, create: bool) -> int:
 
 
 @contextmanager
-def parent(root: Path, rel: str, create: bool = False) -> Iterator[tuple[int, str]]:
-    """(a descriptor of the directory holding `rel`, `rel`'s last component)."""
+def parent(root: Path, rel: str, create: bool = False, notes: list[str] | None = None
+           ) -> Iterator[tuple[int, str]]:
+    """(a descriptor of the directory holding `rel`, `rel`'s last component); its
+    directories made when `create` (`notes`: as `_descend`'s)."""
     parts = parts_of(rel)
     if create:
         root.mkdir(parents=True, exist_ok=True)  # the URL the user gave (the remote cache's v1/ made on first push)
-    fd = _descend(open_root(root), parts[:-1], rel, create)
+    fd = _descend(open_root(root), parts[:-1], rel, create, notes)
     try:
         yield fd, parts[-1]
     finally:
@@ -102,9 +113,9 @@ def directory(root: Path, rel: str) -> Iterator[int]:
 
 def walk(root: Path, rel_prefix: str, say_once: list[str] | None = None
          ) -> Iterator[tuple[str, str, os.stat_result]]:
-    """(relative path of the entry from `root`, kind "file"/"dir", lstat) of everything below
-    `rel_prefix`, directories entered by descriptor, links never followed (nor yielded: a
-    link is not an object of the destination). Depth and entry count are bounded; what a
+    """(relative path of the entry from `root`, kind "file"/"dir"/"link", lstat) of everything
+    below `rel_prefix` but special files, directories entered by descriptor, links never
+    followed. Depth and entry count are bounded; what a
     bound cut off is one line in `say_once`. A prefix that is absent or reached through a
     link: nothing."""
     try:
@@ -151,6 +162,8 @@ def walk(root: Path, rel_prefix: str, say_once: list[str] | None = None
                 stack.append((child, rel, iter(listed)))
             elif stat.S_ISREG(st.st_mode):
                 yield rel, "file", st
+            elif stat.S_ISLNK(st.st_mode):
+                yield rel, "link", st
     finally:
         for fd, _rel, _entries in stack:
             os.close(fd)
