@@ -247,16 +247,16 @@ def test_a_co_writers_version_with_a_copy_of_the_manifest_is_not_this_model(dest
 # --- 5. a directory tpubuild did not make blocks nothing ----------------------------------
 def test_an_empty_or_incomplete_number_on_a_mount_blocks_no_publish_nor_clean_remote(mount):
     assert publish(mount, "a")["number"] == 1
-    mount.mkdir("toy/2")
-    mount.put("toy/3/junk", b"not a version")
+    mount.mkdir("toy/2")  # the number the next publish would claim
     done = publish(mount, "b")
-    assert (done["number"], done["new"], done["said"]) == (4, True, [])
+    assert (done["number"], done["new"], done["said"]) == (3, True, [])
+    mount.put("toy/4/junk", b"not a version")
     assert publish(mount, "c")["number"] == 5
     code, out, err = clean_remote(mount)
     assert (code, err) == (0, [])
-    assert out == [f"removed {mount.url}/toy/1", f"removed {mount.url}/toy/4",
+    assert out == [f"removed {mount.url}/toy/1", f"removed {mount.url}/toy/3",
                    f"kept {mount.url}/toy/: 5 (the newest)"]
-    assert os.listdir(mount.root / "toy" / "2") == [] and os.listdir(mount.root / "toy" / "3") == ["junk"]
+    assert os.listdir(mount.root / "toy" / "2") == [] and os.listdir(mount.root / "toy" / "4") == ["junk"]
 
 
 # --- 6. numbers TF Serving reads ------------------------------------------------------------
