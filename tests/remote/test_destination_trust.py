@@ -277,9 +277,12 @@ def test_claims_past_int64_or_far_above_the_versions_are_ignored_and_the_newest_
         "before it (1): not a number tpubuild took; it and any above it are ignored",
     ]
     assert publish(dest, "c")["number"] == 3
+    dest.put("toy/4/saved_model.pb", b"no model TF Serving loads")  # the newest number, not tpubuild's
     code, out, err = clean_remote(dest)
     assert code == 0, err
-    assert out == [f"removed {dest.url}/toy/1", f"removed {dest.url}/toy/2", f"kept {dest.url}/toy/: 3 (the newest)"]
+    assert out == [f"removed {dest.url}/toy/1", f"removed {dest.url}/toy/2",
+                   f"kept {dest.url}/toy/: 4 (the newest), 3 (the newest tpubuild published)"]
+    assert f"warning: {dest.url}/toy/4: no readable tpubuild-manifest.json; left in place" in err
     assert dest.read("toy/3/saved_model.pb")  # the newest version TF Serving loads stays
 
 

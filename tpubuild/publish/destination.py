@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from tpubuild.errors import TpubuildError
-from tpubuild.fs.names import INT64_MAX, clean_relative, inside, version_number
+from tpubuild.fs import INT64_MAX, clean_relative, inside, version_number
 from tpubuild.provenance.statement import PROVENANCE, SIGNATURE
 from tpubuild.publish.targets import MANIFEST
 
@@ -617,6 +617,13 @@ class Destination:
                 return f"{target}/{number}/ holds other files than its {MANIFEST} lists"
         return None
 
+    def newest_published(self, survey: Survey) -> int | None:
+        """The newest complete version tpubuild published (published_reason says None)."""
+        for number in reversed(survey.complete_numbers()):
+            if self.published_reason(survey, number) is None:
+                return number
+        return None
+
     def remove_version(self, survey: Survey, number: int) -> None:
         """Target versions first, then the main one (publish's order reversed); in each, the
         commit file before the rest."""
@@ -641,10 +648,9 @@ class Destination:
         if not numbers or (keep is None and not everything):
             return []
         kept = set(numbers[-1:] if everything else numbers[-keep:]) | set(pinned)
-        for number in reversed(numbers):
-            if self.published_reason(survey, number) is None:
-                kept.add(number)
-                break
+        ours = self.newest_published(survey)
+        if ours is not None:
+            kept.add(ours)
         removed = []
         for number in numbers:
             if number in kept:

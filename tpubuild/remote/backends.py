@@ -316,7 +316,7 @@ class _LocalBackend(Backend):
         self.left: list[str] = []  # what removals could not remove, a line each (the caller says them)
 
     def _open(self, rel: str) -> Any:
-        from tpubuild.fs.nofollow import NotAFile, open_regular_at
+        from tpubuild.fs import NotAFile, open_regular_at
         from tpubuild.remote.mount import LinkInPath, parent
 
         try:
@@ -356,7 +356,7 @@ class _LocalBackend(Backend):
         """A dot-named temp file beside `rel` (its directories made, none through a link)
         holding what `write` writes, fsynced, then `commit(tmp, name, dir_fd)`; the temp
         file removed whatever happens."""
-        from tpubuild.fs.nofollow import fsync_fd
+        from tpubuild.fs import fsync_fd
         from tpubuild.remote.mount import parent
 
         with parent(self.root, rel, create=True, notes=self.left) as (fd, name):
@@ -435,7 +435,7 @@ class _LocalBackend(Backend):
         writer renamed it), FileExistsError when `dst` exists (an empty directory too)."""
         from contextlib import ExitStack
 
-        from tpubuild.fs.nofollow import fsync_fd, lstat_at
+        from tpubuild.fs import fsync_fd, lstat_at
         from tpubuild.remote.mount import LinkInPath, parent
 
         with ExitStack() as stack:
@@ -460,7 +460,7 @@ class _LocalBackend(Backend):
         leaves its name at one instant, as `rename_tree` gave it. A prefix reached through a
         link is not in the destination: nothing is removed. What cannot be removed is left,
         a line each in `left`."""
-        from tpubuild.fs.nofollow import lstat_at
+        from tpubuild.fs import lstat_at
         from tpubuild.remote.mount import LinkInPath, parent, remove_below
 
         try:

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tpubuild.fs.nofollow import NotAFile, lstat_at, open_dir
+from tpubuild.fs import NotAFile, lstat_at, open_dir
 
 # Deeper than anything tpubuild writes (a SavedModel's assets are a few levels) by far;
 # one descriptor is open per level of a walk.
