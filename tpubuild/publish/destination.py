@@ -30,6 +30,12 @@ retries: loader_harness.cc, `max_num_load_retries`) but one without
 `variables/variables.index` as a model without variables ("no checkpoints were
 restored": served with uninitialized variables). On a mount the staged directory is
 renamed into place: every file appears at one instant.
+
+A destination is written by many (every CI job, a group mount's users): every name, number
+and document read from it is data, checked before it becomes a path, a number or a verdict
+(fs/names.py; on a mount no link is followed below the root: remote/mount.py), and a version
+counts as a recipe's model only by its bytes. What is not what tpubuild writes is left alone
+with one warning line. docs/publish-to-object-storage.md "Trust model".
 """
 
 from __future__ import annotations
@@ -604,7 +610,7 @@ class Destination:
         if manifest is None:
             return f"no readable {MANIFEST}"
         if manifest.get("recipe") != survey.recipe:
-            return f"its {MANIFEST} is for recipe {json.dumps(manifest.get('recipe'))[:100]}"
+            return f"its {MANIFEST} is for recipe {repr(manifest.get('recipe'))[:100]}"
         listed = _all_files(manifest)
         if listed is None:
             return f"its {MANIFEST} is not one tpubuild writes"
@@ -675,18 +681,18 @@ def _download(io: Any, rel: str, local: str, limit: int) -> int:
 
 
 def _all_files(manifest: dict[str, Any]) -> dict[str, str] | None:
-    """Every file a version's manifest lists, `<target>\0<path>` (`\0<path>` for the main
-    version's) -> BLAKE3; None when the manifest is not what tpubuild writes (a name that
+    """Every file a version's manifest lists, its target's name, a NUL and its path (the
+    main version's: a NUL and its path) -> BLAKE3; None when the manifest is not what tpubuild writes (a name that
     is not a clean relative path, `files` or `targets` not an object, a digest not a string)."""
     out: dict[str, str] = {}
     targets = manifest.get("targets") or {}
     if not isinstance(targets, dict):
         return None
-    listed = [("", manifest.get("files"))]
+    listed = [("", manifest.get("files", {}))]
     for target, entry in targets.items():
         if clean_relative(target) is None or "/" in target or target.startswith(".") or not isinstance(entry, dict):
             return None
-        listed.append((target, entry.get("files")))
+        listed.append((target, entry.get("files", {})))
     for target, files in listed:
         if not isinstance(files, dict):
             return None
