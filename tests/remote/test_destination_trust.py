@@ -250,10 +250,21 @@ def test_an_empty_or_incomplete_number_on_a_mount_blocks_no_publish_nor_clean_re
     mount.mkdir("toy/2")  # the number the next publish would claim
     done = publish(mount, "b")
     assert (done["number"], done["new"], done["said"]) == (3, True, [])
+    # A sealed version whose `<N>/` is a directory tpubuild did not make: never "completed".
+    graph = b"a graph"
+    mount.put("toy/.tpubuild/staging/4/version/saved_model.pb", graph)
+    mount.put_json("toy/.tpubuild/sealed/4", {"recipe": "toy", "number": 4, "trees": [
+        {"final": "toy/4", "staged": "toy/.tpubuild/staging/4/version",
+         "files": {"saved_model.pb": [len(graph), _blake3(graph)]}}]})
     mount.put("toy/4/junk", b"not a version")
-    assert publish(mount, "c")["number"] == 5
+    done = publish(mount, "c")
+    assert (done["number"], done["new"]) == (5, True)
+    stuck = (f"warning: publish_to {mount.url}: toy/.tpubuild/sealed/4: cannot complete it (toy/4/ exists and is "
+             "not this version (saved_model.pb is missing: a directory tpubuild did not make?); nothing written "
+             "there); left in place")
+    assert done["said"] == [stuck]
     code, out, err = clean_remote(mount)
-    assert (code, err) == (0, [])
+    assert (code, err) == (0, [stuck])
     assert out == [f"removed {mount.url}/toy/1", f"removed {mount.url}/toy/3",
                    f"kept {mount.url}/toy/: 5 (the newest)"]
     assert os.listdir(mount.root / "toy" / "2") == [] and os.listdir(mount.root / "toy" / "4") == ["junk"]
