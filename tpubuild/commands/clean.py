@@ -59,7 +59,9 @@ def _clean_destinations(ws, recipes) -> int:
         raise UsageError("--remote: no recipe selected has a publish_to destination (tpubuild.yaml or the recipe)")
     destinations: dict[str, Destination] = {}
     for recipe in with_destination:
-        dest = destinations.setdefault(recipe.publish_to, Destination(recipe.publish_to, ws.remote_timeouts))
+        # What the destination holds that tpubuild did not write is left alone, a warning line each.
+        dest = destinations.setdefault(recipe.publish_to, Destination(recipe.publish_to, ws.remote_timeouts,
+                                                                      say=lambda m: click.echo(m, err=True)))
         survey = dest.survey(recipe.name)
         for line in dest.mend(survey, say=lambda m: click.echo(m, err=True)):
             click.echo(f"{recipe.name}: {line}")
@@ -69,7 +71,9 @@ def _clean_destinations(ws, recipes) -> int:
             click.echo(f"removed {dest.base_path(recipe.name)}/{number}")
         kept = survey.complete_numbers()
         if kept:
-            why = ", ".join([f"{kept[-1]} (the newest)"] + [f"{n} (labelled)" for n in sorted(pinned) if n != kept[-1]
-                                                            and n in kept])
+            ours = dest.newest_published(survey)  # kept too when a newer one is not tpubuild's
+            why = ", ".join([f"{kept[-1]} (the newest)"]
+                            + ([f"{ours} (the newest tpubuild published)"] if ours not in (None, kept[-1]) else [])
+                            + [f"{n} (labelled)" for n in sorted(pinned) if n not in (kept[-1], ours) and n in kept])
             click.echo(f"kept {dest.base_path(recipe.name)}/: {why}")
     return 0

@@ -15,6 +15,7 @@ from tpubuild.face import lazy
 
 # Name -> the module of this package that defines it, loaded on first use (tpubuild/face.py).
 _FACE = {
+    "INT64_MAX": "names",
     "LockTimeout": "flock",
     "NotAFile": "nofollow",
     "WorkspaceLock": "wslock",

@@ -30,6 +30,12 @@ retries: loader_harness.cc, `max_num_load_retries`) but one without
 `variables/variables.index` as a model without variables ("no checkpoints were
 restored": served with uninitialized variables). On a mount the staged directory is
 renamed into place: every file appears at one instant.
+
+A destination is written by many (every CI job, a group mount's users): every name, number
+and document read from it is data, checked before it becomes a path, a number or a verdict
+(fs/names.py; on a mount no link is followed below the root: remote/mount.py), and a version
+counts as a recipe's model only by its bytes. What is not what tpubuild writes is left alone
+with one warning line. docs/publish-to-object-storage.md "Trust model".
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from tpubuild.errors import TpubuildError
+from tpubuild.fs import INT64_MAX, clean_relative, inside, version_number
 from tpubuild.provenance.statement import PROVENANCE, SIGNATURE
 from tpubuild.publish.targets import MANIFEST
 
@@ -62,8 +69,13 @@ MAX_CLAIM_TRIES = 1000
 CLOCK_MARGIN = 600.0
 # What `remove` of an unsealed staging without any claim waits for (a claim removed by hand).
 UNCLAIMED_AGE = 86400.0
-# TF Serving's own reading of a version number: safe_strto64 (sign and digits).
+# TF Serving's own reading of a version number: safe_strto64 (sign and digits, within int64).
 TF_SERVING_NUMBER = re.compile(r"[+-]?[0-9]+")
+# A number more than this far above the one below it (0 for the first) is no number
+# tpubuild took: each claim is one more than the highest number used, so a gap this wide is
+# a co-writer's object (a claim of 9223372036854775807 would push every later version past
+# what TF Serving reads). It and every number above it are ignored, with a warning.
+MAX_GAP = 1000
 # A tree a file:// destination renamed aside to delete it (remote/backends.py remove_tree).
 TRASH = re.compile(r"\..+\.trash")
 # A file:// create's temp file (remote/backends.py _temp_copy: `.<name>.<pid>.<hex>.tmp`),
@@ -102,9 +114,37 @@ class Tree:
         return {"final": self.final, "staged": self.staged, "files": {k: list(v) for k, v in sorted(self.files.items())}}
 
     @classmethod
-    def of(cls, data: dict[str, Any]) -> Tree:
-        return cls(str(data["final"]), str(data["staged"]),
-                   {str(k): (int(v[0]), str(v[1])) for k, v in data["files"].items()})
+    def of(cls, data: Any, recipe: str, number: int) -> Tree:
+        """A tree of the seal `<recipe>/.tpubuild/sealed/<number>`, its names exactly as
+        `to_destination.local_trees` writes them for that number (`<recipe>/<N>` staged at
+        `<recipe>/.tpubuild/staging/<N>/version`, `<recipe>/<target>/<N>` at
+        `.../targets/<target>`) and its files clean relative names with a size and a
+        BLAKE3: else a ValueError (TypeError) saying what is wrong (a seal is data a co-writer can write)."""
+        if not isinstance(data, dict):
+            raise TypeError("a tree is not an object")
+        final, staged, files = data.get("final"), data.get("staged"), data.get("files")
+        target = inside(final, recipe)
+        parts = target.split("/") if target else []
+        if parts == [str(number)]:
+            expect = f"{recipe}/{STAGING}/{number}/version"
+        elif len(parts) == 2 and parts[1] == str(number) and not parts[0].startswith("."):
+            expect = f"{recipe}/{STAGING}/{number}/targets/{parts[0]}"
+        else:
+            raise ValueError(f"final {str(final)[:100]!r} is not {recipe}/{number} nor {recipe}/<target>/{number}")
+        if staged != expect:
+            raise ValueError(f"staged {str(staged)[:100]!r} is not {expect}")
+        if not isinstance(files, dict) or not files:
+            raise ValueError("files is not an object of names")
+        out = {}
+        for name, entry in files.items():
+            if clean_relative(name) is None:
+                raise ValueError(f"file name {str(name)[:100]!r} is not a clean relative path")
+            if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], int)
+                    and not isinstance(entry[0], bool) and entry[0] >= 0 and isinstance(entry[1], str)
+                    and re.fullmatch(r"[0-9a-f]{64}", entry[1])):
+                raise ValueError(f"file {name!r} has no size and BLAKE3")
+            out[name] = (entry[0], entry[1])
+        return cls(final, staged, out)
 
 
 @dataclass
@@ -153,10 +193,27 @@ class Destination:
     """One publish destination, `url` (its backend rooted at the URL itself). Every backend
     error but "absent" and "exists" becomes a DestinationError naming the URL."""
 
-    def __init__(self, url: str, timeouts: Any = None, io: Any = None):
+    def __init__(self, url: str, timeouts: Any = None, io: Any = None,
+                 say: Callable[[str], None] | None = None):
         self.url = url.rstrip("/")
         self.timeouts = timeouts
         self._io = io
+        # Where warnings go (what the destination holds that tpubuild left alone): publish
+        # and `clean --remote` set it; each line is said once per Destination.
+        self.say = say or (lambda line: None)
+        self._said: set[str] = set()
+
+    def warn(self, line: str) -> None:
+        line = f"warning: publish_to {self.url}: {line}"
+        if line not in self._said:
+            self._said.add(line)
+            self.say(line)
+
+    def say_left(self) -> None:
+        """What a removal on a mount could not remove (remote/mount.py), a line each."""
+        left = getattr(self._io, "left", None)
+        while left:
+            self.warn(left.pop(0))
 
     @property
     def io(self) -> Any:
@@ -192,12 +249,19 @@ class Destination:
 
     # --- reading --------------------------------------------------------------------
     def survey(self, recipe: str) -> Survey:
+        """One listing of `<recipe>/`, every name checked before it means anything: a
+        version or claim is a decimal int64 (fs/names.py version_number), every path clean
+        and below the base path; anything else is left alone with one warning line."""
         found = Survey(recipe)
+        odd: list[str] = []
         listed = self.call(f"cannot list {recipe}/", lambda: self.io.list(f"{recipe}/"))
         for rel, size, mtime in listed:
-            if not rel.startswith(f"{recipe}/"):
+            below = inside(rel, recipe)
+            if below is None:
+                if isinstance(rel, str) and rel.startswith(f"{recipe}/"):
+                    odd.append(rel)
                 continue
-            parts = rel[len(recipe) + 1:].split("/")
+            parts = below.split("/")
             aside = next((i for i, part in enumerate(parts[:-1]) if TRASH.fullmatch(part)), None)
             if aside is not None:
                 found.trash.add("/".join([recipe, *parts[:aside + 1]]))
@@ -206,30 +270,82 @@ class Destination:
                 continue
             head = parts[0]
             if TF_SERVING_NUMBER.fullmatch(head):
-                found.numbered.add(int(head))
-                if str(int(head)) == head:
-                    found.versions.setdefault(int(head), {})["/".join(parts[1:])] = size
-            elif head == STATE and len(parts) >= 3 and parts[2].isdigit():
-                number = int(parts[2])
-                if parts[1] == "claims":
+                self._numbered(found, f"{recipe}/{head}", head)
+                number = version_number(head)
+                if number is not None:
+                    found.versions.setdefault(number, {})["/".join(parts[1:])] = size
+            elif head == STATE:
+                if len(parts) < 3 or parts[1] not in ("claims", "sealed", "staging"):
+                    continue
+                number = version_number(parts[2])
+                if number is None or (parts[1] != "staging" and len(parts) != 3):
+                    odd.append(rel)
+                elif parts[1] == "claims":
                     found.claims[number] = mtime
                 elif parts[1] == "sealed":
                     found.sealed.add(number)
-                elif parts[1] == "staging":
+                else:
                     found.staged[number] = max(mtime, found.staged.get(number, 0.0))
-            elif len(parts) >= 3 and TF_SERVING_NUMBER.fullmatch(parts[1]):
-                found.numbered.add(int(parts[1]))
-                if str(int(parts[1])) == parts[1]:
-                    found.targets.setdefault(head, {}).setdefault(int(parts[1]), {})["/".join(parts[2:])] = size
+            elif len(parts) >= 3 and TF_SERVING_NUMBER.fullmatch(parts[1]) and not head.startswith("."):
+                self._numbered(found, f"{recipe}/{head}/{parts[1]}", parts[1])
+                number = version_number(parts[1])
+                if number is not None:
+                    found.targets.setdefault(head, {}).setdefault(number, {})["/".join(parts[2:])] = size
+        # On a mount, a directory is a number taken even empty (`mkdir toy/2`): never claimed.
+        directories = getattr(self.io, "directories", None)
+        if directories is not None:
+            for rel in self.call(f"cannot list {recipe}/", lambda: directories(f"{recipe}/")):
+                parts = (inside(rel, recipe) or "").split("/")
+                if len(parts) == 1 and TF_SERVING_NUMBER.fullmatch(parts[0]):
+                    self._numbered(found, rel, parts[0])
+                elif len(parts) == 2 and TF_SERVING_NUMBER.fullmatch(parts[1]) and not parts[0].startswith("."):
+                    self._numbered(found, rel, parts[1])
         temps = self.call(f"cannot list {recipe}/{STATE}/", lambda: self.io.temps(f"{recipe}/{STATE}/"))
         for rel, _size, mtime in temps:
+            if clean_relative(rel) is None:
+                continue
             parts = rel.split("/")
             if len(parts) == 4 and parts[2] in ("claims", "sealed") and (temp := TEMP.fullmatch(parts[3])):
-                found.temps[rel] = (int(temp.group(1)), mtime)
-            elif len(parts) > 4 and parts[2] == "staging" and parts[3].isdigit():
+                if version_number(temp.group(1)) is not None:
+                    found.temps[rel] = (int(temp.group(1)), mtime)
+            elif len(parts) > 4 and parts[2] == "staging" and (number := version_number(parts[3])) is not None:
                 # A staging whose only file is an upload a kill cut short is a staging too.
-                found.staged[int(parts[3])] = max(mtime, found.staged.get(int(parts[3]), 0.0))
+                found.staged[number] = max(mtime, found.staged.get(number, 0.0))
+        if odd:
+            odd.sort()
+            more = f" (and {len(odd) - 1} more)" if len(odd) > 1 else ""
+            self.warn(f"{json.dumps(odd[0][:200], ensure_ascii=False)}{more}: not a name tpubuild writes; left alone")
+        self._drop_far(found)
         return found
+
+    def _numbered(self, found: Survey, where: str, name: str) -> None:
+        """A name TF Serving reads as a version number (safe_strto64: sign, digits, within
+        int64): that number is taken. Past int64 TF Serving skips it, and so does tpubuild."""
+        value = int(name) if len(name.lstrip("+-0")) <= 19 else None  # more digits: past int64 (and int()'s limit)
+        if value is not None and 0 <= value <= INT64_MAX:
+            found.numbered.add(value)
+        else:
+            self.warn(f"{json.dumps(where[:200], ensure_ascii=False)}: no version TF Serving reads (its number is "
+                      "not within int64); left alone")
+
+    def _drop_far(self, found: Survey) -> None:
+        """Ignore every number more than MAX_GAP above the number below it, and all above."""
+        previous = 0
+        for number in sorted(found.used()):
+            if number - previous > MAX_GAP:
+                break
+            previous = number
+        else:
+            return
+        self.warn(f"{found.recipe}: {number} is more than {MAX_GAP} above the highest number before it "
+                  f"({previous}): not a number tpubuild took; it and any above it are ignored")
+        found.claims = {n: t for n, t in found.claims.items() if n <= previous}
+        found.staged = {n: t for n, t in found.staged.items() if n <= previous}
+        found.sealed = {n for n in found.sealed if n <= previous}
+        found.numbered = {n for n in found.numbered if n <= previous}
+        found.versions = {n: v for n, v in found.versions.items() if n <= previous}
+        found.targets = {t: {n: v for n, v in by.items() if n <= previous} for t, by in found.targets.items()}
+        found.temps = {r: (n, t) for r, (n, t) in found.temps.items() if n <= previous}
 
     def read_json(self, rel: str) -> dict[str, Any] | None:
         """A small JSON document of the destination; None when absent or not JSON."""
@@ -242,15 +358,62 @@ class Destination:
     def manifest(self, recipe: str, number: int) -> dict[str, Any] | None:
         return self.read_json(f"{recipe}/{number}/{MANIFEST}")
 
-    def newest_same_model(self, survey: Survey, model: str) -> int | None:
-        """The newest complete version's number when its manifest holds the model `model`
-        (publish/versions.py newest_same_model's rule, on the destination)."""
+    def newest_same_model(self, survey: Survey, manifest: dict[str, Any], scratch: Path) -> int | None:
+        """The newest complete version's number when it holds the model of the local
+        `manifest`: its manifest names the recipe and the same `model`, lists the same
+        model files (every file but the report's) with the same BLAKE3, and the bytes
+        there hash to what it lists. A manifest is data anyone who can write the
+        destination can copy: what vouches for a version is its bytes, hashed here (only
+        when the manifest claims the same model, so the cost is a download of a version
+        that would otherwise be published again). A version whose bytes are not what its
+        manifest says is said in one warning line; the build then publishes a new one."""
         numbers = survey.complete_numbers()
         if not numbers:
             return None
-        manifest = self.manifest(survey.recipe, numbers[-1])
-        if manifest and manifest.get("model") == model and manifest.get("recipe") == survey.recipe:
-            return numbers[-1]
+        number = numbers[-1]
+        theirs = self.manifest(survey.recipe, number)
+        if not theirs or theirs.get("model") != manifest.get("model") or theirs.get("recipe") != survey.recipe:
+            return None
+        wanted = _model_files(manifest)
+        listed = _model_files(theirs)
+        if wanted is None or listed is None or listed != wanted:
+            self.warn(f"{survey.recipe}/{number} does not hold what its manifest says (its files are not this "
+                      "model's); a new version is published")
+            return None
+        why = self._bytes_differ(survey, number, _all_files(theirs) or {}, scratch)
+        if why is not None:
+            self.warn(f"{survey.recipe}/{number} does not hold what its manifest says ({why}); a new version is "
+                      "published")
+            return None
+        return number
+
+    def _bytes_differ(self, survey: Survey, number: int, files: dict[str, str], scratch: Path) -> str | None:
+        """None when every file `files` lists (path in the version, `<target>/` first for a
+        target version's) is at the destination, a regular object whose BLAKE3 is the one
+        listed; else the first that is not, in words."""
+        from tpubuild.digests import hash_file
+
+        recipe = survey.recipe
+        probe = os.fspath(Path(scratch) / f"vouch-{os.getpid()}")
+        try:
+            for key, digest in sorted(files.items()):
+                target, _, rel = key.partition("\0")
+                size = (survey.targets.get(target, {}).get(number, {}) if target else
+                        survey.versions.get(number, {})).get(rel)
+                where = f"{recipe}/{target}/{number}/{rel}" if target else f"{recipe}/{number}/{rel}"
+                if size is None:
+                    return f"{where} is missing"
+                try:
+                    got = self.call(f"cannot read {where}", lambda w=where, n=size: _download(self.io, w, probe, n))
+                except FileNotFoundError:
+                    return f"{where} is missing"
+                if got != size or hash_file(probe) != digest:
+                    return f"{where} is other bytes"
+        finally:
+            try:
+                os.unlink(probe)
+            except FileNotFoundError:
+                pass
         return None
 
     # --- numbers --------------------------------------------------------------------
@@ -261,6 +424,8 @@ class Destination:
         itself to seal its staging (a cleaner waits that long, and CLOCK_MARGIN, before
         taking the job for gone)."""
         number = max(survey.used(), default=0) + 1
+        if number + MAX_CLAIM_TRIES > INT64_MAX:  # unreachable after survey's MAX_GAP rule, but never past int64
+            raise DestinationError(f"publish_to {self.url}: {survey.recipe}: no version number left within int64")
         document = json.dumps({**_whoami(), "budget": round(budget, 1), "claimed": time.time()},
                               sort_keys=True).encode()
         for _ in range(MAX_CLAIM_TRIES):
@@ -318,7 +483,11 @@ class Destination:
         for tree in trees:
             try:
                 self._promote_tree(tree)
-            except (FileExistsError, FileNotFoundError):
+            except FileExistsError:
+                # `<N>/` is there already: another job finished it (then it is whole), or a
+                # directory tpubuild did not make is (then nothing was written there).
+                self.check_tree(tree, with_commit=True, wrote=False)
+            except FileNotFoundError:
                 self.check_tree(tree, with_commit=True)
 
     def _promote_tree(self, tree: Tree) -> None:
@@ -334,9 +503,10 @@ class Destination:
                                                                                       f"{tree.final}/{r}"))
         self.check_tree(tree, with_commit=True)
 
-    def check_tree(self, tree: Tree, with_commit: bool) -> None:
+    def check_tree(self, tree: Tree, with_commit: bool, wrote: bool = True) -> None:
         """Every file of `tree` (its commit file too, when `with_commit`) listed under the
-        final name with the size staged: a DestinationError naming the first that is not."""
+        final name with the size staged: a DestinationError naming the first that is not
+        (`wrote`: whether this job copied anything there, for the message)."""
         listed = {rel[len(tree.final) + 1:]: size for rel, size, _ in
                   self.call(f"cannot list {tree.final}/", lambda: self.io.list(f"{tree.final}/"))
                   if rel.startswith(f"{tree.final}/")}
@@ -345,6 +515,10 @@ class Destination:
                 continue
             if listed.get(rel) != size:
                 seen = "missing" if rel not in listed else f"{listed[rel]} bytes, not {size}"
+                if not wrote:
+                    raise DestinationError(f"publish_to {self.url}: {tree.final}/ exists and is not this version "
+                                           f"({rel} is {seen}: a directory tpubuild did not make?); nothing "
+                                           "written there")
                 raise DestinationError(f"publish_to {self.url}: {tree.final}/{rel} is {seen} after its copy; "
                                        f"{'its' if with_commit else 'no'} {tree.commit[0]} written")
 
@@ -371,9 +545,14 @@ class Destination:
             if seal is None:
                 continue  # finished and removed meanwhile
             try:
-                trees = [Tree.of(t) for t in seal["trees"]]
-            except (KeyError, TypeError, ValueError, IndexError):
-                say(f"publish_to {self.url}: {recipe}/{SEALED}/{number} is malformed; left in place")
+                # Every name in it is checked: a seal is data anyone who can write the destination wrote.
+                if seal.get("recipe") != recipe or seal.get("number") != number:
+                    raise ValueError(f"it is not the seal of {recipe} version {number}")
+                if not isinstance(seal.get("trees"), list) or not seal["trees"]:
+                    raise ValueError("its trees are not a list of trees")
+                trees = [Tree.of(t, recipe, number) for t in seal["trees"]]
+            except (TypeError, ValueError) as exc:
+                self.warn(f"{recipe}/{SEALED}/{number} is not a seal tpubuild wrote ({exc}); left in place")
                 continue
             whole = all(self._tree_whole(survey, t) for t in trees)
             if not whole:
@@ -381,6 +560,13 @@ class Destination:
                     self.promote(trees)
                 except FileNotFoundError:
                     continue  # its job finished and removed the staging meanwhile
+                except DestinationError as exc:
+                    if exc.unreachable:
+                        raise
+                    # A directory tpubuild did not make at `<N>/`, say: never fatal to this build.
+                    self.warn(f"{recipe}/{SEALED}/{number}: cannot complete it ({str(exc).split(': ', 1)[-1]}); "
+                              "left in place")
+                    continue
                 done.append(f"completed {self.base_path(recipe)}/{number} (a publish that stopped before it was)")
             self.unstage(recipe, number)
         now = time.time()
@@ -405,14 +591,15 @@ class Destination:
                 self.call(f"cannot remove {rel}", lambda r=rel: self.io.delete([r]))
         for aside in sorted(survey.trash):  # a removal killed after its rename: nothing there is visible
             self.call(f"cannot remove {aside}", lambda a=aside: self.io.remove_tree(a))
+        self.say_left()
         return done
 
     def _tree_whole(self, survey: Survey, tree: Tree) -> bool:
-        recipe = survey.recipe
-        rel = tree.final[len(recipe) + 1:]
-        parts = rel.split("/")
-        listed = survey.versions.get(int(parts[0]), {}) if len(parts) == 1 else \
-            survey.targets.get(parts[0], {}).get(int(parts[1]), {})
+        """Whether the listing shows every file of `tree` (checked by Tree.of) whole."""
+        parts = tree.final[len(survey.recipe) + 1:].split("/")
+        number = int(parts[-1])
+        listed = survey.versions.get(number, {}) if len(parts) == 1 else \
+            survey.targets.get(parts[0], {}).get(number, {})
         return all(listed.get(name) == size for name, (size, _) in tree.files.items())
 
     # --- pruning and cleaning -------------------------------------------------------
@@ -423,13 +610,24 @@ class Destination:
         if manifest is None:
             return f"no readable {MANIFEST}"
         if manifest.get("recipe") != survey.recipe:
-            return f"its {MANIFEST} is for recipe {manifest.get('recipe')!r}"
-        if set(survey.versions.get(number, {})) - set(OWN) != set(manifest.get("files", {})):
+            return f"its {MANIFEST} is for recipe {repr(manifest.get('recipe'))[:100]}"
+        listed = _all_files(manifest)
+        if listed is None:
+            return f"its {MANIFEST} is not one tpubuild writes"
+        if set(survey.versions.get(number, {})) - set(OWN) != {k[1:] for k in listed if k.startswith("\0")}:
             return f"it holds other files than its {MANIFEST} lists"
-        for target, entry in (manifest.get("targets") or {}).items():
+        for target in sorted({k.split("\0")[0] for k in listed} - {""}):
             present = survey.targets.get(target, {}).get(number)
-            if present is not None and set(present) - set(OWN) != set(entry.get("files", {})):
+            files = {k.split("\0", 1)[1] for k in listed if k.startswith(f"{target}\0")}
+            if present is not None and set(present) - set(OWN) != files:
                 return f"{target}/{number}/ holds other files than its {MANIFEST} lists"
+        return None
+
+    def newest_published(self, survey: Survey) -> int | None:
+        """The newest complete version tpubuild published (published_reason says None)."""
+        for number in reversed(survey.complete_numbers()):
+            if self.published_reason(survey, number) is None:
+                return number
         return None
 
     def remove_version(self, survey: Survey, number: int) -> None:
@@ -443,16 +641,22 @@ class Destination:
                               f"{recipe}/{t}/{number}")))
         self.call(f"cannot remove {recipe}/{number}",
                   lambda: self.io.remove_tree(f"{recipe}/{number}/", first=_commit_rels(f"{recipe}/{number}")))
+        self.say_left()
 
     def prune(self, survey: Survey, keep: int | None, pinned: set[int], say: Callable[[str], None],
               everything: bool = False) -> list[int]:
         """Remove the complete versions tpubuild published but the newest `keep` (all but
         the newest with `everything`: `clean`), never the newest nor a pinned one; a
-        version that is not tpubuild's is left and said."""
+        version that is not tpubuild's is left and said. The newest version TF Serving can
+        load always stays: the newest complete one (a decimal int64: survey), and the newest
+        tpubuild published, should a co-writer's newer one not load."""
         numbers = survey.complete_numbers()
         if not numbers or (keep is None and not everything):
             return []
         kept = set(numbers[-1:] if everything else numbers[-keep:]) | set(pinned)
+        ours = self.newest_published(survey)
+        if ours is not None:
+            kept.add(ours)
         removed = []
         for number in numbers:
             if number in kept:
@@ -464,6 +668,52 @@ class Destination:
             self.remove_version(survey, number)
             removed.append(number)
         return removed
+
+
+def _download(io: Any, rel: str, local: str, limit: int) -> int:
+    """`io.download`, with an object grown past `limit` since its listing said as -1 bytes."""
+    from tpubuild.remote import ObjectTooLarge
+
+    try:
+        return io.download(rel, local, limit)
+    except ObjectTooLarge:
+        return -1
+
+
+def _all_files(manifest: dict[str, Any]) -> dict[str, str] | None:
+    """Every file a version's manifest lists, its target's name, a NUL and its path (the
+    main version's: a NUL and its path) -> BLAKE3; None when the manifest is not what tpubuild writes (a name that
+    is not a clean relative path, `files` or `targets` not an object, a digest not a string)."""
+    out: dict[str, str] = {}
+    targets = manifest.get("targets") or {}
+    if not isinstance(targets, dict):
+        return None
+    listed = [("", manifest.get("files", {}))]
+    for target, entry in targets.items():
+        if clean_relative(target) is None or "/" in target or target.startswith(".") or not isinstance(entry, dict):
+            return None
+        listed.append((target, entry.get("files", {})))
+    for target, files in listed:
+        if not isinstance(files, dict):
+            return None
+        for rel, digest in files.items():
+            if clean_relative(rel) is None or not isinstance(digest, str):
+                return None
+            out[f"{target}\0{rel}"] = digest
+    return out
+
+
+def _model_files(manifest: dict[str, Any]) -> dict[str, str] | None:
+    """`_all_files` but the report's (figures measured on the building machine, which two
+    builds of one model may differ in: what the manifest's `model` digest leaves out)."""
+    from tpubuild.report.formats import REPORT_JSON, REPORT_MD
+    from tpubuild.stages.report import HLO_DIR
+
+    files = _all_files(manifest)
+    if files is None:
+        return None
+    return {key: digest for key, digest in files.items()
+            if not (key in (f"\0{REPORT_JSON}", f"\0{REPORT_MD}") or key.startswith(f"\0{HLO_DIR}/"))}
 
 
 def _commit_rels(prefix: str) -> tuple[str, ...]:

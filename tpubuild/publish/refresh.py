@@ -93,11 +93,14 @@ def _update_dir(version_dir: Path, listed: list[tuple[str, tuple[FileEntry, Path
         for rel, (entry, obj) in listed:
             path = tmp / rel
             path.parent.mkdir(parents=True, exist_ok=True)
+            # Every copy checked against its entry, as versions.publish does: the object was
+            # checked at its lookup, and whoever can write a shared cache can swap it since;
+            # what is renamed in here is signed (model.sig) and published.
             if _holds(version_dir / rel, entry.hash, stat_cache):
                 # Only for the statement and the signature: the version's own file stays.
-                place_file(obj, path, "hardlink", durable=False)
+                place_file(obj, path, "hardlink", durable=False, expect=entry.hash)
             else:  # a new report file, or a damaged model file: restored from its object
-                place_file(obj, path, link_type)
+                place_file(obj, path, link_type, expect=entry.hash)
                 changed.append(rel)
         with open(tmp / MANIFEST, "wb") as f:
             f.write(manifest)

@@ -80,11 +80,12 @@ def publish_version(dest: Destination, recipe: str, version_dir: Path, scratch: 
         local_number = int(version_dir.name)
     except (OSError, ValueError) as exc:
         raise DestinationError(f"{version_dir}: not a published version ({exc})") from None
+    dest.say = say  # what the destination holds that tpubuild leaves alone: a warning line each
     survey = dest.survey(recipe)
     mended = dest.mend(survey, say)
     if mended:
         survey = dest.survey(recipe)
-    same = dest.newest_same_model(survey, manifest.get("model"))
+    same = dest.newest_same_model(survey, manifest, scratch)
     if same is not None:
         return Outcome(dest.base_path(recipe), same, False, mended)
     planned = local_trees(version_dir, manifest, recipe, 0)
@@ -111,6 +112,7 @@ def publish_version(dest: Destination, recipe: str, version_dir: Path, scratch: 
         dest.unstage(recipe, number)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+        dest.say_left()
     pruned = dest.prune(dest.survey(recipe), keep, set(pinned), say) if keep else []
     return Outcome(dest.base_path(recipe), number, True, mended, pruned)
 

@@ -23,7 +23,7 @@ from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from tpubuild.config.remote_url import BACKENDS, EXTRA, Timeouts, url_problem
-from tpubuild.errors import TpubuildError, file_kind
+from tpubuild.errors import TpubuildError
 from tpubuild.keys import RECORD_LIMIT
 from tpubuild.store import LAYOUT
 
@@ -305,24 +305,29 @@ class _LocalBackend(Backend):
     exists (create-only, like O_EXCL, but never a visible half-written record).
 
     Anyone who can write the directory can put a FIFO, a device or a link where a record
-    or an object should be: a name is read only if lstat says it is a regular file, and
-    is then opened without following a link and without blocking (NotARegularFile
-    otherwise: a miss the caller reports, never a hang)."""
+    or an object should be, or a link where a directory should be: every component below
+    the root is opened without following a link, and every change made by descriptor
+    (remote/mount.py). A name is read only if it is a regular file, opened without
+    blocking (NotARegularFile otherwise: a miss the caller reports, never a hang); a name
+    reached through a link is absent to a read or a removal, and refused to a write."""
 
     def __init__(self, root: Path):
         self.root = root
+        self.left: list[str] = []  # what removals could not remove, a line each (the caller says them)
 
     def _open(self, rel: str) -> Any:
-        path = self.root / rel
-        st = os.lstat(path)  # FileNotFoundError: an answer
-        if not stat.S_ISREG(st.st_mode):
-            raise NotARegularFile(os.fspath(path), file_kind(st.st_mode))
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        found = os.fstat(fd)
-        if not stat.S_ISREG(found.st_mode):  # swapped between the lstat and the open
-            os.close(fd)
-            raise NotARegularFile(os.fspath(path), file_kind(found.st_mode))
-        return os.fdopen(fd, "rb")
+        from tpubuild.fs import NotAFile, open_regular_at
+        from tpubuild.remote.mount import LinkInPath, parent
+
+        try:
+            with parent(self.root, rel) as (fd, name):
+                try:
+                    handle, _st = open_regular_at(name, fd)
+                except NotAFile as exc:
+                    raise NotARegularFile(os.fspath(self.root / rel), exc.kind) from None
+        except (LinkInPath, NotADirectoryError) as exc:
+            raise NotARegularFile(os.fspath(self.root / rel), getattr(exc, "kind", "not a directory")) from None
+        return os.fdopen(handle, "rb")
 
     def read(self, rel: str, limit: int = RECORD_LIMIT) -> bytes:
         with self._open(rel) as src:
@@ -343,143 +348,140 @@ class _LocalBackend(Backend):
         return done
 
     def size(self, rel: str) -> int:
-        path = self.root / rel
-        st = os.lstat(path)
-        if not stat.S_ISREG(st.st_mode):
-            raise NotARegularFile(os.fspath(path), file_kind(st.st_mode))
-        return st.st_size
+        with self._open(rel) as src:
+            return os.fstat(src.fileno()).st_size
 
-    def _temp_copy(self, target: Path, write: Callable[[Any], None]) -> str:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.parent / f".{target.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-        with open(tmp, "xb") as out:
-            write(out)
-            out.flush()
-            os.fsync(out.fileno())
-        return os.fspath(tmp)
+    def _write(self, rel: str, write: Callable[[Any], None], commit: Callable[[str, str, int], None],
+               mode: int | None) -> None:
+        """A dot-named temp file beside `rel` (its directories made, none through a link)
+        holding what `write` writes, fsynced, then `commit(tmp, name, dir_fd)`; the temp
+        file removed whatever happens."""
+        from tpubuild.fs import fsync_fd
+        from tpubuild.remote.mount import parent
+
+        with parent(self.root, rel, create=True, notes=self.left) as (fd, name):
+            tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+            out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
+                          dir_fd=fd)
+            try:
+                with os.fdopen(out, "wb") as handle:
+                    write(handle)
+                    handle.flush()
+                    if mode is not None:
+                        os.fchmod(handle.fileno(), mode)
+                    os.fsync(handle.fileno())
+                commit(tmp, name, fd)
+            finally:
+                try:
+                    os.unlink(tmp, dir_fd=fd)
+                except FileNotFoundError:
+                    pass
+            fsync_fd(fd)
 
     def upload(self, local: str, rel: str) -> None:
-        from tpubuild.atomic import fsync_path
-
-        target = self.root / rel
-        tmp = self._temp_copy(target, lambda out: _copy_into(local, out))
-        try:
-            os.chmod(tmp, 0o444)
-            os.replace(tmp, target)  # replaces whatever is there (a link itself, a FIFO), never writes into it
-        finally:
-            _unlink(tmp)
-        fsync_path(target.parent)
+        # os.replace replaces whatever is there (a link itself, a FIFO), never writes into it.
+        self._write(rel, lambda out: _copy_into(local, out),
+                    lambda tmp, name, fd: os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd), 0o444)
 
     def create(self, rel: str, data: bytes) -> bool:
-        from tpubuild.atomic import fsync_path
+        created = []
 
-        target = self.root / rel
-        tmp = self._temp_copy(target, lambda out: out.write(data))
-        try:
-            os.link(tmp, target)
-        except FileExistsError:
-            return False
-        finally:
-            _unlink(tmp)
-        fsync_path(target.parent)
-        return True
+        def link(tmp: str, name: str, fd: int) -> None:
+            try:
+                os.link(tmp, name, src_dir_fd=fd, dst_dir_fd=fd, follow_symlinks=False)
+            except FileExistsError:
+                return
+            created.append(name)
+
+        self._write(rel, lambda out: out.write(data), link, None)
+        return bool(created)
+
+    def _walk(self, rel_prefix: str) -> Any:
+        from tpubuild.remote.mount import walk
+
+        return walk(self.root, rel_prefix, self.left)
 
     def list(self, rel_prefix: str, deadline: float | None = None) -> list[tuple[str, int, float]]:
-        out = []
-        for dirpath, _dirs, names in os.walk(self.root / rel_prefix):  # os.walk enters no linked directory
-            for name in names:
-                if name.startswith("."):
-                    continue  # a temp file of a write in progress (or of a killed writer)
-                path = os.path.join(dirpath, name)
-                try:
-                    st = os.lstat(path)
-                except FileNotFoundError:
-                    continue
-                if stat.S_ISREG(st.st_mode):
-                    out.append((Path(path).relative_to(self.root).as_posix(), st.st_size, st.st_mtime))
-        return out
+        # Dot-named files are temp files of writes in progress (or of killed writers).
+        return [(rel, st.st_size, st.st_mtime) for rel, kind, st in self._walk(rel_prefix)
+                if kind == "file" and not rel.rsplit("/", 1)[-1].startswith(".")]
+
+    def directories(self, rel_prefix: str) -> list[str]:
+        """Every directory (an empty one too) or link below a prefix: names someone took."""
+        return [rel for rel, kind, _st in self._walk(rel_prefix) if kind in ("dir", "link")]
 
     def delete(self, rels: list[str]) -> None:
+        from tpubuild.remote.mount import LinkInPath, parent
+
         for rel in rels:
-            _unlink(self.root / rel)
+            try:
+                with parent(self.root, rel) as (fd, name):
+                    os.unlink(name, dir_fd=fd)
+            except (FileNotFoundError, NotADirectoryError, LinkInPath):
+                continue  # absent, or reached through a link: not in the destination
 
     def temps(self, rel_prefix: str) -> list[tuple[str, int, float]]:
-        out = []
-        for dirpath, _dirs, names in os.walk(self.root / rel_prefix):
-            for name in names:
-                if not (name.startswith(".") and name.endswith(".tmp")):
-                    continue
-                path = os.path.join(dirpath, name)
-                try:
-                    st = os.lstat(path)
-                except FileNotFoundError:
-                    continue  # its writer finished meanwhile
-                if stat.S_ISREG(st.st_mode):
-                    out.append((Path(path).relative_to(self.root).as_posix(), st.st_size, st.st_mtime))
-        return out
+        return [(rel, st.st_size, st.st_mtime) for rel, kind, st in self._walk(rel_prefix)
+                if kind == "file" and (name := rel.rsplit("/", 1)[-1]).startswith(".") and name.endswith(".tmp")]
 
     def copy(self, src: str, dst: str) -> None:
-        from tpubuild.atomic import fsync_path
-
-        target = self.root / dst
         with self._open(src) as source:
-            tmp = self._temp_copy(target, lambda out: shutil.copyfileobj(source, out, 1 << 20))
-        try:
-            os.chmod(tmp, 0o444)
-            os.replace(tmp, target)
-        finally:
-            _unlink(tmp)
-        fsync_path(target.parent)
+            self._write(dst, lambda out: shutil.copyfileobj(source, out, 1 << 20),
+                        lambda tmp, name, fd: os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd), 0o444)
 
     def rename_tree(self, src: str, dst: str) -> bool:
         """The directory `src` renamed to `dst` (which must not exist): every file of it
         appears under `dst` at one instant. FileNotFoundError when `src` is gone (another
-        writer renamed it), FileExistsError when `dst` exists."""
-        from tpubuild.atomic import fsync_path
+        writer renamed it), FileExistsError when `dst` exists (an empty directory too)."""
+        from contextlib import ExitStack
 
-        source, target = self.root / src, self.root / dst
-        if os.path.lexists(target):
-            raise FileExistsError(errno.EEXIST, "exists", os.fspath(target))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(source, target)  # an empty directory created at `target` meanwhile is replaced, as rename(2) does
-        fsync_path(target.parent)
-        fsync_path(source.parent)
+        from tpubuild.fs import fsync_fd, lstat_at
+        from tpubuild.remote.mount import LinkInPath, parent
+
+        with ExitStack() as stack:
+            try:
+                source_fd, source_name = stack.enter_context(parent(self.root, src))
+            except (LinkInPath, NotADirectoryError):
+                raise FileNotFoundError(errno.ENOENT, "not in the destination", src) from None
+            target_fd, target_name = stack.enter_context(parent(self.root, dst, create=True, notes=self.left))
+            if lstat_at(target_name, target_fd) is not None:
+                raise FileExistsError(errno.EEXIST, "exists", os.fspath(self.root / dst))
+            st = lstat_at(source_name, source_fd)
+            if st is None or not stat.S_ISDIR(st.st_mode):
+                raise FileNotFoundError(errno.ENOENT, "no such directory", os.fspath(self.root / src))
+            # An empty directory made at `dst` since the check is replaced, as rename(2) does.
+            os.rename(source_name, target_name, src_dir_fd=source_fd, dst_dir_fd=target_fd)
+            fsync_fd(target_fd)
+            fsync_fd(source_fd)
         return True
 
     def remove_tree(self, prefix: str, first: tuple[str, ...] = ()) -> None:
-        """Renamed aside (a dot name beside it) first, then deleted: the tree leaves its
-        name at one instant, as `rename_tree` gave it."""
-        path = self.root / prefix
-        if not os.path.lexists(path):
+        """Renamed aside (a dot name beside it) first, then deleted by descriptor: the tree
+        leaves its name at one instant, as `rename_tree` gave it. A prefix reached through a
+        link is not in the destination: nothing is removed. What cannot be removed is left,
+        a line each in `left`."""
+        from tpubuild.fs import lstat_at
+        from tpubuild.remote.mount import LinkInPath, parent, remove_below
+
+        try:
+            with parent(self.root, prefix) as (fd, name):
+                st = lstat_at(name, fd)
+                if st is None:
+                    return
+                if stat.S_ISDIR(st.st_mode):
+                    trash = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.trash"
+                    os.rename(name, trash, src_dir_fd=fd, dst_dir_fd=fd)
+                    name = trash
+                self.left += remove_below(fd, name, prefix.rstrip("/"))
+        except (FileNotFoundError, NotADirectoryError, LinkInPath):
             return
-        if os.path.islink(path) or not path.is_dir():
-            _unlink(path)
-            return
-        trash = path.parent / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.trash"
-        os.rename(path, trash)
-        shutil.rmtree(trash, ignore_errors=True)
 
     def stale_temps(self, older_than: float) -> list[str]:
         """Temp files of killed writers (dot-named, older than `older_than`, a timestamp)."""
-        found = []
-        for dirpath, _dirs, names in os.walk(self.root):
-            for name in names:
-                path = os.path.join(dirpath, name)
-                try:
-                    if name.startswith(".") and name.endswith(".tmp") and os.lstat(path).st_mtime < older_than:
-                        found.append(Path(path).relative_to(self.root).as_posix())
-                except FileNotFoundError:
-                    continue
-        return found
+        return [rel for rel, _size, mtime in self.temps("") if mtime < older_than]
 
 
 def _copy_into(local: str, out: Any) -> None:
     with open(local, "rb") as src:
         shutil.copyfileobj(src, out, 1 << 20)
 
-
-def _unlink(path: Any) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
