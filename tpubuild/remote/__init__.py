@@ -12,6 +12,7 @@ from tpubuild.face import lazy
 # Name -> the module of this package that defines it, loaded on first use (tpubuild/face.py).
 _FACE = {
     "CHUNK": "backends",
+    "ObjectTooLarge": "backends",
     "RemoteCache": "cache",
     "RemoteSetupError": "backends",
     "collect_remote": "gc",
