@@ -176,7 +176,8 @@ NOT_PLANNING = (
     "__main__.py", "cli.py", "commands/", "convert.py", "diagnosis/", "engine/explain.py", "engine/lockcheck.py",
     "engine/cache.py", "engine/loop.py", "engine/tasks.py", "entry.py", "fs/wslock.py", "lock/memo.py", "lock/shape.py",
     "provenance/digests.py", "provenance/signature.py", "publish/destination.py", "publish/refresh.py",
-    "publish/serving_config.py", "publish/to_destination.py", "remote/", "render.py",
+    "publish/serving_config.py", "publish/to_destination.py", "publish/verify_remote.py",
+    "publish/version_check.py", "remote/", "render.py",
     "report/targets.py", "review/", "store/gc.py", "store/registration.py", "tpu/inspect.py", "workers/logs.py",
     "workers/pool.py", "workers/ray.py",
 )

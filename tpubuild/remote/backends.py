@@ -109,6 +109,11 @@ def open_backend(url: str, timeouts: Timeouts | None = None, layout: str = LAYOU
     if problem:
         raise TpubuildError(f"{what}: {problem}")
     scheme = urlsplit(url).scheme
+    if scheme == "file":
+        # A mount is a local directory: the base install reads and writes it with os alone
+        # (url_problem has made sure the path is absolute, plain and normalized).
+        root = Path(urlsplit(url).path.rstrip("/") or "/")
+        return _LocalBackend(root / layout if layout else root)
     try:
         import fsspec
     except ImportError:
@@ -120,9 +125,6 @@ def open_backend(url: str, timeouts: Timeouts | None = None, layout: str = LAYOU
         except ImportError:
             raise RemoteSetupError(
                 f"{what} {url}: the {scheme}:// backend needs {package} (pip install '{EXTRA}')") from None
-    if scheme == "file":
-        fs, root = fsspec.core.url_to_fs(url)
-        return _LocalBackend(Path(root) / layout if layout else Path(root))
     timeouts = timeouts or Timeouts()
     options: dict[str, Any] = {"skip_instance_cache": True, "use_listings_cache": False}
     if package == "s3fs":
@@ -386,7 +388,7 @@ class _LocalBackend(Backend):
 
     def list(self, rel_prefix: str, deadline: float | None = None) -> list[tuple[str, int, float]]:
         out = []
-        for dirpath, _dirs, names in os.walk(self.root / rel_prefix):  # os.walk enters no linked directory
+        for dirpath, names in _walk(self.root / rel_prefix):
             for name in names:
                 if name.startswith("."):
                     continue  # a temp file of a write in progress (or of a killed writer)
@@ -405,7 +407,7 @@ class _LocalBackend(Backend):
 
     def temps(self, rel_prefix: str) -> list[tuple[str, int, float]]:
         out = []
-        for dirpath, _dirs, names in os.walk(self.root / rel_prefix):
+        for dirpath, names in _walk(self.root / rel_prefix):
             for name in names:
                 if not (name.startswith(".") and name.endswith(".tmp")):
                     continue
@@ -457,12 +459,18 @@ class _LocalBackend(Backend):
             return
         trash = path.parent / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.trash"
         os.rename(path, trash)
-        shutil.rmtree(trash, ignore_errors=True)
+        from tpubuild.fs import remove_at
+
+        parent = os.open(trash.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            remove_at(trash.name, parent)  # by descriptor, iteratively: any depth, no link followed
+        finally:
+            os.close(parent)
 
     def stale_temps(self, older_than: float) -> list[str]:
         """Temp files of killed writers (dot-named, older than `older_than`, a timestamp)."""
         found = []
-        for dirpath, _dirs, names in os.walk(self.root):
+        for dirpath, names in _walk(self.root):
             for name in names:
                 path = os.path.join(dirpath, name)
                 try:
@@ -471,6 +479,33 @@ class _LocalBackend(Backend):
                 except FileNotFoundError:
                     continue
         return found
+
+
+def _walk(top: Path | str) -> Any:
+    """(directory path, names of what is not a directory in it) of `top` and every
+    directory below it, as os.walk gives them but without recursion (Python 3.11's os.walk
+    recurses: a directory 5000 deep, which anyone who can write the share can make, was a
+    RecursionError) and never through a link; a directory that cannot be listed (its path
+    too long, gone meanwhile) is skipped."""
+    pending = [os.fspath(top)]
+    while pending:
+        directory = pending.pop()
+        try:
+            with os.scandir(directory) as it:
+                entries = list(it)
+        except OSError:
+            continue
+        names = []
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir(follow_symlinks=False)
+            except OSError:
+                continue
+            if is_dir:
+                pending.append(entry.path)
+            else:
+                names.append(entry.name)
+        yield directory, names
 
 
 def _copy_into(local: str, out: Any) -> None:
