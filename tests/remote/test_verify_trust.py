@@ -183,7 +183,7 @@ def test_validate_and_build_refuse_the_same_publish_to_values_with_file_and_line
     for verb in ("validate", "build"):
         done = tpubuild(ws, verb)
         assert done.returncode == 2 and "Traceback" not in done.stderr, (verb, done.stderr)
-        assert errors(done) == [f"tpubuild.yaml:{line}:14: publish_to: {message}"], (verb, done.stderr)
+        assert errors(done) == [f"tpubuild.yaml:{line}:13: publish_to: {message}"], (verb, done.stderr)
     # A recipe's own publish_to: the same checker, at the recipe's line.
     ws = clone(warm, tmp_path / "ws2", recipes={"toy": recipe("a", extra=f"publish_to: {value}\n")})
     line = len((ws / "recipes" / "toy.yaml").read_text().splitlines())
