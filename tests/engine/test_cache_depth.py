@@ -6,15 +6,19 @@ with one line, never a RecursionError."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
+from tests.engine import users as shared
 from tests.engine.conftest import (  # noqa: F401 (fixtures)
     built_once,
     built_workspace,
     tiny_saved_model,
     tpubuild,
 )
+
+two_users = shared.two_users  # the fixture: two real users and a shared cache
 
 DEPTH = 5000
 
@@ -74,3 +78,64 @@ def test_the_removal_and_the_walk_are_iterative_and_bounded(tmp_path):
     finally:
         os.close(parent)
     assert not os.path.lexists(deep) and (outside / "keep.txt").read_text() == "kept\n"
+
+
+# The victim's gc and verify-cache of the shared cache, warnings on stdout.
+GC = """
+import sys
+from pathlib import Path
+from tpubuild.store.gc import collect
+from tpubuild.store.store import Store
+store = Store(Path(sys.argv[1]), report=print)
+collect(store, set(), 0, None)
+store.verify_all()
+print("done")
+"""
+
+# What the co-user plants: deep directories under tmp/, trees/ and objects/zz/ (group-
+# writable, umask 002), and one under objects/zz/ whose bottom the victim cannot write.
+PLANT = """
+import os, sys
+def plant(parent, name, depth, locked=False):
+    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+    os.makedirs(parent, exist_ok=True)
+    os.mkdir(name, dir_fd=fd)
+    current = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+    os.close(fd)
+    for _ in range(depth - 1):
+        os.mkdir("d", dir_fd=current)
+        child = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=current)
+        os.close(current)
+        current = child
+    os.close(os.open("f", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=current))
+    if locked:
+        os.fchmod(current, 0o755)
+    os.close(current)
+v1 = sys.argv[1] + "/v1"
+os.makedirs(v1 + "/objects/zz", exist_ok=True)
+for parent, name in (("tmp", "deep"), ("trees", "deep"), ("objects/zz", "deep")):
+    plant(f"{v1}/{parent}", name, 5000)
+plant(f"{v1}/objects/zz", "locked", 5000, locked=True)
+print("planted")
+"""
+
+
+def test_a_co_users_deep_directory_is_removed_and_what_cannot_be_is_one_line(two_users):
+    from tests.engine.test_shared_cache import FILES, KEY, PUT
+
+    users = two_users
+    cache = users.shared_cache()
+    made = users.run(users.victim, ["-c", PUT, str(cache), KEY, json.dumps(FILES)])
+    assert made.returncode == 0, made.stderr
+    planted = users.run(users.co, ["-c", PLANT, str(cache)], timeout=300)
+    assert planted.stdout.strip() == "planted", planted.stderr
+    done = users.run(users.victim, ["-c", GC, str(cache)], timeout=600)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    v1 = cache / "v1"
+    assert not os.path.lexists(v1 / "tmp" / "deep") and not os.path.lexists(v1 / "trees" / "deep")
+    assert not os.path.lexists(v1 / "objects" / "zz" / "deep")
+    assert os.path.lexists(v1 / "objects" / "zz" / "locked")  # the co-user's own: left
+    assert [line for line in done.stdout.splitlines() if "zz/locked" in line] == [
+        f"warning: cache object {v1}/objects/zz/locked is a directory; cannot remove all of it (another user's?): "
+        "left in place"], done.stdout
+    assert done.stdout.splitlines()[-1] == "done"
