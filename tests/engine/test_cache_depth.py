@@ -40,17 +40,34 @@ def plant(parent: Path, name: str, depth: int = DEPTH) -> Path:
     return parent / name
 
 
+def unplant(paths: list[Path]) -> None:
+    """Remove what a failed run left: pytest's own clean-up of its temp root (shutil.rmtree,
+    recursive in Python 3.11) would meet RecursionError there."""
+    from tpubuild.fs.nofollow import remove_at
+
+    for path in paths:
+        if os.path.lexists(path):
+            parent = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                remove_at(path.name, parent)
+            finally:
+                os.close(parent)
+
+
 def test_a_deep_directory_planted_in_the_cache_is_removed_by_build_gc_and_verify_cache(built_workspace):
     ws = built_workspace
     v1 = ws / ".tpubuild" / "cache" / "v1"
     (v1 / "objects" / "zz").mkdir(exist_ok=True)
     planted = [plant(v1 / "tmp", "deep"), plant(v1 / "trees", "deep"), plant(v1 / "objects" / "zz", "deep")]
     (ws / "recipes" / "toy.yaml").write_text((ws / "recipes" / "toy.yaml").read_text() + "# touched\n")
-    for command in (["build"], ["gc", "--keep-days", "0"], ["verify-cache"]):
-        done = tpubuild(ws, *command, timeout=600)
-        assert done.returncode == 0, (command, done.stderr)
-        assert "RecursionError" not in done.stderr and "Traceback" not in done.stderr, (command, done.stderr)
-    assert [p for p in planted if os.path.lexists(p)] == []
+    try:
+        for command in (["build"], ["gc", "--keep-days", "0"], ["verify-cache"]):
+            done = tpubuild(ws, *command, timeout=600)
+            assert done.returncode == 0, (command, done.stderr)
+            assert "RecursionError" not in done.stderr and "Traceback" not in done.stderr, (command, done.stderr)
+        assert [p for p in planted if os.path.lexists(p)] == []
+    finally:
+        unplant(planted)
 
 
 def test_the_removal_and_the_walk_are_iterative_and_bounded(tmp_path):
@@ -58,6 +75,13 @@ def test_the_removal_and_the_walk_are_iterative_and_bounded(tmp_path):
     from tpubuild.fs.nofollow import MAX_DEPTH, remove_at, walk_regular
 
     deep = plant(tmp_path, "deep")
+    try:
+        _walk_and_remove(deep, tmp_path, MAX_DEPTH, StageError, remove_at, walk_regular)
+    finally:
+        unplant([deep])
+
+
+def _walk_and_remove(deep: Path, tmp_path: Path, MAX_DEPTH: int, StageError: type, remove_at, walk_regular) -> None:
     fd = os.open(deep, os.O_RDONLY | os.O_DIRECTORY)
     try:
         walk_regular(fd, str(deep))
@@ -129,9 +153,17 @@ def test_a_co_users_deep_directory_is_removed_and_what_cannot_be_is_one_line(two
     assert made.returncode == 0, made.stderr
     planted = users.run(users.co, ["-c", PLANT, str(cache)], timeout=300)
     assert planted.stdout.strip() == "planted", planted.stderr
+    v1 = cache / "v1"
+    try:
+        _victims_gc(users, cache, v1)
+    finally:
+        unplant([v1 / "tmp" / "deep", v1 / "trees" / "deep", v1 / "objects" / "zz" / "deep",
+                 v1 / "objects" / "zz" / "locked"])
+
+
+def _victims_gc(users, cache: Path, v1: Path) -> None:
     done = users.run(users.victim, ["-c", GC, str(cache)], timeout=600)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
-    v1 = cache / "v1"
     assert not os.path.lexists(v1 / "tmp" / "deep") and not os.path.lexists(v1 / "trees" / "deep")
     assert not os.path.lexists(v1 / "objects" / "zz" / "deep")
     assert os.path.lexists(v1 / "objects" / "zz" / "locked")  # the co-user's own: left
