@@ -76,32 +76,28 @@ def test_the_removal_and_the_walk_are_iterative_and_bounded(tmp_path):
 
     deep = plant(tmp_path, "deep")
     try:
-        _walk_and_remove(deep, tmp_path, MAX_DEPTH, StageError, remove_at, walk_regular)
+        fd = os.open(deep, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            walk_regular(fd, str(deep))
+        except StageError as exc:
+            assert str(exc) == f"{deep}/{'/'.join(['d'] * (MAX_DEPTH + 1))}: more than {MAX_DEPTH} directory " \
+                               "levels deep; not entered"
+        else:
+            raise AssertionError("a directory deeper than MAX_DEPTH was walked")
+        finally:
+            os.close(fd)
+        outside = tmp_path / "outside"
+        outside.mkdir()
+        (outside / "keep.txt").write_text("kept\n")
+        os.symlink(outside, deep / "d" / "link")  # never followed by the removal
+        parent = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            assert remove_at("deep", parent) is True
+        finally:
+            os.close(parent)
+        assert not os.path.lexists(deep) and (outside / "keep.txt").read_text() == "kept\n"
     finally:
         unplant([deep])
-
-
-def _walk_and_remove(deep: Path, tmp_path: Path, MAX_DEPTH: int, StageError: type, remove_at, walk_regular) -> None:
-    fd = os.open(deep, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        walk_regular(fd, str(deep))
-    except StageError as exc:
-        assert str(exc) == f"{deep}/{'/'.join(['d'] * (MAX_DEPTH + 1))}: more than {MAX_DEPTH} directory levels deep; " \
-                           "not entered"
-    else:
-        raise AssertionError("a directory deeper than MAX_DEPTH was walked")
-    finally:
-        os.close(fd)
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    (outside / "keep.txt").write_text("kept\n")
-    os.symlink(outside, deep / "d" / "link")  # never followed by the removal
-    parent = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        assert remove_at("deep", parent) is True
-    finally:
-        os.close(parent)
-    assert not os.path.lexists(deep) and (outside / "keep.txt").read_text() == "kept\n"
 
 
 # The victim's gc and verify-cache of the shared cache, warnings on stdout.
