@@ -48,8 +48,8 @@ TIMEOUT_KEYS = {"connect_timeout": "connect", "first_byte_timeout": "first_byte"
 # Characters no URL tpubuild accepts holds: whitespace and control characters (a newline
 # would also cut a one-line message in two).
 _UNPRINTABLE = re.compile(r"[\s\x00-\x1f\x7f]")
-# A bucket name as S3 and GCS allow one (lower case, digits, `.`, `-`, `_` for GCS), 3-222 long.
-_BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")
+# A bucket name: the characters S3 (legacy us-east-1 names included) and GCS allow in one.
+_BUCKET = re.compile(r"[A-Za-z0-9._-]{1,222}")
 # Kernel file systems: no share is mounted there, and nothing can be created in them.
 _KERNEL_DIRS = ("/proc", "/sys", "/dev")
 
@@ -94,7 +94,7 @@ def url_problem(url: str) -> str | None:
     if not parts.netloc:
         return f"{url!r} names no bucket"
     if not _BUCKET.fullmatch(parts.netloc):
-        return f"{url!r}: {parts.netloc!r} is not a bucket name (lower-case letters, digits, '.', '-')"
+        return f"{url!r}: {parts.netloc!r} is not a bucket name (letters, digits, '.', '-', '_')"
     if path and _unclean(path[1:]):
         return f"{url!r}: the prefix must be plain and normalized (no '.', '..' or '//')"
     return None
