@@ -5,9 +5,9 @@ from pathlib import Path
 
 import click
 
-from tpubuild.fs.names import version_number
+from tpubuild.fs import version_number
 from tpubuild.provenance.statement import PROVENANCE, SIGNATURE
-from tpubuild.publish.targets import MANIFEST
+from tpubuild.publish import MANIFEST
 
 
 @click.command(
@@ -69,8 +69,7 @@ def _verify(directory: Path, shown: str, key: Path | None, chain: tuple[Path, ..
     name; then its signature, unless a file was refused before hashing (the signature
     check would hash it). `found`: problems already seen (verify URL's)."""
     from tpubuild.provenance.signature import check_signature
-    from tpubuild.publish import check_version, identity_problems
-    from tpubuild.publish.version_check import read_description
+    from tpubuild.publish import check_version, identity_problems, read_description
 
     checked = check_version(directory, withheld)
     problems = [*(found or []), *checked.problems]

@@ -102,6 +102,6 @@ def url_problem(url: str) -> str | None:
 
 def _unclean(rel: str) -> bool:
     """Whether the relative path `rel` (empty: the root) is not a clean one (fs/names.py)."""
-    from tpubuild.fs.names import clean_relative
+    from tpubuild.fs import clean_relative
 
     return bool(rel) and clean_relative(rel) is None

@@ -13,6 +13,7 @@ from tpubuild.face import lazy
 # Name -> the module of this package that defines it, loaded on first use (tpubuild/face.py).
 _FACE = {
     "LockTimeout": "flock",
+    "MAX_DEPTH": "nofollow",
     "NotAFile": "nofollow",
     "WorkspaceLock": "wslock",
     "clean_relative": "names",

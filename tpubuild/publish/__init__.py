@@ -31,6 +31,7 @@ _FACE = {
     "prune": "versions",
     "publish": "versions",
     "publish_version": "to_destination",
+    "read_description": "version_check",
     "published_versions": "versions",
     "read_manifest": "versions",
     "record_path": "to_destination",

@@ -20,7 +20,7 @@ from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from tpubuild.errors import TpubuildError, UsageError
-from tpubuild.fs.names import clean_relative, version_number
+from tpubuild.fs import clean_relative, version_number
 from tpubuild.publish.version_check import DESCRIPTION_LIMIT, OWN
 from tpubuild.publish.targets import MANIFEST
 
@@ -43,6 +43,10 @@ def fetch_version(url: str, into: Path, timeouts: Any = None) -> tuple[list[str]
         raise UsageError(f"{url}: not a version ({GIVE})")
     parts = urlsplit(url)
     if parts.scheme == "file" and not os.path.isdir(parts.path):
+        # The recipe's folder's parent (the destination, or a recipe for a target version)
+        # absent: the share is not there, a failed read (exit 1); else no such version (exit 2).
+        if not os.path.isdir(os.path.dirname(os.path.dirname(parts.path.rstrip("/")))):
+            raise VerifyError(f"{url}: no such directory (is the share mounted?)")
         raise UsageError(f"{url}: nothing there ({GIVE})")
     from tpubuild.remote import open_backend
 

@@ -24,8 +24,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpubuild.fs.names import clean_relative, version_number
-from tpubuild.fs.nofollow import MAX_DEPTH, NotAFile, open_path, open_regular_at, opened, read_regular_at
+from tpubuild.fs import (
+    MAX_DEPTH,
+    NotAFile,
+    clean_relative,
+    open_path,
+    open_regular_at,
+    opened,
+    read_regular_at,
+    version_number,
+)
 from tpubuild.provenance.statement import PROVENANCE, SIGNATURE
 from tpubuild.publish.targets import MANIFEST
 
