@@ -209,12 +209,12 @@ def test_a_fresh_clone_publishes_after_the_destinations_versions_signed_and_an_u
     done = tpubuild(ws, "verify", f"{place.url}/toy/3", "--key", str(public), env=place.env)
     assert done.returncode == 0, done.stderr
     assert "every file matches its manifest and its signature" in done.stdout
+    # A path that is not a version: exit 2, as docs/commands.md says (tests/remote/test_verify_trust.py).
+    give = "give a version: <destination>/<recipe>/<N> or <destination>/<recipe>/<target>/<N>"
     done = tpubuild(ws, "verify", f"{place.url}/toy/9", env=place.env)  # no such version: said so
-    assert done.returncode == 1 and done.stderr == f"error: {place.url}/toy/9: nothing there (give a version: " \
-        "<publish_to>/<recipe>/<N>)\n", done.stderr
-    done = tpubuild(ws, "verify", f"{place.url}/toy", env=place.env)  # the base path: refused before any download
-    assert done.returncode == 1 and done.stderr == f"error: {place.url}/toy: not a version (no tpubuild-manifest.json " \
-        "at its top; give <publish_to>/<recipe>/<N>)\n", done.stderr
+    assert done.returncode == 2 and done.stderr == f"error: {place.url}/toy/9: nothing there ({give})\n", done.stderr
+    done = tpubuild(ws, "verify", f"{place.url}/toy", env=place.env)  # the base path: refused before any listing
+    assert done.returncode == 2 and done.stderr == f"error: {place.url}/toy: not a version ({give})\n", done.stderr
     if place.url.startswith("file://"):  # the check can fail (a bucket's bytes are checked the same way)
         _, other = key_pair(tmp_path, "other")
         done = tpubuild(ws, "verify", f"{place.url}/toy/3", "--key", str(other))

@@ -7,7 +7,8 @@
   `RECIPE: out/RECIPE/N unchanged (report updated)` for one that re-measured the same
   model (publish/refresh.py); `published: RECIPE -> s3://.../RECIPE/M` for a new
   version on its `publish_to:` destination.
-- The summary line last: `14 recipes: 108 built, 2 cached, 1 failed`.
+- The summary line last: `14 recipes: 108 built, 2 cached, 1 failed`, and `1 not
+  published to its destination` for a recipe whose `publish_to:` publish failed.
 - On a terminal, one live line at the bottom, redrawn in place: `[n/N]` stages done of
   the build's, the stages running and for how long (Bazel's `[n / N]`). Colour for
   built, cached, failed and skipped, off when NO_COLOR is set (https://no-color.org) or
@@ -64,6 +65,10 @@ def summary_line(recipes: int, counts: dict[str, int], order: tuple[str, ...], c
     """`2 recipes: 5 built, 12 cached` (states in `order`, those with a count only)."""
     parts = ", ".join(paint(f"{counts[s]} {s}", s, colour) for s in order if counts.get(s))
     return f"{recipes} recipe{'s' if recipes != 1 else ''}: {parts or 'nothing to do'}"
+
+
+def _destination(count: int) -> str:
+    return "its destination" if count == 1 else "their destinations"
 
 
 def stage_line(recipe: str, stage: str, word: str, detail: str, colour: bool) -> str:
@@ -161,7 +166,13 @@ class BuildOutput:
         for run in runs:
             for row in run.rows:
                 counts[row.status] = counts.get(row.status, 0) + 1
-        self.out.write(summary_line(len(runs), counts, BUILD_STATES, self.colour) + "\n")
+        line = summary_line(len(runs), counts, BUILD_STATES, self.colour)
+        # A recipe whose stages all built but whose publish_to destination failed failed
+        # the build (exit 1): the last line says so, not only the stderr line above it.
+        unpublished = sum(1 for run in runs if getattr(run, "destination_error", None))
+        if unpublished:
+            line += ", " + paint(f"{unpublished} not published to {_destination(unpublished)}", "failed", self.colour)
+        self.out.write(line + "\n")
         self.out.flush()
 
     # --- drawing --------------------------------------------------------------------------

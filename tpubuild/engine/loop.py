@@ -468,9 +468,13 @@ class Engine:
             # whether a build publishes a new version (versions.newest_same_model).
             "model": self.resolver.model_digest(run, run.outputs["publish"].files),
             "files": {f.path: f.hash for f in main},
+            # Each file's size: `tpubuild verify` compares it before hashing (a file larger
+            # than listed is refused unread) and downloads no more (publish/version_check.py).
+            "sizes": {f.path: f.size for f in main},
             # Each target version `<recipe>/<target>/<N>/`: its files, build facts and verdict.
             **({"targets": {
                 target: {"files": {rel: f.hash for rel, f in by_target[target]},
+                         "sizes": {rel: f.size for rel, f in by_target[target]},
                          "build": run.outputs[stage].summary,
                          "verify": run.outputs[verdicts[target]].summary}
                 for target, stage in targets.items()}} if targets else {}),
@@ -536,6 +540,12 @@ class Engine:
                 if getattr(exc, "unreachable", True):
                     down.add(url)
                 run.destination_error = f"{run.recipe.rel_file}: not published: {line}; {kept}"
+                self.errors(run.destination_error)
+                continue
+            except OSError as exc:  # the mount's own refusal the backend did not turn into a line
+                down.add(url)
+                what = f"{exc.strerror or type(exc).__name__}" + (f": {exc.filename}" if exc.filename else "")
+                run.destination_error = f"{run.recipe.rel_file}: not published: publish_to {url}: {what}; {kept}"
                 self.errors(run.destination_error)
                 continue
             run.destination = outcome

@@ -17,6 +17,7 @@ from tpubuild.face import lazy
 _FACE = {
     "INT64_MAX": "names",
     "LockTimeout": "flock",
+    "MAX_DEPTH": "nofollow",
     "NotAFile": "nofollow",
     "WorkspaceLock": "wslock",
     "clean_relative": "names",

@@ -137,11 +137,21 @@ def open_path(root_fd: int, rel: str, create_mode: int | None = None) -> int:
     return fd
 
 
+# How deep a walk or a removal goes by descriptor: a directory tpubuild writes (a SavedModel,
+# a checkout) is a few levels deep; a co-user can plant one 5000 deep, which a recursive walk
+# met as RecursionError (and one descriptor a level would run out of descriptors).
+MAX_DEPTH = 64
+# How many entries one removal takes on before it gives up and leaves the rest (said by its
+# caller): damage of any width or depth costs a bounded time.
+MAX_REMOVED = 1_000_000
+
+
 def walk_regular(dir_fd: int, display: str) -> list[tuple[str, os.stat_result]]:
     """Every regular file below the directory `dir_fd` as (relative POSIX path, lstat),
-    sorted; subdirectories entered by descriptor, never through a link. A link or a
-    special file anywhere is a StageError naming it (`display` is the directory's path;
-    the error's `path` and `kind` say which and what)."""
+    sorted; subdirectories entered by descriptor, never through a link, iteratively and at
+    most MAX_DEPTH levels down. A link, a special file or a directory deeper than that
+    anywhere is a StageError naming it (`display` is the directory's path; the error's
+    `path` and `kind` say which and what)."""
     out: list[tuple[str, os.stat_result]] = []
 
     def refuse(rel: str, what: str, message: str) -> Exception:
@@ -149,31 +159,43 @@ def walk_regular(dir_fd: int, display: str) -> list[tuple[str, os.stat_result]]:
         error.path, error.kind = f"{display}/{rel}", what
         return error
 
-    def visit(fd: int, rel_dir: str) -> None:
-        with os.scandir(fd) as it:
-            items = sorted((item.name, item.stat(follow_symlinks=False)) for item in it)
-        for name, st in items:
-            rel = f"{rel_dir}{name}"
-            if stat.S_ISDIR(st.st_mode):
-                try:
-                    child = open_dir(name, fd)
-                except NotAFile as exc:  # replaced by a link since the listing
-                    raise refuse(rel, exc.kind, f"{exc.kind}, not a directory") from None
-                with opened(child):
-                    visit(child, f"{rel}/")
-            elif stat.S_ISREG(st.st_mode):
-                out.append((rel, st))
-            elif stat.S_ISLNK(st.st_mode):
-                try:
-                    target = os.readlink(name, dir_fd=fd)
-                except OSError:
-                    target = "?"
-                raise refuse(rel, "a symbolic link",
-                             f"a symbolic link (to {target}); stage outputs must be regular files")
-            else:
-                raise refuse(rel, file_kind(st.st_mode), f"{file_kind(st.st_mode)}, not a regular file")
-
-    visit(dir_fd, "")
+    # (descriptor to close when done, or None for the caller's, relative prefix, depth)
+    pending: list[tuple[int, int | None, str, int]] = [(dir_fd, None, "", 0)]
+    try:
+        while pending:
+            fd, owned, rel_dir, depth = pending.pop()
+            try:
+                with os.scandir(fd) as it:
+                    items = sorted((item.name, item.stat(follow_symlinks=False)) for item in it)
+                for name, st in items:
+                    rel = f"{rel_dir}{name}"
+                    if stat.S_ISDIR(st.st_mode):
+                        if depth + 1 > MAX_DEPTH:
+                            raise refuse(rel, f"a directory more than {MAX_DEPTH} levels deep",
+                                         f"more than {MAX_DEPTH} directory levels deep; not entered")
+                        try:
+                            child = open_dir(name, fd)
+                        except NotAFile as exc:  # replaced by a link since the listing
+                            raise refuse(rel, exc.kind, f"{exc.kind}, not a directory") from None
+                        pending.append((child, child, f"{rel}/", depth + 1))
+                    elif stat.S_ISREG(st.st_mode):
+                        out.append((rel, st))
+                    elif stat.S_ISLNK(st.st_mode):
+                        try:
+                            target = os.readlink(name, dir_fd=fd)
+                        except OSError:
+                            target = "?"
+                        raise refuse(rel, "a symbolic link",
+                                     f"a symbolic link (to {target}); stage outputs must be regular files")
+                    else:
+                        raise refuse(rel, file_kind(st.st_mode), f"{file_kind(st.st_mode)}, not a regular file")
+            finally:
+                if owned is not None:
+                    os.close(owned)
+    finally:
+        for _fd, owned, _rel, _depth in pending:  # left open by an error above
+            if owned is not None:
+                os.close(owned)
     out.sort()
     return out
 
@@ -181,37 +203,111 @@ def walk_regular(dir_fd: int, display: str) -> list[tuple[str, os.stat_result]]:
 def remove_at(name: str, dir_fd: int | None) -> bool:
     """Remove `name` from the directory `dir_fd` whatever it is: a link or a file is
     unlinked (never what a link points to), a directory emptied by descriptor, never
-    through a link found inside. False when something could not be removed (another
-    user's file in a directory of theirs)."""
+    through a link found inside, iteratively (no recursion, whatever its depth). False
+    when something could not be removed (another user's file in a directory of theirs,
+    or more than MAX_REMOVED entries): what is left stays, for the caller to say."""
     st = lstat_at(name, dir_fd)
     if st is None:
         return True
-    if not stat.S_ISDIR(st.st_mode):
+    if stat.S_ISDIR(st.st_mode):
         try:
-            os.unlink(name, dir_fd=dir_fd)
+            fd = open_dir(name, dir_fd)
+        except NotAFile:  # replaced by a link or a file meanwhile: that is what goes
+            fd = None
         except FileNotFoundError:
-            pass
+            return True
         except OSError:
             return False
-        return True
+        if fd is not None:
+            with opened(fd):
+                ok = _empty(fd)
+            try:
+                os.rmdir(name, dir_fd=dir_fd)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                return False
+            return ok
     try:
-        fd = open_dir(name, dir_fd)
-    except NotAFile:  # replaced by a link or a file meanwhile: that is what goes
-        return remove_at(name, dir_fd)
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
-    ok = True
-    with opened(fd):
-        for entry in os.listdir(fd):
-            ok = remove_at(entry, fd) and ok  # every entry tried, even past one that stays
-    try:
-        os.rmdir(name, dir_fd=dir_fd)
+        os.unlink(name, dir_fd=dir_fd)
     except FileNotFoundError:
         pass
     except OSError:
         return False
+    return True
+
+
+def _empty(top: int) -> bool:
+    """Remove everything in the directory `top`, depth first by descriptor, with an explicit
+    stack of at most MAX_DEPTH open directories: a directory met deeper than that is renamed
+    up into `top` (renameat moves the name, never follows it) and emptied from there, so a
+    tree of any depth costs MAX_DEPTH descriptors. Every entry is tried, even past one that
+    stays. False when something stays."""
+    ok = True
+    budget = MAX_REMOVED
+    # Per level: (descriptor, its name in the level above, names still to remove there).
+    stack: list[tuple[int, str, list[str]]] = [(top, "", sorted(os.listdir(top), reverse=True))]
+    try:
+        while stack:
+            fd, _name, todo = stack[-1]
+            if not todo:
+                if len(stack) == 1:
+                    break
+                stack.pop()
+                os.close(fd)
+                parent = stack[-1][0]
+                try:
+                    os.rmdir(_name, dir_fd=parent)
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    ok = False
+                continue
+            entry = todo.pop()
+            budget -= 1
+            if budget < 0:
+                return False
+            st = lstat_at(entry, fd)
+            if st is None:
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                try:
+                    os.unlink(entry, dir_fd=fd)
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    ok = False
+                continue
+            if len(stack) >= MAX_DEPTH:
+                hoisted = f".removing-{os.urandom(6).hex()}"
+                try:
+                    os.rename(entry, hoisted, src_dir_fd=fd, dst_dir_fd=top)
+                    stack[0][2].append(hoisted)
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    ok = False
+                continue
+            try:
+                child = open_dir(entry, fd)
+            except NotAFile:  # replaced by a link or a file since its lstat: unlinked next time round
+                todo.append(entry)
+                continue
+            except FileNotFoundError:
+                continue
+            except OSError:
+                ok = False
+                continue
+            try:
+                names = sorted(os.listdir(child), reverse=True)
+            except OSError:
+                os.close(child)
+                ok = False
+                continue
+            stack.append((child, entry, names))
+    finally:
+        for fd, _name, _todo in stack[1:]:
+            os.close(fd)
     return ok
 
 

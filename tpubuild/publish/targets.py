@@ -54,8 +54,12 @@ def split_by_target(files: list[Any], targets: list[str]) -> tuple[list[Any], di
 
 def target_manifest(manifest: dict[str, Any], target: str) -> dict[str, Any]:
     """The small manifest of a target version, derived from the main version's."""
+    entry = manifest["targets"][target]
+    # `sizes` only where the main manifest has them: a target version published before
+    # them keeps the manifest it has (stale_manifests compares bytes).
     return {"recipe": manifest["recipe"], "target": target, "version": manifest["version"],
-            "content": manifest["content"], "files": dict(manifest["targets"][target]["files"])}
+            "content": manifest["content"], "files": dict(entry["files"]),
+            **({"sizes": dict(entry["sizes"])} if isinstance(entry.get("sizes"), dict) else {})}
 
 
 def manifest_bytes(data: dict[str, Any]) -> bytes:

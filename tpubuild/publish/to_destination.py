@@ -180,33 +180,3 @@ def remember(state_dir: Path, url: str, recipe: str, model: str | None, number: 
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps({"url": url, "recipe": recipe, "model": model, "version": number},
                                        sort_keys=True) + "\n")
-
-
-# --- `tpubuild verify URL` -------------------------------------------------------------
-def download_version(url: str, into: Path, timeouts: Any = None) -> int:
-    """Every object below `url` (a version: `<dest>/<recipe>/<N>`) into the directory
-    `into`, each no larger than listed; returns how many. Nothing found: DestinationError."""
-    from urllib.parse import urlsplit
-
-    nothing = f"{url}: nothing there (give a version: <publish_to>/<recipe>/<N>)"
-    parts = urlsplit(url)
-    if parts.scheme == "file" and not os.path.isdir(parts.path):
-        # Not Destination's "is the share mounted?": the URL is a version, not the mount.
-        raise DestinationError(nothing)
-    dest = Destination(url, timeouts)
-    listed = dest.call("cannot list it", lambda: dest.io.list(""))
-    if listed and not any(rel == MANIFEST for rel, _size, _mtime in listed):
-        # A base path or a target's folder: refused before downloading every version below it.
-        raise DestinationError(f"{url}: not a version (no {MANIFEST} at its top; give <publish_to>/<recipe>/<N>)")
-    count = 0
-    for rel, size, _mtime in listed:
-        if not rel or rel.startswith(".") or "/." in rel:
-            continue
-        path = into / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        dest.call(f"cannot download {rel}", lambda r=rel, p=path, s=size: dest.io.download(r, os.fspath(p), s))
-        count += 1
-    if not count:
-        raise DestinationError(nothing)
-    return count
-

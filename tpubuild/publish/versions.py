@@ -108,23 +108,11 @@ def foreign_entries(recipe_dir: Path, number: int | str, manifest: dict[str, Any
 
 def check_manifest(version_dir: Path) -> list[str]:
     """Problems of one version directory (a main or a target version) against its own
-    manifest, for `tpubuild verify`: a file whose content changed, a file missing, a file
-    or link the manifest does not list. Read-only."""
-    from tpubuild.digests import hash_file
+    manifest, for `tpubuild verify`: publish/version_check.py (names checked, nothing
+    followed, sizes before hashes). Read-only."""
+    from tpubuild.publish.version_check import check_version
 
-    version_dir = Path(version_dir)
-    manifest = read_manifest(version_dir)
-    if manifest is None or not isinstance(manifest.get("files"), dict):
-        return [f"{MANIFEST}: missing or unreadable (not a version tpubuild published)"]
-    own = {"files": manifest["files"]}  # a main version's target versions are checked in their own directories
-    problems = []
-    for rel, path, digest in target_versions.version_files(version_dir.parent, version_dir.name, own):
-        if not path.is_file():
-            problems.append(f"{rel}: missing")
-        elif hash_file(path, path.stat().st_size) != digest:
-            problems.append(f"{rel}: content differs from the manifest")
-    problems += [f"{rel}: not in the manifest" for rel in foreign_entries(version_dir.parent, version_dir.name, own)]
-    return problems
+    return check_version(Path(version_dir)).problems
 
 
 def foreign_in_newest(recipe_dir: Path) -> list[str]:

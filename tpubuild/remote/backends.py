@@ -109,6 +109,11 @@ def open_backend(url: str, timeouts: Timeouts | None = None, layout: str = LAYOU
     if problem:
         raise TpubuildError(f"{what}: {problem}")
     scheme = urlsplit(url).scheme
+    if scheme == "file":
+        # A mount is a local directory: the base install reads and writes it with os alone
+        # (url_problem has made sure the path is absolute, plain and normalized).
+        root = Path(urlsplit(url).path.rstrip("/") or "/")
+        return _LocalBackend(root / layout if layout else root)
     try:
         import fsspec
     except ImportError:
@@ -120,9 +125,6 @@ def open_backend(url: str, timeouts: Timeouts | None = None, layout: str = LAYOU
         except ImportError:
             raise RemoteSetupError(
                 f"{what} {url}: the {scheme}:// backend needs {package} (pip install '{EXTRA}')") from None
-    if scheme == "file":
-        fs, root = fsspec.core.url_to_fs(url)
-        return _LocalBackend(Path(root) / layout if layout else Path(root))
     timeouts = timeouts or Timeouts()
     options: dict[str, Any] = {"skip_instance_cache": True, "use_listings_cache": False}
     if package == "s3fs":

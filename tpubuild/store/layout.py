@@ -44,8 +44,12 @@ class CacheLayout:
         """Remove `name` of `dir_fd` (at `path`), `what` tpubuild does not keep there, and
         say so once: the link itself, never what it points to."""
         how = " (the link itself, not what it points to)" if what == "a symbolic link" else ""
-        self.say_once(os.fspath(path), f"warning: cache {path} is {what}, not what tpubuild keeps there; removed{how}")
-        remove_at(name, dir_fd)
+        if remove_at(name, dir_fd):
+            self.say_once(os.fspath(path), f"warning: cache {path} is {what}, not what tpubuild keeps there; "
+                                           f"removed{how}")
+        else:  # another user's, or too big to remove in one go: skipped, said once, never fatal
+            self.say_once(os.fspath(path), f"warning: cache {path} is {what}, not what tpubuild keeps there; "
+                                           "cannot remove all of it (another user's?): left in place")
 
     @staticmethod
     def dir_mode(parent_fd: int, name: str) -> int:

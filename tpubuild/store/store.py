@@ -365,8 +365,11 @@ class Store:
         """Remove a damaged object (the link itself, never what it points to), one warning."""
         self._verified.pop(digest, None)
         obj = self.object_path(digest)
-        self.layout.say_once(digest, f"warning: cache object {obj} is {problem}; removed, its stage rebuilds")
-        remove_at(digest[2:], shard)
+        if remove_at(digest[2:], shard):
+            self.layout.say_once(digest, f"warning: cache object {obj} is {problem}; removed, its stage rebuilds")
+        else:  # another user's, or too big to remove in one go: skipped, said once, never fatal
+            self.layout.say_once(digest, f"warning: cache object {obj} is {problem}; cannot remove all of it "
+                                         "(another user's?): left in place")
 
     def _object_ok(self, digest: str, stat_cache: StatCache | None) -> bool:
         """Whether the object exists, is a regular file of the cache (`_object_problem`;
