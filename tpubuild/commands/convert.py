@@ -72,6 +72,7 @@ def command(src_dir: Path | None, out_dir: Path | None, recipe: Path | None, opt
     else:
         from tpubuild.converter_text import read_text_proto, rebase_datasets
 
+        assert options_string is not None  # exactly one of the three was given (above)
         imported = read_text_proto(options_string, OPTIONS_STRING)
         # The converter reads dataset paths from its working directory: the same here.
         converter = rebase_datasets(imported.converter, Path.cwd(), converter_options_root(src_dir))
@@ -89,6 +90,7 @@ def command(src_dir: Path | None, out_dir: Path | None, recipe: Path | None, opt
 def _one_of(argument: str, positional: Path | None, flag: str, flagged: Path | None) -> Path:
     if positional is not None and flagged is not None:
         raise click.UsageError(f"give {argument} or {flag}, not both")
-    if positional is None and flagged is None:
+    chosen = positional if positional is not None else flagged
+    if chosen is None:
         raise click.UsageError(f"missing {argument} (or {flag})")
-    return positional if positional is not None else flagged
+    return chosen

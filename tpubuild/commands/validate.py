@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
@@ -50,7 +51,7 @@ def _as_json(ctx: click.Context, recipe_patterns: tuple[str, ...]) -> int:
     from tpubuild.config.workspace import check_output_overlap
     from tpubuild.errors import ConfigError
 
-    document = {"workspace": None, "recipes": [], "problems": [], "warnings": []}
+    document: dict[str, Any] = {"workspace": None, "recipes": [], "problems": [], "warnings": []}
     try:
         ws = workspace_from(ctx)
         document["workspace"] = str(ws.root)

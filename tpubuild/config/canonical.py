@@ -25,7 +25,7 @@ BATCH_DEFAULTS = {
     "max_enqueued_batches": 10,
     "disable_large_batch_splitting": False,
 }
-VERIFY_DEFAULTS = {"samples": 32, "seed": 0, "rtol": None, "atol": None, "representative_datasets": {}}
+VERIFY_DEFAULTS: dict[str, Any] = {"samples": 32, "seed": 0, "rtol": None, "atol": None, "representative_datasets": {}}
 DEFAULT_TAGS = ["serve"]
 DEFAULT_NUM_SAMPLES = 200
 WARMUP_MAX_RECORDS = 1000  # TF Serving's limit (serving/warmup.py)

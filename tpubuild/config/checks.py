@@ -229,7 +229,8 @@ class Checker:
         """Sizes and threads the runtime can serve (MAX_BATCH_SIZE, MAX_BATCH_THREADS)."""
         rows = ("rows", "TensorFlow's BatchFunction pads every batch to its size in host memory")
         threads = ("threads", "TensorFlow's BatchFunction starts one thread each")
-        bounds = [(("max_batch_size",), entry.get("max_batch_size"), MAX_BATCH_SIZE, rows),
+        bounds: list[tuple[tuple[Any, ...], Any, int, tuple[str, str]]] = [
+                  (("max_batch_size",), entry.get("max_batch_size"), MAX_BATCH_SIZE, rows),
                   (("num_batch_threads",), entry.get("num_batch_threads"), MAX_BATCH_THREADS, threads)]
         bounds += [(("allowed_batch_sizes", i), size, MAX_BATCH_SIZE, rows)
                    for i, size in enumerate(entry.get("allowed_batch_sizes") or [])]

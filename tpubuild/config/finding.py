@@ -82,7 +82,8 @@ def recipe_matches(root: Path, pattern: str, workspace_file: Path) -> list[str]:
 
 def discover_files(root: Path, patterns: list[str], workspace_file: Path) -> list[Path]:
     """Recipe files matched by `patterns` (relative to `root`), resolved and sorted."""
-    own, real_dirs = os.path.realpath(workspace_file), {}
+    own = os.path.realpath(workspace_file)
+    real_dirs: dict[str, str] = {}
     return sorted({Path(real) for pattern in patterns for _, real in _matches(root, pattern, own, real_dirs)})
 
 
@@ -138,11 +139,14 @@ def recipe_globs_in(text: str) -> list[str] | None:
     if not text.isascii() or "\t" in text or "\r" in text:
         return None
     globs: list[str] | None = None
-    block = None  # the indentation of `recipes:`'s block list items, once seen ("" before the first)
+    block: int | str | None = None  # the indentation of `recipes:`'s block list items, once seen ("" before the first)
     inline = False  # the last top-level key was `recipes:` with its value on the line
     keyed = False  # a top-level key came: indented lines are its value's
     for line in text.split("\n"):
-        body = _COMMENT.fullmatch(line).group(1)
+        comment = _COMMENT.fullmatch(line)
+        if comment is None:  # cannot happen: the pattern matches any line
+            return None
+        body = comment.group(1)
         if not body.strip() or line.lstrip().startswith("#"):
             continue
         indent = len(line) - len(line.lstrip(" "))
@@ -177,7 +181,7 @@ def recipe_globs_in(text: str) -> list[str] | None:
             items = [_scalar(part.strip()) for part in value[1:-1].split(",")]
             if not items or None in items:
                 return None
-            globs, inline = items, True
+            globs, inline = [item for item in items if item is not None], True
         else:
             return None
     if block == "":

@@ -68,6 +68,7 @@ def load_workspace(start: Path | None = None, override: Path | None = None) -> W
     """Read the workspace named by `override` (a directory or a file), else found upward."""
     if override is not None:
         override = Path(override)
+        path: Path | None
         try:  # a null byte or an over-long name is a usage error, not a crash
             path = override / WORKSPACE_FILE if override.is_dir() else override
             found = path.is_file()

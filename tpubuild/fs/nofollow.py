@@ -17,7 +17,7 @@ import errno
 import os
 import stat
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 from tpubuild.errors import file_kind
 
@@ -155,7 +155,7 @@ def walk_regular(dir_fd: int, display: str) -> list[tuple[str, os.stat_result]]:
     out: list[tuple[str, os.stat_result]] = []
 
     def refuse(rel: str, what: str, message: str) -> Exception:
-        error = _stage_error(f"{display}/{rel}: {message}")
+        error: Any = _stage_error(f"{display}/{rel}: {message}")
         error.path, error.kind = f"{display}/{rel}", what
         return error
 

@@ -73,10 +73,10 @@ def update_version(
         previous = set(((old.get("targets") or {}).get(target) or {}).get("files", {}))
         written += _update_dir(target_dir / str(number), listed, target_versions.manifest_bytes(own), previous,
                                stat_cache, link_type, sealed)
-    own = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()  # as versions.publish writes it
-    sealed = None if finish is None else (lambda d: finish(d, manifest, None))
-    written += _update_dir(recipe_dir / str(number), [(f.path, (f, obj)) for f, obj in main], own,
-                           set(old.get("files", {})), stat_cache, link_type, sealed)
+    main_manifest = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()  # as versions.publish writes it
+    seal_main = None if finish is None else (lambda d: finish(d, manifest, None))
+    written += _update_dir(recipe_dir / str(number), [(f.path, (f, obj)) for f, obj in main], main_manifest,
+                           set(old.get("files", {})), stat_cache, link_type, seal_main)
     return written
 
 

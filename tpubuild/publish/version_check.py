@@ -83,7 +83,8 @@ def check_version(version_dir: Path, withheld: frozenset[str] | set[str] = froze
             found.problems.append(f"{MANIFEST}: missing or unreadable (not a version tpubuild published)")
             return found
         found.manifest = manifest
-        sizes = manifest.get("sizes") if isinstance(manifest.get("sizes"), dict) else {}
+        listed_sizes = manifest.get("sizes")
+        sizes: dict[str, Any] = listed_sizes if isinstance(listed_sizes, dict) else {}
         listed = set()
         for rel, digest in sorted(manifest["files"].items()):
             name = clean_relative(rel)

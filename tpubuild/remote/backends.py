@@ -17,6 +17,7 @@ import os
 import shutil
 import stat
 import threading
+from builtins import list as List  # noqa: UP035 - `list` is a method name of the backends below
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
@@ -75,19 +76,35 @@ class Backend:
     nothing, where the store cannot (an object store); `remove_tree` deletes every file
     below a prefix, the names in `first` before the others."""
 
-    def read(self, rel: str, limit: int = RECORD_LIMIT) -> bytes: ...
-    def download(self, rel: str, local: str, limit: int) -> int: ...
-    def size(self, rel: str) -> int: ...
-    def upload(self, local: str, rel: str) -> None: ...
-    def create(self, rel: str, data: bytes) -> bool: ...
-    def list(self, rel_prefix: str, deadline: float | None = None) -> list[tuple[str, int, float]]: ...
-    def delete(self, rels: list[str]) -> None: ...
-    def copy(self, src: str, dst: str) -> None: ...
+    def read(self, rel: str, limit: int = RECORD_LIMIT) -> bytes:
+        raise NotImplementedError
+
+    def download(self, rel: str, local: str, limit: int) -> int:
+        raise NotImplementedError
+
+    def size(self, rel: str) -> int:
+        raise NotImplementedError
+
+    def upload(self, local: str, rel: str) -> None:
+        raise NotImplementedError
+
+    def create(self, rel: str, data: bytes) -> bool:
+        raise NotImplementedError
+
+    def list(self, rel_prefix: str, deadline: float | None = None) -> List[tuple[str, int, float]]:
+        raise NotImplementedError
+
+    def delete(self, rels: List[str]) -> None:
+        raise NotImplementedError
+
+    def copy(self, src: str, dst: str) -> None:
+        raise NotImplementedError
+
 
     def rename_tree(self, src: str, dst: str) -> bool:
         return False
 
-    def temps(self, rel_prefix: str) -> list[tuple[str, int, float]]:
+    def temps(self, rel_prefix: str) -> List[tuple[str, int, float]]:
         """Temp files below a prefix that `list` leaves out (a directory's writes in
         progress, or of killed writers); an object store writes none."""
         return []
@@ -255,7 +272,7 @@ class _FsspecBackend(Backend):
             return False
         return True
 
-    def list(self, rel_prefix: str, deadline: float | None = None) -> list[tuple[str, int, float]]:
+    def list(self, rel_prefix: str, deadline: float | None = None) -> List[tuple[str, int, float]]:
         try:
             found = self._call("find", self._path(rel_prefix), detail=True, deadline=deadline)
         except FileNotFoundError:
@@ -270,7 +287,7 @@ class _FsspecBackend(Backend):
             out.append((rel, int(info.get("size") or 0), _mtime(info)))
         return out
 
-    def delete(self, rels: list[str]) -> None:
+    def delete(self, rels: List[str]) -> None:
         for start in range(0, len(rels), 500):
             self._call("rm", [self._path(r) for r in rels[start:start + 500]])
 
@@ -403,16 +420,16 @@ class _LocalBackend(Backend):
 
         return walk(self.root, rel_prefix, self.left)
 
-    def list(self, rel_prefix: str, deadline: float | None = None) -> list[tuple[str, int, float]]:
+    def list(self, rel_prefix: str, deadline: float | None = None) -> List[tuple[str, int, float]]:
         # Dot-named files are temp files of writes in progress (or of killed writers).
         return [(rel, st.st_size, st.st_mtime) for rel, kind, st in self._walk(rel_prefix)
                 if kind == "file" and not rel.rsplit("/", 1)[-1].startswith(".")]
 
-    def directories(self, rel_prefix: str) -> list[str]:
+    def directories(self, rel_prefix: str) -> List[str]:
         """Every directory (an empty one too) or link below a prefix: names someone took."""
         return [rel for rel, kind, _st in self._walk(rel_prefix) if kind in ("dir", "link")]
 
-    def delete(self, rels: list[str]) -> None:
+    def delete(self, rels: List[str]) -> None:
         from tpubuild.remote.mount import LinkInPath, parent
 
         for rel in rels:
@@ -422,7 +439,7 @@ class _LocalBackend(Backend):
             except (FileNotFoundError, NotADirectoryError, LinkInPath):
                 continue  # absent, or reached through a link: not in the destination
 
-    def temps(self, rel_prefix: str) -> list[tuple[str, int, float]]:
+    def temps(self, rel_prefix: str) -> List[tuple[str, int, float]]:
         return [(rel, st.st_size, st.st_mtime) for rel, kind, st in self._walk(rel_prefix)
                 if kind == "file" and (name := rel.rsplit("/", 1)[-1]).startswith(".") and name.endswith(".tmp")]
 
@@ -478,7 +495,7 @@ class _LocalBackend(Backend):
         except (FileNotFoundError, NotADirectoryError, LinkInPath):
             return
 
-    def stale_temps(self, older_than: float) -> list[str]:
+    def stale_temps(self, older_than: float) -> List[str]:
         """Temp files of killed writers (dot-named, older than `older_than`, a timestamp)."""
         return [rel for rel, _size, mtime in self.temps("") if mtime < older_than]
 

@@ -71,7 +71,7 @@ class Placement:
     host_ops: list[dict[str, str]] = field(default_factory=list)  # {"node", "op"}: run on the host
 
     def to_json(self) -> dict[str, Any]:
-        out = {
+        out: dict[str, Any] = {
             "function": self.function,
             "alias": self.alias,
             "named_by": self.named_by,

@@ -154,7 +154,7 @@ def _rounded(attr: Any, kind: Any, bf16: Any) -> Any:
         return ir.DenseElementsAttr.get_splat(kind, ir.FloatAttr.get(bf16, ir.FloatAttr(dense.get_splat_value()).value))
     values = np.asarray(ir.DenseFPElementsAttr(attr), dtype=np.float32).astype(ml_dtypes.bfloat16)
     # The bindings take bfloat16 data as its 16-bit patterns (as jax's ir_constant does).
-    return ir.DenseElementsAttr.get(values.view(np.uint16), type=bf16, shape=list(values.shape))
+    return ir.DenseElementsAttr.get(values.view(np.uint16), type=bf16, shape=list(values.shape))  # type: ignore[call-overload]  # an ndarray is a Buffer
 
 
 def _convert_around(kept: list[Any], operand_types: dict[Any, list[Any]], bf16: Any) -> None:
