@@ -26,6 +26,22 @@ from tpubuild.quiet import quiet_tensorflow
 
 quiet_tensorflow()
 
+# Session fixtures that the tests of one module share, each minutes of work or a live
+# process: real-model builds, a Ray cluster. Under `--dist loadgroup` (pyproject.toml's
+# addopts) the tests using one of them run on one xdist worker, which makes it once, while
+# the other worker runs other tests, rather than each worker making its own. (What tests of
+# many modules read, the example workspace and the engine's built workspace, is made once per
+# run under a file lock instead, tests/once.py: grouped, those modules would share a worker.)
+GROUPED_FIXTURES = ("keras_built", "keras_exported", "keras_repo", "jax_built", "bert_workspace", "ray_address")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        used = [name for name in GROUPED_FIXTURES if name in getattr(item, "fixturenames", ())]
+        if used:
+            item.add_marker(pytest.mark.xdist_group(used[0]))
+
 
 @pytest.fixture(scope="session")
 def built_examples_run(tmp_path_factory: pytest.TempPathFactory):

@@ -109,6 +109,7 @@ def _input_names(path: Path) -> list[str]:
     return sorted(SavedModel.load(path).meta_graph.signature_def["serving_default"].inputs)
 
 
+@pytest.mark.slow
 def test_every_keras_export_path_builds_every_stage(keras_exported):
     _, document = keras_exported
     for recipe in RECIPES:
@@ -122,6 +123,7 @@ def test_every_keras_export_path_builds_every_stage(keras_exported):
     assert "quantize" in statuses(document, "keras_subclassed_int8")
 
 
+@pytest.mark.slow
 def test_no_unknown_rank_warning(keras_exported):
     """Keras's endpoints are signature wrappers: the TPU body split from one has no
     object-graph record, and its output shapes come from shape inference."""
@@ -130,6 +132,7 @@ def test_no_unknown_rank_warning(keras_exported):
     assert not [w for w in warnings if "unknown rank" in w], warnings
 
 
+@pytest.mark.slow
 def test_every_placement_has_its_hlo_and_cost_in_the_report(keras_exported):
     """model.export() is placed by signature: the TPU body split from the signature has no
     object-graph record, and its variables come from the signature's captures
@@ -154,6 +157,7 @@ def test_every_placement_has_its_hlo_and_cost_in_the_report(keras_exported):
         assert "[1," in entry_line, (recipe, entry_line)
 
 
+@pytest.mark.slow
 def test_every_published_version_restores_and_runs_in_the_session_loader(keras_exported):
     import tensorflow as tf
 

@@ -96,6 +96,7 @@ def _session_run(path: Path, tags: list[str], feed: dict[str, np.ndarray]) -> di
         return session.run(fetches, {signature.inputs[k].name: v for k, v in feed.items()})
 
 
+@pytest.mark.slow
 def test_every_stage_builds_on_keras_3_models(keras_built):
     _, document = keras_built
     for recipe in RECIPES:
@@ -103,6 +104,7 @@ def test_every_stage_builds_on_keras_3_models(keras_built):
             {"cached"} if recipe == "keras_mobilenet_int8" else set()), statuses(document, recipe)
 
 
+@pytest.mark.slow
 def test_the_export_merged_the_duplicate_handles(keras_built):
     from tpubuild.savedmodel.model import SavedModel
     from tpubuild.savedmodel.variable_handles import find_duplicate_handles
@@ -113,6 +115,7 @@ def test_the_export_merged_the_duplicate_handles(keras_built):
         assert find_duplicate_handles(model.meta_graph) == [], recipe
 
 
+@pytest.mark.slow
 def test_cpu_savedmodels_run_in_the_session_loader_like_the_source(keras_built):
     import tensorflow as tf
 
@@ -135,6 +138,7 @@ def test_cpu_savedmodels_run_in_the_session_loader_like_the_source(keras_built):
                                    err_msg=f"{recipe}: softmax computed in {precision}")
 
 
+@pytest.mark.slow
 def test_tpu_savedmodels_restore_in_the_session_loader(keras_built):
     import tensorflow as tf
 
@@ -145,6 +149,7 @@ def test_tpu_savedmodels_restore_in_the_session_loader(keras_built):
             tf.compat.v1.saved_model.loader.load(session, ["serve"], str(ws / "out" / recipe / "1"))
 
 
+@pytest.mark.slow
 def test_litert_flatbuffers_hold_constants_and_run(keras_built):
     from ai_edge_litert.interpreter import Interpreter
 
@@ -159,6 +164,7 @@ def test_litert_flatbuffers_hold_constants_and_run(keras_built):
         assert np.isfinite(out).all() and np.allclose(out.sum(axis=-1), 1, atol=1e-2), (recipe, out)
 
 
+@pytest.mark.slow
 def test_xla_aot_compiled_the_lstm(keras_built):
     ws, document = keras_built
     assert statuses(document, "keras_lstm")["xla_aot_verify"] == "built"
