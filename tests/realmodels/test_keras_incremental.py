@@ -168,6 +168,7 @@ def test_the_bfloat16_artifact_keeps_no_float32_copy_of_a_weight(keras_repo):
     assert floats and all(d == tf.bfloat16 for d in floats.values()), floats
 
 
+@pytest.mark.slow
 def test_a_keras_export_given_as_saved_model_loses_its_aliases_at_placement(tmp_path):
     """A `saved_model:` source is the user's bytes, aliases included: the tpu stage, the
     first to write a model, drops them, so the bfloat16 artifact has no float32 copy."""
