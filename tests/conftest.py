@@ -26,16 +26,13 @@ from tpubuild.quiet import quiet_tensorflow
 
 quiet_tensorflow()
 
-# Session fixtures that take minutes or hold a live process: real-model builds, a Ray
-# cluster, the example workspace's build. Under `--dist loadgroup` (pyproject.toml's addopts)
-# the tests using one of them run on one xdist worker, which makes it once, while the other
-# worker runs other tests, rather than each worker making its own or waiting for the other's
-# (the example workspace's build is also made once per run under a file lock, tests/once.py,
-# whatever the distribution; grouped, the other worker does not wait on that lock). The
-# engine's built workspace is only locked: its tests are most of 15 modules, too many for one
-# worker.
-GROUPED_FIXTURES = ("keras_built", "keras_exported", "keras_repo", "jax_built", "bert_workspace", "ray_address",
-                    "built_examples_run")
+# Session fixtures that the tests of one module share, each minutes of work or a live
+# process: real-model builds, a Ray cluster. Under `--dist loadgroup` (pyproject.toml's
+# addopts) the tests using one of them run on one xdist worker, which makes it once, while
+# the other worker runs other tests, rather than each worker making its own. (What tests of
+# many modules read, the example workspace and the engine's built workspace, is made once per
+# run under a file lock instead, tests/once.py: grouped, those modules would share a worker.)
+GROUPED_FIXTURES = ("keras_built", "keras_exported", "keras_repo", "jax_built", "bert_workspace", "ray_address")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
