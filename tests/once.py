@@ -5,10 +5,9 @@ the same workspace again (a minute or more of CPU for the example workspace). Th
 fixtures that build such a workspace write it under this run's temporary directory, which
 the workers share, under a file lock: the first worker to need it builds it, the other
 waits for it and reads the same files. It suits these fixtures because what they make are
-files that tests only read (a test that changes one copies it first). Where a fixture's
-tests are few, they are also grouped on one worker (tests/conftest.py GROUPED_FIXTURES), so
-that the other does not wait on the lock; the engine's built workspace is used by most
-tests of 15 modules, too many to group.
+files that tests only read (a test that changes one copies it first). The fixtures of
+one module's tests are grouped on one worker instead (tests/conftest.py GROUPED_FIXTURES);
+these are read by the tests of many modules (the engine's built workspace: 15).
 """
 
 from __future__ import annotations
