@@ -11,8 +11,62 @@ drivers", absl's "All log messages before absl::InitializeLog()") ignore that va
 
 Users get what they got: the CLI quiets itself the same way, and tests that check what a user
 sees run it with these variables removed (tests/convert/test_batch_quiet_cli.py).
+
+Also here: the one build of the example workspace that tests of several packages read
+(`built_examples`, `built_examples_run`), and the example models exported once (`example_exports`).
 """
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
 
 from tpubuild.quiet import quiet_tensorflow
 
 quiet_tensorflow()
+
+# Session fixtures that the tests of one module share, each minutes of work or a live
+# process: real-model builds, a Ray cluster. Under `--dist loadgroup` (pyproject.toml's
+# addopts) the tests using one of them run on one xdist worker, which makes it once, while
+# the other worker runs other tests, rather than each worker making its own. (What tests of
+# many modules read, the example workspace and the engine's built workspace, is made once per
+# run under a file lock instead, tests/once.py: grouped, those modules would share a worker.)
+GROUPED_FIXTURES = ("keras_built", "keras_exported", "keras_repo", "jax_built", "bert_workspace", "ray_address")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        used = [name for name in GROUPED_FIXTURES if name in getattr(item, "fixturenames", ())]
+        if used:
+            item.add_marker(pytest.mark.xdist_group(used[0]))
+
+
+@pytest.fixture(scope="session")
+def built_examples_run(tmp_path_factory: pytest.TempPathFactory):
+    """The example workspace after one `tpubuild build` of every recipe, with that build's
+    --json document and stderr (tests/example_workspace.py): built once per test run, also
+    under xdist (tests/once.py), about a minute of CPU. Tests copy it before changing anything."""
+    from tests.example_workspace import build_examples, read_built_examples
+    from tests.once import once_per_run
+
+    return read_built_examples(once_per_run(tmp_path_factory, "examples_built", build_examples))
+
+
+@pytest.fixture(scope="session")
+def built_examples(built_examples_run) -> Path:
+    """The built example workspace's root (a git repository, lock files committed)."""
+    return built_examples_run.root
+
+
+@pytest.fixture(scope="session")
+def example_exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """"<script stem>:<function>" -> the SavedModel that export of the example workspace
+    writes (tests/example_workspace.py), exported once per test run."""
+    from tests.example_workspace import example_exports as exports
+    from tests.example_workspace import export_examples
+    from tests.once import once_per_run
+
+    directory = once_per_run(tmp_path_factory, "example_exports", export_examples)
+    return {key: directory / key for key in exports()}

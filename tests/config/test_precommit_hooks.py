@@ -70,7 +70,7 @@ def test_each_hook_runs_a_tpubuild_command_on_the_whole_workspace() -> None:
 @pytest.mark.skipif(shutil.which("pre-commit") is None and not os.path.exists(Path(sys.executable).parent / "pre-commit"),
                     reason="pre-commit is not installed")
 def test_the_hooks_pass_on_a_current_workspace_and_fail_on_a_stale_lock_file(tmp_path: Path) -> None:
-    """`pre-commit try-repo` of this repository in a new git repository made by `tpubuild init`."""
+    """`pre-commit try-repo` of this repository's hooks in a new git repository made by `tpubuild init`."""
     bin_dir = Path(sys.executable).parent  # the tpubuild and pre-commit of this environment
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PRE_COMMIT_HOME": str(tmp_path / "pc"),
            "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
@@ -80,11 +80,20 @@ def test_the_hooks_pass_on_a_current_workspace_and_fail_on_a_stale_lock_file(tmp
     def run(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(args, cwd=ws, env=env, capture_output=True, text=True, timeout=300)
 
+    # try-repo clones the hooks' repository with git. This checkout need not be one (a source
+    # archive, a copy): the manifest is the only file `language: system` hooks read, so the
+    # hooks' repository is a git repository of its own holding it.
+    hooks_repo = tmp_path / "hooks"
+    hooks_repo.mkdir()
+    shutil.copy2(MANIFEST, hooks_repo / MANIFEST.name)
+    for args in (("git", "init", "-q"), ("git", "add", "-A"), ("git", "commit", "-qm", "hooks")):
+        made = subprocess.run(args, cwd=hooks_repo, env=env, capture_output=True, text=True, timeout=60)
+        assert made.returncode == 0, made.stdout + made.stderr
     ws.mkdir()
     assert run("git", "init", "-q").returncode == 0
     assert run(sys.executable, "-m", "tpubuild", "init").returncode == 0
     assert run("git", "add", "-A").returncode == 0 and run("git", "commit", "-qm", "init").returncode == 0
-    passed = run("pre-commit", "try-repo", str(REPO), "--all-files")
+    passed = run("pre-commit", "try-repo", str(hooks_repo), "--all-files")
     assert passed.returncode == 0, passed.stdout + passed.stderr
     assert re.search(r"^tpubuild build --check\.+Passed$", passed.stdout, re.M), passed.stdout
     assert re.search(r"^tpubuild validate\.+Passed$", passed.stdout, re.M), passed.stdout
@@ -93,7 +102,7 @@ def test_the_hooks_pass_on_a_current_workspace_and_fail_on_a_stale_lock_file(tmp
     (ws / "models" / "toy").mkdir(parents=True)
     (ws / "models" / "toy" / "saved_model.pb").write_bytes(b"")
     assert run("git", "add", "-A").returncode == 0 and run("git", "commit", "-qm", "toy").returncode == 0
-    failed = run("pre-commit", "try-repo", str(REPO), "tpubuild-check", "--all-files")
+    failed = run("pre-commit", "try-repo", str(hooks_repo), "tpubuild-check", "--all-files")
     assert failed.returncode == 1, failed.stdout + failed.stderr
     assert re.search(r"^tpubuild build --check\.+Failed$", failed.stdout, re.M), failed.stdout
     assert "recipes/toy.yaml: building would change recipes/toy.lock.yaml: no lock file" in failed.stdout.splitlines()

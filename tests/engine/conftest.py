@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.once import built_once_per_run, once_per_run
 from tpubuild.lock import MEASURED
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,10 +92,13 @@ def tiny_saved_model(tmp_path_factory) -> Path:
         def serve(self, x):
             return {"y": tf.matmul(x, self.w)}
 
-    path = tmp_path_factory.mktemp("models") / "tiny"
-    model = Tiny()
-    tf.saved_model.save(model, str(path), signatures={"serving_default": model.serve})
-    return path
+    def save(directory: Path) -> None:
+        model = Tiny()
+        tf.saved_model.save(model, str(directory / "tiny"), signatures={"serving_default": model.serve})
+
+    # One per run, as `built_once` that copies it: a SavedModel saved in another process
+    # holds other function names, so other bytes and other stage keys.
+    return once_per_run(tmp_path_factory, "tiny_saved_model", save) / "tiny"
 
 
 def source_recipe(name: str, timeout: int = 100, samples: int = 4, comment: str = "") -> str:
@@ -149,9 +153,13 @@ BUILT_RECIPES = {
 
 @pytest.fixture(scope="session")
 def built_once(tmp_path_factory, tiny_saved_model) -> tuple[Path, dict]:
-    """BUILT_RECIPES built once per session, and the --json document of that build."""
-    ws = write_workspace(tmp_path_factory.mktemp("built") / "ws", tiny_saved_model, BUILT_RECIPES, keep_versions=2)
-    return ws, build_json(ws)
+    """BUILT_RECIPES built once per test run (tests/once.py), and the --json document of
+    that build. Tests read it; `built_workspace` is a copy to change."""
+
+    def build(ws: Path) -> dict:
+        return build_json(write_workspace(ws, tiny_saved_model, BUILT_RECIPES, keep_versions=2))
+
+    return built_once_per_run(tmp_path_factory, "engine_built_once", build)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import re
 import shutil
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.engine.conftest import build_json, export_recipe, statuses, tpubuild
@@ -107,6 +108,7 @@ def test_a_fresh_clone_says_the_cache_is_empty(built_workspace):
     assert (check.returncode, check.stdout) == (0, "1 lock file up to date\n")
 
 
+@pytest.mark.slow
 def test_a_tensorflow_export_script_edited_in_a_comment(make_workspace):
     """The README's claim, with a real TensorFlow export: its SavedModel is byte-identical,
     so the export reruns and nothing after it; `import tensorflow` looked in the script's

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 import tensorflow as tf
 
 from tests.engine.conftest import build_json, export_recipe, source_recipe, statuses
@@ -96,6 +97,7 @@ def test_early_cutoff_when_a_stage_output_is_unchanged(built_workspace):
     assert doc["versions"] == {"cut": 1}
 
 
+@pytest.mark.slow
 def test_export_script_and_its_deps_are_inputs(make_workspace):
     ws = make_workspace({"exp": export_recipe("exp")})
     build_json(ws)

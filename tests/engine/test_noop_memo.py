@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.engine.conftest import REPO, build_json
 
 PROBE = """
@@ -31,6 +33,7 @@ def probe(ws, **env: str) -> tuple[int, bool, int]:
     return int(out[0]), out[1] == "True", int(out[2])
 
 
+@pytest.mark.slow
 def test_memo_proves_a_noop_and_any_change_takes_the_full_path(built_workspace):
     ws = built_workspace
     time.sleep(2.1)  # the memo remembers only files older than the build that checks them

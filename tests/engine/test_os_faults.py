@@ -61,6 +61,7 @@ def _unshare_works() -> bool:
     return probe.returncode == 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _unshare_works(), reason="needs `unshare -rm` and a tmpfs mount (user namespaces)")
 def test_a_full_disk_fails_the_build_in_one_line_and_publishes_nothing(make_workspace, tmp_path):
     ws = make_workspace({"toy": source_recipe("toy")})
@@ -85,6 +86,7 @@ def test_a_full_disk_fails_the_build_in_one_line_and_publishes_nothing(make_work
 DIES = ("import os\n\n\ndef export(output_dir):\n    print('about to die', flush=True)\n    os._exit(3)\n")
 
 
+@pytest.mark.slow
 def test_the_log_a_failure_points_to_outlives_later_builds_until_the_recipe_builds(make_workspace):
     ws = make_workspace({"dies": export_recipe("dies", "models/dies.py", "models/helper.py"),
                          "toy": source_recipe("toy")})

@@ -10,6 +10,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.engine.conftest import (
     as_another_machine_wrote_it,
     build_json,
@@ -41,6 +43,7 @@ def _locks(ws: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted((ws / "recipes").glob("*.lock.yaml"))}
 
 
+@pytest.mark.slow
 def test_a_change_and_its_revert_leave_git_clean(built_workspace):
     ws = built_workspace
     # Committed from another machine: a build keeps its measured lines while the keys

@@ -11,6 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.engine.conftest import (
@@ -153,6 +154,7 @@ def test_a_local_record_naming_a_path_outside_the_cache_is_removed_and_rebuilt(b
     assert (ws / "out" / "cut" / "1" / "assets" / "note.txt").read_text() == "first"
 
 
+@pytest.mark.slow
 def test_keep_going_publishes_what_verified_when_a_target_fails(make_workspace):
     # make -k: one target failing (an XLA AOT signature the model does not have, found only
     # when the stage runs) fails the build, but the TPU SavedModel and the CPU target that

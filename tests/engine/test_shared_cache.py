@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.engine import users as shared
 from tests.engine.conftest import source_recipe, write_workspace
 from tests.engine.users import TwoUsers
@@ -338,6 +340,7 @@ def test_finding_7_a_co_user_keeping_the_index_busy_costs_a_deadline_and_is_name
     assert float(lines[2].split()[1]) < 10
 
 
+@pytest.mark.slow
 def test_finding_5_a_second_user_builds_in_the_documented_shared_cache(two_users, tiny_saved_model):
     users = two_users
     cache = users.shared_cache()

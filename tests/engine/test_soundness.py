@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tests.engine.conftest import (
     CLI,
@@ -90,6 +91,7 @@ def _release(ws: Path, proc: subprocess.Popen) -> tuple[int, str, str]:
     return proc.returncode, out, err
 
 
+@pytest.mark.slow
 def test_declared_input_edited_during_the_build_fails_the_stage_and_is_never_recorded(make_workspace):
     ws = _slow_workspace(make_workspace)
     proc = _start_slow_build(ws)
@@ -107,6 +109,7 @@ def test_declared_input_edited_during_the_build_fails_the_stage_and_is_never_rec
     assert tpubuild(ws, "build", "--check").returncode == 0
 
 
+@pytest.mark.slow
 def test_undeclared_import_edited_during_the_build_reruns_next_time(make_workspace):
     ws = _slow_workspace(make_workspace)
     proc = _start_slow_build(ws)
@@ -126,6 +129,7 @@ def test_undeclared_import_edited_during_the_build_reruns_next_time(make_workspa
     np.testing.assert_allclose(_serve(ws / "out" / "slow" / "2", [[1.0, 1.0]]), [[21.0]], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_stage_code_and_environment_are_in_the_key(built_workspace, tmp_path):
     ws = built_workspace
     package = tmp_path / "pkg"
@@ -155,6 +159,7 @@ def test_stage_code_and_environment_are_in_the_key(built_workspace, tmp_path):
     assert set(statuses(doc, "toy").values()) == {"cached"}
 
 
+@pytest.mark.slow
 def test_generator_imports_are_discovered(make_workspace):
     recipe = """\
 name: gen
@@ -180,6 +185,7 @@ verify: {samples: 4}
     assert statuses(doc, "gen")["quantize"] == "built"
 
 
+@pytest.mark.slow
 def test_a_generators_declared_data_file_is_an_input(make_workspace):
     # A generator that reads a data file with open(): tpubuild cannot see the read, so the
     # file is declared in `deps:` (relative to the recipe), as an export script's are.
@@ -212,6 +218,7 @@ verify: {samples: 4}
     assert result.returncode != 0 and "'data/*.bin' matches no file" in result.stderr + result.stdout, result.stderr
 
 
+@pytest.mark.slow
 def test_a_module_an_import_looked_for_and_did_not_find_is_an_input(make_workspace):
     # `try: import extra` that fails records where Python looked: creating the file there
     # later changes what the script runs, so the export reruns (a dep file's negative entry).
@@ -233,6 +240,7 @@ def test_a_module_an_import_looked_for_and_did_not_find_is_an_input(make_workspa
     assert "import:recipes/models/extra.py" in (ws / "recipes" / "neg.lock.yaml").read_text()
 
 
+@pytest.mark.slow
 def test_a_module_imported_from_outside_the_workspace_is_keyed_by_content(make_workspace, tmp_path):
     # A PYTHONPATH directory is no installed distribution: its modules are inputs too.
     outside = tmp_path / "outside"
@@ -247,6 +255,7 @@ def test_a_module_imported_from_outside_the_workspace_is_keyed_by_content(make_w
     assert statuses(build_json(ws, env=env), "ext")["export"] == "built"
 
 
+@pytest.mark.slow
 def test_upgrading_an_installed_package_an_export_imports_reruns_it(make_workspace, tmp_path):
     # Keras, keras-hub, tensorflow_text decide what an export writes as much as its own
     # code: an installed distribution user code imported is an input, by version.
@@ -316,6 +325,7 @@ def export(output_dir):
 """
 
 
+@pytest.mark.slow
 def test_unchanged_quantize_output_stops_a_dataset_change(make_workspace):
     recipe = """\
 name: dyn
@@ -343,6 +353,7 @@ verify: {samples: 4}
     assert rows["verify"] == "built"
 
 
+@pytest.mark.slow
 def test_user_code_runs_from_its_source_never_from_a_bytecode_cache(make_workspace):
     """A `.pyc` in the workspace that Python would accept for helper.py (same source size and
     mtime, as after a same-size edit within one second or a checkout that restores mtimes)

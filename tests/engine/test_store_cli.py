@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import yaml
 
 from tests.engine.conftest import build_json, source_recipe, statuses, tpubuild
@@ -186,6 +187,7 @@ def test_output_dir_holding_the_recipes_is_an_error_and_clean_deletes_nothing(ma
     assert sorted(p.relative_to(ws) for p in ws.rglob("*") if ".tpubuild" not in p.parts) == before
 
 
+@pytest.mark.slow
 def test_hardlink_mode_detects_and_restores_a_damaged_output(built_workspace):
     ws = built_workspace
     with open(ws / "tpubuild.yaml", "a") as f:

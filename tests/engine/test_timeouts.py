@@ -8,6 +8,8 @@ import signal
 import subprocess
 import time
 
+import pytest
+
 from tests.engine.conftest import CLI, REPO, export_recipe, statuses, tpubuild
 
 HANG = "import time\n\n\ndef export(output_dir):\n    open('STARTED', 'w').close()\n    time.sleep(3600)\n"
@@ -22,6 +24,7 @@ def _hanging_workspace(make_workspace, timeout: float | None = None):
     return ws
 
 
+@pytest.mark.slow
 def test_stage_timeout_kills_the_worker_and_fails_the_stage(make_workspace):
     import json
 

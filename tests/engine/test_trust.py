@@ -19,6 +19,7 @@ from tests.engine.conftest import (
 )
 
 
+@pytest.mark.slow
 def test_only_ascii_digit_directories_are_versions(built_workspace):
     # `²` and `١` pass str.isdigit(); int() refuses the first and reads the second as 1.
     # Both are the user's directories: left alone, never a version, never a crash.
@@ -111,6 +112,7 @@ def _rebuild_toy(ws, tmp_path, timeout: float = 300) -> tuple[dict, list[str]]:
     return json.loads(result.stdout), [line for line in result.stderr.splitlines() if "cache object" in line]
 
 
+@pytest.mark.slow
 def test_a_cache_object_replaced_by_a_symlink_is_removed_and_never_linked_through(built_workspace, tmp_path):
     # With link_type: hardlink, os.link on a symlink links the symlink: the published file
     # would be a link to a file its owner can change after the build.
@@ -133,6 +135,7 @@ def test_a_cache_object_replaced_by_a_symlink_is_removed_and_never_linked_throug
     assert "built" in [r["status"] for r in document["rows"] if r["recipe"] == "toy"]
 
 
+@pytest.mark.slow
 def test_a_fifo_in_the_cache_objects_is_removed_not_read(built_workspace, tmp_path):
     ws = built_workspace
     obj = _published_object(ws)
@@ -143,6 +146,7 @@ def test_a_fifo_in_the_cache_objects_is_removed_not_read(built_workspace, tmp_pa
     assert obj.is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
 def test_another_users_object_is_damage_in_a_private_cache_and_copied_in_a_shared_one(built_workspace, tmp_path):
     ws = built_workspace

@@ -92,6 +92,7 @@ def _assert_current_export_published(ws: Path, result: subprocess.CompletedProce
                         "files (not written by tpubuild); ignored"], result.stderr
 
 
+@pytest.mark.slow
 @NEEDS_ROOT
 def test_a_co_user_cannot_send_an_export_lookup_to_an_older_record(make_workspace, shared_dir):
     # Before: the dep file's `key` was used as written; a co-user pointed the candidate that
@@ -110,6 +111,7 @@ def test_a_co_user_cannot_send_an_export_lookup_to_an_older_record(make_workspac
     assert [c["key"] for c in json.loads(dep.read_text())] == [new]
 
 
+@pytest.mark.slow
 def test_a_dep_file_edited_or_replaced_by_a_link_redirects_no_lookup(built_workspace, tmp_path):
     ws = built_workspace
     cache = ws / ".tpubuild" / "cache"
@@ -142,6 +144,7 @@ def _swap(path: Path, content: str, co_user: bool) -> None:
         subprocess.run(command, check=True, timeout=60)
 
 
+@pytest.mark.slow
 def test_publish_refuses_an_object_changed_between_its_check_and_its_copy(make_workspace, shared_dir):
     # Before: publish copied each object without hashing the copy; an object swapped after
     # the export's lookup checked it (during verify) was published and attested (EVIL).

@@ -103,11 +103,13 @@ def built(tmp_path_factory, tiny_saved_model):
     return ws, tpubuild(ws, "build", timeout=900)
 
 
+@pytest.mark.slow
 def test_an_export_opens_a_relative_path_beside_its_script(built):
     ws, result = built
     assert (ws / "out" / "beside" / "1" / "assets" / "scale.txt").read_text() == "3"  # not the root's "root"
 
 
+@pytest.mark.slow
 def test_a_missing_file_names_the_directory_it_was_relative_to(built):
     _, result = built
     assert result.returncode == 1
@@ -120,6 +122,7 @@ def test_a_missing_file_names_the_directory_it_was_relative_to(built):
     ) in result.stderr.splitlines(), result.stderr
 
 
+@pytest.mark.slow
 def test_a_missing_module_names_the_scripts_line_and_no_import_machinery(built):
     _, result = built
     assert (
@@ -129,6 +132,7 @@ def test_a_missing_module_names_the_scripts_line_and_no_import_machinery(built):
     assert "frozen" not in result.stderr and "importlib" not in result.stderr
 
 
+@pytest.mark.slow
 def test_a_generator_runs_beside_its_module_and_its_sample_count_is_warned_once(built):
     ws, result = built
     warned = [line for line in result.stderr.splitlines() if "only 64 samples" in line]
@@ -140,6 +144,7 @@ def test_a_generator_runs_beside_its_module_and_its_sample_count_is_warned_once(
     assert report["verify"]["passed"] is True
 
 
+@pytest.mark.slow
 def test_a_signature_the_quantizer_drops_is_said_with_its_stage(built):
     _, result = built
     assert (

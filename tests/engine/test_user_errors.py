@@ -6,6 +6,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
+
 from tests.engine.conftest import export_recipe, export_variant, tpubuild
 
 
@@ -60,6 +62,7 @@ def test_a_worker_that_aborts_leaves_its_last_words_in_the_log_and_the_error(mak
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_a_verification_that_cannot_fail_is_a_warning_not_a_pass(make_workspace):
     # Outputs around 1e-11 against the default atol: an artifact returning zeros would pass,
     # so the build says the comparison is vacuous instead of reporting it as verified.

@@ -135,6 +135,7 @@ def test_what_a_stage_hands_on_is_kept_only_when_its_worker_is_handed_on_and_tak
         workers.end_stage()
 
 
+@pytest.mark.slow
 def test_a_verify_not_handed_on_keeps_no_twin(tmp_path, tpu_saved_model):
     """With warmup between verify and report, verify's worker is not handed on: its twin is
     let go with the stage (workers/pool.py hand_on), and report loads its own."""

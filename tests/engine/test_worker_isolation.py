@@ -19,6 +19,7 @@ from tpubuild.keys import PACKAGE_ROOT, closure
 from tpubuild.pipeline import ENGINE_STEPS, STAGE_ORDER, stage_module
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="python -P is 3.11+ (workers get an empty cwd instead)")
 def test_neither_the_callers_directory_nor_the_users_home_reaches_a_stage(make_workspace, tmp_path):
     """One build, started from a directory holding modules and with a HOME holding a Keras
@@ -108,6 +109,7 @@ def test_a_worker_runs_only_stages_that_load_the_libraries_it_loaded(tmp_path):
         pool.close(kill=True)
 
 
+@pytest.mark.slow
 def test_a_stage_running_a_large_model_gets_a_worker_of_its_own(make_workspace):
     """TensorFlow keeps part of everything a process loaded (~200 MiB after ResNet50's
     stages), so on a large model a stage that loads and runs models (verify, report,

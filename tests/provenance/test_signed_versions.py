@@ -147,6 +147,7 @@ def test_a_version_signed_with_a_certificate_verifies_against_its_chain_only(tmp
     assert line.startswith(f"{version}: model.sig: its certificate is not issued by the given chain"), line
 
 
+@pytest.mark.slow
 def test_target_versions_carry_their_own_statement_and_signature(tmp_path, tiny_saved_model) -> None:  # noqa: F811
     """`out/<recipe>/<target>/<N>/` is a published version too (TF Serving serves it from
     its own base path): it gets its own statement over its files, naming the target, and
@@ -183,6 +184,7 @@ def test_target_versions_carry_their_own_statement_and_signature(tmp_path, tiny_
     assert f"{copy}: model.sig: saved_model.pb differs from what was signed" in failed.stderr.splitlines()
 
 
+@pytest.mark.slow
 def test_a_version_updated_in_place_is_signed_again(tmp_path, tiny_saved_model) -> None:  # noqa: F811
     # Issue 38 item 3: the same model re-measured updates its version's report in place;
     # the statement and the signature cover the new files.

@@ -367,6 +367,7 @@ def test_tolerances_that_are_not_finite_and_non_negative_are_refused(
 # --- through the command line: one line, exit code 1, no traceback -------------------------
 
 
+@pytest.mark.slow
 def test_build_with_an_all_nan_npz_prints_one_line(dense: Path, tmp_path: Path) -> None:
     root = tmp_path / "ws"
     (root / "recipes").mkdir(parents=True)

@@ -1,13 +1,11 @@
 """The example recipes for quantization and the report build end to end with `tpubuild build`,
 without a warning (the README's first build is every example's: CI's step 1 checks all of
-them; these and tests/targets/test_example_all_targets.py check the ones they build)."""
+them; these read the suite's one build of the example workspace, tests/conftest.py)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,29 +14,19 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-REPO = Path(__file__).resolve().parents[2]
 QUANTIZED = ["dynamic_range", "weight_only", "static_range_generator", "quantized"]
 # toy and batch_function serve an argmax (`class_id`) beside their scores.
 RECIPES = [*QUANTIZED, "two_tpu_functions", "toy", "batch_function"]
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A copy of the example workspace with RECIPES built once."""
-    root = tmp_path_factory.mktemp("examples")
-    shutil.copy(REPO / "tpubuild.yaml", root)
-    shutil.copytree(REPO / "recipes", root / "recipes")
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    result = subprocess.run([sys.executable, "-m", "tpubuild", "build", *RECIPES], cwd=root,
-                            capture_output=True, text=True, env=env)
-    assert result.returncode == 0, result.stderr
-    assert not warning_lines(result.stderr), result.stderr
-    return root
-
-
-def warning_lines(stderr: str) -> list[str]:
-    """The build's warnings: `<recipe file>: stage <stage>: warning: ...` lines."""
-    return [line for line in stderr.splitlines() if "warning:" in line]
+def workspace(built_examples_run) -> Path:
+    """The example workspace with every recipe built once (tests/conftest.py), RECIPES
+    among them, without a warning. Read only: `tpubuild report` reads it."""
+    assert not built_examples_run.warnings(), built_examples_run.stderr
+    for name in RECIPES:
+        assert set(built_examples_run.statuses(name).values()) <= {"built", "cached"}, name
+    return built_examples_run.root
 
 
 def published(root: Path, name: str) -> tuple[Path, dict]:

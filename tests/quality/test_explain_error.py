@@ -91,6 +91,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_unfiltered_build_fails_verification(workspace: Path) -> None:
     result = tpubuild(workspace, "build", "sensor")
     assert result.returncode == 1
@@ -98,6 +99,7 @@ def test_unfiltered_build_fails_verification(workspace: Path) -> None:
     assert "`tpubuild explain-error` on this recipe names the ops where it starts" in result.stderr
 
 
+@pytest.mark.slow
 def test_explain_error_names_the_sub_and_proposes_the_filterlist(workspace: Path) -> None:
     tpubuild(workspace, "build", "sensor")  # leaves the stages before verify in the cache
     result = tpubuild(workspace, "explain-error", "sensor")
@@ -121,6 +123,7 @@ def test_explain_error_names_the_sub_and_proposes_the_filterlist(workspace: Path
     assert not (workspace / "out" / "sensor").exists()
 
 
+@pytest.mark.slow
 def test_the_proposed_filterlist_builds_and_verifies(workspace: Path) -> None:
     recipe = workspace / "recipes" / "sensor.yaml"
     before = recipe.read_text()
@@ -137,6 +140,7 @@ def test_the_proposed_filterlist_builds_and_verifies(workspace: Path) -> None:
         recipe.write_text(before)
 
 
+@pytest.mark.slow
 def test_bad_requests_are_one_line_errors(workspace: Path) -> None:
     # Its own build: under pytest-xdist this test may run in a worker where no other test of
     # this module built the workspace (the module fixture is per worker), and the message
@@ -227,6 +231,7 @@ def int8_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_int8_explain_error_names_the_layer_and_keeps_it_in_float(int8_workspace: Path) -> None:
     failed = tpubuild(int8_workspace, "build")
     assert failed.returncode == 1

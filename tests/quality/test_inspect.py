@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -10,39 +9,17 @@ import pytest
 import tensorflow as tf
 from click.testing import CliRunner
 
+from tests.example_workspace import example_exports as distinct_exports
 from tpubuild.cli import cli
-from tpubuild.config.recipe import load_recipes
-from tpubuild.config.workspace import load_workspace
 from tpubuild.tpu.inspect import inspect
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def example_exports() -> dict[str, tuple[Path, str]]:
-    """(script, function) -> the recipes using it; each distinct export once."""
-    found = {}
-    for recipe in load_recipes(load_workspace(override=REPO)):
-        export = recipe.canonical["model"].get("export")
-        if export:
-            found.setdefault(f"{Path(export['script']).stem}:{export['function']}",
-                             (recipe.root / export["script"], export["function"]))
-    return dict(sorted(found.items()))
-
-
-EXPORTS = example_exports()
+EXPORTS = distinct_exports()
 
 
 @pytest.fixture(scope="session")
-def example_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    out = {}
-    for key, (script, function) in EXPORTS.items():
-        spec = importlib.util.spec_from_file_location(f"quality_example_{script.stem}", script)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        target = tmp_path_factory.mktemp(script.stem) / "saved_model"
-        getattr(module, function)(str(target))
-        out[key] = target
-    return out
+def example_models(example_exports: dict[str, Path]) -> dict[str, Path]:
+    """Each distinct export of the example workspace, exported once for the suite (tests/conftest.py)."""
+    return example_exports
 
 
 @pytest.mark.parametrize("key", sorted(EXPORTS))

@@ -3,38 +3,26 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import tensorflow as tf
 
 from tpubuild.savedmodel.model import SavedModel
 
-REPO = Path(__file__).resolve().parents[2]
 NAME = "quantized_tpu_func"
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
-    """A copy of the example workspace after `python -m tpubuild build quantized_tpu_func`."""
-    root = tmp_path_factory.mktemp("guide_example")
-    shutil.copy(REPO / "tpubuild.yaml", root)
-    shutil.copytree(REPO / "recipes", root / "recipes")
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    result = subprocess.run([sys.executable, "-m", "tpubuild", "build", NAME], cwd=root,
-                            capture_output=True, text=True, env=env)
-    assert result.returncode == 0, result.stderr
-    return root, result
+def built(built_examples_run):
+    """The example workspace after its one build (tests/conftest.py), quantized_tpu_func among
+    its recipes; read only."""
+    return built_examples_run
 
 
-def test_every_stage_runs_and_verification_passes_at_int8(built: tuple[Path, subprocess.CompletedProcess]) -> None:
-    root, result = built
-    stages = [line.split(": ")[1] for line in result.stdout.splitlines() if line.startswith(f"{NAME}: ")]
-    assert stages[:3] == ["export", "quantize", "tpu"]
+def test_every_stage_runs_and_verification_passes_at_int8(built) -> None:
+    root = built.root
+    assert built.stages(NAME)[:3] == ["export", "quantize", "tpu"]
+    assert set(built.statuses(NAME).values()) == {"built"}
     report = json.loads((root / "out" / NAME / "1" / "tpubuild-report.json").read_text())
     assert report["verify"]["passed"] is True
     assert report["verify"]["tolerance"]["kind"] == "int8"
@@ -42,8 +30,8 @@ def test_every_stage_runs_and_verification_passes_at_int8(built: tuple[Path, sub
     assert [row["alias"] for row in report["cost"]["tpu_functions"]] == ["tpu_func"]
 
 
-def test_the_aliased_function_is_an_int8_tpu_function(built: tuple[Path, subprocess.CompletedProcess]) -> None:
-    root, _ = built
+def test_the_aliased_function_is_an_int8_tpu_function(built) -> None:
+    root = built.root
     model = SavedModel.load(root / "out" / NAME / "1", ["serve"])
     [name] = [fn for fn, alias in model.aliases.items() if alias == "tpu_func"]
     consts = [n for n in model.functions[name].node_def if n.op == "Const"]

@@ -109,6 +109,7 @@ def _sizes(ws: Path, recipe: str) -> tuple[int, int]:
     return report["size"]["artifact"]["total"], report["size"]["source"]["total"]
 
 
+@pytest.mark.slow
 def test_int8_artifact_is_under_a_third_of_its_float_source(built: Path) -> None:
     artifact, source = _sizes(built, "wide")
     # The bar: int8 weights are a quarter of float32 ones; 0.30 leaves room for the graph.
@@ -121,6 +122,7 @@ def test_int8_artifact_is_under_a_third_of_its_float_source(built: Path) -> None
     assert names == ["_CHECKPOINTABLE_OBJECT_GRAPH"], names
 
 
+@pytest.mark.slow
 def test_the_pruned_artifact_loads_and_computes_like_its_source(built: Path) -> None:
     version = built / "out" / "wide" / "1"
     check_serving_load(version, ["serve"], "the TPU SavedModel")  # TF Serving's loader (a v1 Session)
@@ -130,6 +132,7 @@ def test_the_pruned_artifact_loads_and_computes_like_its_source(built: Path) -> 
     assert verdict["passed"] and verdict["tolerance"]["kind"] == "int8", verdict
 
 
+@pytest.mark.slow
 def test_a_weight_cpu_code_still_reads_is_kept(built: Path, tmp_path: Path) -> None:
     version = built / "out" / "shared" / "1"
     names = {name for name, _ in tf.train.list_variables(str(version / "variables" / "variables"))}

@@ -136,6 +136,7 @@ def builds(tmp_path_factory, tiny_saved_model, ray_address):
     return {"local": (local_ws, local), "ray": (ray_ws, ray), "killed_parent": parent}
 
 
+@pytest.mark.slow
 def test_ray_build_gives_the_local_lock_files_and_outputs(builds):
     local_ws, local = builds["local"]
     ray_ws, ray = builds["ray"]
@@ -148,6 +149,7 @@ def test_ray_build_gives_the_local_lock_files_and_outputs(builds):
     assert "Traceback" not in ray.stderr
 
 
+@pytest.mark.slow
 def test_a_stage_error_is_the_local_one_line(builds):
     local_ws, local = builds["local"]
     ray_ws, ray = builds["ray"]
@@ -159,6 +161,7 @@ def test_a_stage_error_is_the_local_one_line(builds):
     assert not (ray_ws / "recipes" / "bad.lock.yaml").exists()
 
 
+@pytest.mark.slow
 def test_a_killed_stage_worker_is_retried_by_ray(builds):
     ray_ws, ray = builds["ray"]
     # The process killed ran under a Ray worker (the task), and the stage still succeeded.
@@ -168,6 +171,7 @@ def test_a_killed_stage_worker_is_retried_by_ray(builds):
     assert (ray_ws / "out" / "killed" / "1" / "assets" / "note.txt").read_text() == "first"
 
 
+@pytest.mark.slow
 def test_the_remote_holds_what_the_nodes_built(builds, tmp_path):
     """A second workspace sharing only the remote finds every stage there (remote hits)."""
     ray_ws, _ = builds["ray"]
@@ -186,6 +190,7 @@ def measured_free(text: str) -> list[str]:
     return [line for line in text.splitlines() if not line.endswith("# measured on the building machine")]
 
 
+@pytest.mark.slow
 def test_an_example_recipe_built_on_ray_matches_its_committed_lock_file(tmp_path, ray_address):
     ws = tmp_path / "example"
     ws.mkdir()

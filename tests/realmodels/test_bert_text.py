@@ -41,6 +41,7 @@ def bert_workspace(tmp_path_factory) -> tuple[Path, str, dict]:
     return ws, without.stderr, build_json(ws)
 
 
+@pytest.mark.slow
 def test_without_op_libraries_the_missing_op_is_one_line_naming_the_setting(bert_workspace):
     _, stderr, _ = bert_workspace
     # The first stage that needs the op registered says so: verify, which runs the model
@@ -51,6 +52,7 @@ def test_without_op_libraries_the_missing_op_is_one_line_naming_the_setting(bert
     assert "internal error" not in stderr and "Traceback" not in stderr
 
 
+@pytest.mark.slow
 def test_with_op_libraries_it_builds_verifies_on_strings_and_passes_the_runtime_rules(bert_workspace):
     ws, _, document = bert_workspace
     assert set(statuses(document, "bert").values()) == {"built"}, statuses(document, "bert")
@@ -61,6 +63,7 @@ def test_with_op_libraries_it_builds_verifies_on_strings_and_passes_the_runtime_
     assert report["hlo"], "the TPU function's HLO was not lowered by the MLIR bridge"
 
 
+@pytest.mark.slow
 def test_the_published_model_serves_strings_with_the_library_loaded(bert_workspace):
     import numpy as np
     import tensorflow as tf

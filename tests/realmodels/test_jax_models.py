@@ -62,6 +62,7 @@ def jax_built(tmp_path_factory) -> tuple[Path, dict, str]:
     return ws, json.loads(result.stdout), result.stderr
 
 
+@pytest.mark.slow
 def test_jax2tf_and_orbax_exports_build_every_stage(jax_built):
     _, document, _ = jax_built
     for recipe in BUILT:
@@ -70,6 +71,7 @@ def test_jax2tf_and_orbax_exports_build_every_stage(jax_built):
     assert statuses(document, "jax_orbax")["batch"] == "built"
 
 
+@pytest.mark.slow
 def test_orbax_placed_by_signature_has_the_alias_hlo_and_cost_without_a_warning(jax_built):
     """No `no HLO` warning on either placement, and the signature's TPU body lowers to the
     alias's computation (metadata aside: it names the callers' ops)."""
@@ -93,6 +95,7 @@ def test_orbax_placed_by_signature_has_the_alias_hlo_and_cost_without_a_warning(
     assert hlo["jax_orbax_signature"] == hlo["jax_orbax"]
 
 
+@pytest.mark.slow
 def test_quantization_of_an_xla_call_module_is_refused_in_one_line(jax_built):
     _, document, stderr = jax_built
     assert statuses(document, "jax_mlp_int8")["quantize"] == "failed"
@@ -102,6 +105,7 @@ def test_quantization_of_an_xla_call_module_is_refused_in_one_line(jax_built):
     assert "Traceback" not in stderr
 
 
+@pytest.mark.slow
 def test_explain_error_finds_the_bfloat16_error_in_the_xla_call_module(jax_built):
     ws, document, _ = jax_built
     assert statuses(document, "jax_tight")["verify"] == "failed"
@@ -118,6 +122,7 @@ def test_explain_error_finds_the_bfloat16_error_in_the_xla_call_module(jax_built
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_jax_is_keyed_by_version(jax_built):
     from importlib import metadata
 
@@ -136,6 +141,7 @@ def test_jax_is_keyed_by_version(jax_built):
     assert all("jaxlib" not in r["options"] for r in bfloat16)
 
 
+@pytest.mark.slow
 def test_check_keys_the_bfloat16_rewrite_by_the_jax_it_used(jax_built, tmp_path):
     """build --check in a fresh clone (no cache) recomputes the bfloat16 stage's key from
     the jax and jaxlib versions its lock file records (engine/lockcheck.py)."""
@@ -171,6 +177,7 @@ def _tpu_xla_call_module(path: Path):
     return found[0]
 
 
+@pytest.mark.slow
 def test_the_published_xla_call_module_computes_in_bfloat16(jax_built):
     from tensorflow.core.framework import types_pb2
 
@@ -213,6 +220,7 @@ def _jax_computes(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return x, np.asarray(json.loads(result.stdout.splitlines()[-1]), dtype=np.float32)
 
 
+@pytest.mark.slow
 def test_bfloat16_numbers_are_within_bfloat16_tolerance_of_the_float32_jax_model(jax_built):
     ws, _, _ = jax_built
     x, want = _jax_computes(6, seed=5)
@@ -223,6 +231,7 @@ def test_bfloat16_numbers_are_within_bfloat16_tolerance_of_the_float32_jax_model
     assert np.abs(got - want).max() > FLOAT32_REORDERED.atol + FLOAT32_REORDERED.rtol * np.abs(want).max()
 
 
+@pytest.mark.slow
 def test_orbax_export_serves_what_jax_computes(jax_built):
     ws, _, _ = jax_built
     x, want = _jax_computes(3, seed=6)
@@ -230,6 +239,7 @@ def test_orbax_export_serves_what_jax_computes(jax_built):
     assert_close(_serve(ws / "out" / "jax_orbax" / "1", x), want, FLOAT32_REORDERED)
 
 
+@pytest.mark.slow
 def test_tpu_savedmodels_restore_in_the_session_loader(jax_built):
     import tensorflow as tf
 
@@ -241,6 +251,7 @@ def test_tpu_savedmodels_restore_in_the_session_loader(jax_built):
             assert "serving_default" in meta_graph.signature_def, recipe
 
 
+@pytest.mark.slow
 def test_the_report_says_what_computes_in_bfloat16(jax_built):
     ws, _, _ = jax_built
     report = (ws / "out" / "jax_mlp" / "1" / "tpubuild-report.md").read_text()

@@ -87,6 +87,7 @@ def _versions(ws: Path) -> list[str]:
     return sorted(p.name for p in (ws / "out" / "cnn").iterdir() if p.name.isdigit())
 
 
+@pytest.mark.slow
 def test_a_comment_edit_of_a_keras_export_reruns_export_alone_and_its_revert_is_clean(keras_repo):
     ws = keras_repo
     script = ws / "recipes" / "models" / "cnn.py"
@@ -117,6 +118,7 @@ def test_a_comment_edit_of_a_keras_export_reruns_export_alone_and_its_revert_is_
     assert _git(ws, "status", "--porcelain") == ""
 
 
+@pytest.mark.slow
 def test_a_batch_option_changed_and_reverted_leaves_the_checkout_clean(keras_repo):
     ws = keras_repo
     recipe = ws / "recipes" / "cnn.yaml"
@@ -134,6 +136,7 @@ def test_a_batch_option_changed_and_reverted_leaves_the_checkout_clean(keras_rep
     assert _git(ws, "status", "--porcelain") == ""
 
 
+@pytest.mark.slow
 def test_gc_then_build_is_all_cached(keras_repo):
     """gc keeps what the last build used, the keys of measured stages included."""
     ws = keras_repo
@@ -144,6 +147,7 @@ def test_gc_then_build_is_all_cached(keras_repo):
     assert _git(ws, "status", "--porcelain") == ""
 
 
+@pytest.mark.slow
 def test_the_bfloat16_artifact_keeps_no_float32_copy_of_a_weight(keras_repo):
     import tensorflow as tf
 
@@ -164,6 +168,7 @@ def test_the_bfloat16_artifact_keeps_no_float32_copy_of_a_weight(keras_repo):
     assert floats and all(d == tf.bfloat16 for d in floats.values()), floats
 
 
+@pytest.mark.slow
 def test_a_keras_export_given_as_saved_model_loses_its_aliases_at_placement(tmp_path):
     """A `saved_model:` source is the user's bytes, aliases included: the tpu stage, the
     first to write a model, drops them, so the bfloat16 artifact has no float32 copy."""

@@ -19,6 +19,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 from tests.realmodels.export_every_path import ROOT, available
 
 
@@ -30,6 +32,7 @@ def _export_all(out: Path, seed: int, perturbed: bool) -> dict[str, dict[str, st
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_every_export_path_is_byte_identical_in_two_processes(tmp_path):
     with ThreadPoolExecutor(2) as pool:
         first, second = pool.map(lambda run: _export_all(tmp_path / str(run[0]), *run),

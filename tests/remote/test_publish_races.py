@@ -95,6 +95,7 @@ def _logged(log: Path) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["s3", "file"])
 def test_a_poller_never_sees_a_partial_version_while_two_jobs_publish_and_one_is_killed(where, s3, tmp_path,
                                                                                        monkeypatch):

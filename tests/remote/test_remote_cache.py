@@ -12,6 +12,7 @@ import subprocess
 import time
 
 import blake3
+import pytest
 
 from tests.engine.conftest import CLI, REPO, source_recipe, tpubuild
 from tests.remote.conftest import (
@@ -88,6 +89,7 @@ def test_a_read_only_builder_downloads_and_uploads_nothing(pushed, s3, fresh):
     assert s3.keys("readonly") == before
 
 
+@pytest.mark.slow
 def test_two_builders_racing_on_one_key_leave_one_record(pushed, s3, fresh):
     """Two builders both decide to run the export (its record is missing from the
     remote), wait in it until the SLOW files go, then finish and upload the same key at
@@ -122,6 +124,7 @@ def test_two_builders_racing_on_one_key_leave_one_record(pushed, s3, fresh):
     assert_sound(objects, "race")
 
 
+@pytest.mark.slow
 def test_a_builder_killed_mid_upload_leaves_no_record_without_its_objects(s3, fresh):
     ws = fresh("killed", {"toy": source_recipe("toy")})
     big = ws / "recipes" / "models" / "tiny" / "zz_big.bin"  # the source snapshot's last object

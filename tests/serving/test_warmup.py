@@ -14,7 +14,6 @@ import pytest
 
 from tpubuild.serving import warmup
 
-REPO = Path(__file__).resolve().parents[2]
 # Example recipes that batch (common/base.yaml's batch_options, or their own), and the toy
 # with a SavedModel target beside its TPU SavedModel.
 BATCHING = ["toy", "signature_batching", "string_preprocess", "toy_targets"]
@@ -105,10 +104,11 @@ def test_a_request_larger_than_the_cap_is_refused_before_it_is_built() -> None:
 
 
 @pytest.fixture(scope="module")
-def examples(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("warmup_examples")
-    shutil.copy(REPO / "tpubuild.yaml", root)
-    shutil.copytree(REPO / "recipes", root / "recipes", ignore=shutil.ignore_patterns("*.lock.yaml"))
+def examples(built_examples: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the built example workspace (tests/conftest.py) with toy_targets added and
+    built: the other BATCHING recipes are cached."""
+    root = tmp_path_factory.mktemp("warmup_examples") / "ws"
+    shutil.copytree(built_examples, root, symlinks=True)
     (root / "recipes" / "toy_targets.yaml").write_text(TOY_TARGETS)
     done = subprocess.run([sys.executable, "-m", "tpubuild", "build", *BATCHING], cwd=root, capture_output=True,
                           text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.engine.conftest import build_json
+from tests.once import built_once_per_run, once_per_run
 
 RECIPE = """\
 name: toy
@@ -42,10 +43,12 @@ def fold_saved_model(tmp_path_factory) -> Path:
             c = tf.transpose(tf.transpose((a * 2.0 + b) / 3.0))
             return {"y": tf.matmul(x, self.w + c)}
 
-    path = tmp_path_factory.mktemp("models") / "fold"
-    model = Fold()
-    tf.saved_model.save(model, str(path), signatures={"serving_default": model.serve})
-    return path
+    def save(directory: Path) -> None:
+        model = Fold()
+        tf.saved_model.save(model, str(directory / "fold"), signatures={"serving_default": model.serve})
+
+    # One per run, as `targets_built` that copies it (another process's save has other bytes).
+    return once_per_run(tmp_path_factory, "fold_saved_model", save) / "fold"
 
 
 def write_workspace(ws: Path, model: Path, optimize: bool = True, keep_versions: int | None = None) -> Path:
@@ -59,9 +62,10 @@ def write_workspace(ws: Path, model: Path, optimize: bool = True, keep_versions:
 
 @pytest.fixture(scope="session")
 def targets_built(tmp_path_factory, fold_saved_model) -> tuple[Path, dict]:
-    """The toy recipe built once per session, and the --json document of that build."""
-    ws = write_workspace(tmp_path_factory.mktemp("targets") / "ws", fold_saved_model)
-    return ws, build_json(ws)
+    """The toy recipe built once per test run (tests/once.py), and the --json document of
+    that build."""
+    return built_once_per_run(tmp_path_factory, "targets_built",
+                              lambda ws: build_json(write_workspace(ws, fold_saved_model)))
 
 
 @pytest.fixture

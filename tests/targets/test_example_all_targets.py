@@ -31,11 +31,14 @@ def statuses(document: dict) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def example(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    root = tmp_path_factory.mktemp("all_targets")
-    shutil.copy(REPO / "tpubuild.yaml", root)
-    shutil.copytree(REPO / "recipes", root / "recipes", ignore=shutil.ignore_patterns("*.lock.yaml"))
-    return root, build(root)
+def example(built_examples_run, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """A copy of the built example workspace (tests/conftest.py: every recipe built in one
+    run, all_targets among them), and the rows of all_targets in that first build."""
+    # The first build's warnings: none (the example's flatbuffer is stateless, its LSTM not fused).
+    assert not built_examples_run.warnings(), built_examples_run.stderr
+    root = tmp_path_factory.mktemp("all_targets") / "ws"
+    shutil.copytree(built_examples_run.root, root, symlinks=True)
+    return root, {"rows": [row for row in built_examples_run.document["rows"] if row["recipe"] == "all_targets"]}
 
 
 def test_every_target_is_built_verified_and_published(example) -> None:
@@ -56,6 +59,23 @@ def test_every_target_is_built_verified_and_published(example) -> None:
 
     assert variable_tensors((root / "out/all_targets/litert/1/model.tflite").read_bytes()) == 0
     assert (root / "out/all_targets/xla_aot/1/xla_aot.cmake").is_file()
+
+
+def test_the_cpu_savedmodel_computes_in_bfloat16_like_the_tpu_artifact(example) -> None:
+    """docs/targets/cpu_savedmodel.md: the CPU twin of a recipe whose bfloat16 stage ran
+    serves what the TPU artifact computes, in bfloat16, verified at the bfloat16 tolerances."""
+    from tests.tolerances import computes_in
+
+    root, first = example
+    assert statuses(first)["bfloat16"] == "built"  # bfloat16_optimization: the default, ENABLED
+    assert computes_in(root / "out/all_targets/1") == "bfloat16"
+    assert computes_in(root / "out/all_targets/cpu_savedmodel/1") == "bfloat16"
+    manifest = json.loads((root / "out/all_targets/1/tpubuild-manifest.json").read_text())
+    assert manifest["targets"]["cpu_savedmodel"]["verify"]["tolerance"] == {
+        "kind": "bfloat16", "rtol": 2e-2, "atol": 1e-3, "given": {"rtol": None, "atol": None}}
+    # The targets converted from the float32 source compute in float32.
+    assert manifest["targets"]["xla_aot"]["verify"]["tolerance"]["kind"] == "exact"
+    assert manifest["targets"]["litert"]["verify"]["tolerance"]["kind"] == "exact"
 
 
 def test_second_build_is_cached_and_a_litert_option_rebuilds_only_its_chain(example) -> None:
