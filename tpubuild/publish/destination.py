@@ -144,7 +144,7 @@ class Tree:
                     and re.fullmatch(r"[0-9a-f]{64}", entry[1])):
                 raise ValueError(f"file {name!r} has no size and BLAKE3")
             out[name] = (entry[0], entry[1])
-        return cls(final, staged, out)
+        return cls(str(final), str(staged), out)
 
 
 @dataclass
@@ -234,7 +234,7 @@ class Destination:
         """TF Serving's `--model_base_path` of the recipe."""
         return f"{self.url}/{recipe}"
 
-    def call(self, what: str, fn: Callable[[], Any]) -> Any:
+    def call(self, what: str, fn: Callable[..., Any]) -> Any:  # a lambda binding its loop values as defaults
         """`fn()` with the backend's own errors said as one line (FileNotFoundError and
         FileExistsError are answers, raised as they are)."""
         try:
@@ -653,7 +653,12 @@ class Destination:
         numbers = survey.complete_numbers()
         if not numbers or (keep is None and not everything):
             return []
-        kept = set(numbers[-1:] if everything else numbers[-keep:]) | set(pinned)
+        if everything:
+            newest = numbers[-1:]
+        else:
+            assert keep is not None  # returned above when None
+            newest = numbers[-keep:]
+        kept = set(newest) | set(pinned)
         ours = self.newest_published(survey)
         if ours is not None:
             kept.add(ours)

@@ -182,6 +182,7 @@ class Store:
                     return None
         except FileNotFoundError:
             return None
+        assert raw is not None  # an entry was parsed from it
         data = json.loads(raw)
         if not record_mac.verifies(data, self._mac_key(create=False)):
             # Another user's record in a shared cache, or one someone rewrote: not ours to
@@ -666,7 +667,8 @@ class Store:
         """([(last used, key, object hashes, tree)], damaged): every stage record, read
         without following a link. A record that is not a regular file, cannot be read or is
         invalid is removed (its stage rebuilds, as `get` would) and counted in `damaged`."""
-        entries, damaged = [], 0
+        entries: list[tuple[float, str, set[str], str]] = []
+        damaged = 0
         try:
             stages_fd = self.layout.open(("stages",), create=False)
         except FileNotFoundError:
