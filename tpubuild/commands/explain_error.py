@@ -2,12 +2,15 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from tpubuild.commands._common import recipes_from
 from tpubuild.errors import UsageError
+
+if TYPE_CHECKING:
+    from tpubuild.config.workspace import Workspace
 
 # The stages that change numbers, in the order the default takes them: int8 quantization
 # changes them more than bfloat16 does (verify's int8 tolerance is the looser one,
@@ -53,7 +56,7 @@ def command(ctx: click.Context, recipe_pattern: str, stage: str | None) -> int:
     return 0
 
 
-def explain_recipe(ws: Any, recipe: Any, stage: str | None) -> list[str]:
+def explain_recipe(ws: Workspace, recipe: Any, stage: str | None) -> list[str]:
     """The lines `explain-error` prints for one recipe."""
     from tpubuild.engine import Engine, new_runs
     from tpubuild.stages.base import MODEL, SOURCE, StageContext

@@ -13,7 +13,7 @@ output is unchanged"; not found, it would run whatever they write, and explain s
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from tpubuild.engine.loop import Engine, lock_problem
 from tpubuild.engine.resolver import RecipeRun, Resolved, new_runs
@@ -21,6 +21,9 @@ from tpubuild.errors import StageError
 from tpubuild.keys import diff_records
 from tpubuild.lock import read_lock
 from tpubuild.pipeline import ENGINE_STEPS, PlannedStage, spec
+
+if TYPE_CHECKING:
+    from tpubuild.config.workspace import Workspace
 
 __all__ = ["DRY_RUN_ORDER", "STATE_WORDS", "Resolved", "change_reasons", "explain_lines", "resolve", "stage_words",
            "stale_line", "state_word"]
@@ -47,7 +50,7 @@ class _LastBuild:
         self.toolchain = dict(lock.get("toolchain") or {})
 
 
-def resolve(ws: Any, recipe: Any, engine: Engine | None = None, run: RecipeRun | None = None) -> list[Resolved]:
+def resolve(ws: Workspace, recipe: Any, engine: Engine | None = None, run: RecipeRun | None = None) -> list[Resolved]:
     """Each stage's state, with the reasons of every stage that would run, and for each
     stage waiting for one that would run, what the build will decide once it has run."""
     engine = engine or Engine(ws)
@@ -228,7 +231,7 @@ def _shown_key(stage: Resolved) -> str:
     return f" (key {stage.key[:16]})"
 
 
-def explain_lines(ws: Any, recipe: Any) -> list[str]:
+def explain_lines(ws: Workspace, recipe: Any) -> list[str]:
     """`tpubuild explain`: one line per stage, then one indented line per reason."""
     lines = [f"{recipe.rel_file}: recipe {recipe.name}"]
     engine = Engine(ws)

@@ -26,7 +26,7 @@ file of another layout), that recipe is checked the full way, from the cache
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpubuild.digests import StatCache
 from tpubuild.engine.resolver import (
@@ -50,6 +50,9 @@ from tpubuild.lock import (
 )
 from tpubuild.pipeline import ENGINE_STEPS, spec
 
+if TYPE_CHECKING:
+    from tpubuild.config.workspace import Workspace
+
 
 class _FullCheck(Exception):
     """The lock file cannot answer for this recipe: check it from the cache."""
@@ -59,7 +62,7 @@ class LockCheck:
     """The state of one `build --check`: the stat cache and code digests every recipe
     shares; an Engine (the cache) only for the recipes that need one."""
 
-    def __init__(self, ws: Any):
+    def __init__(self, ws: Workspace):
         self.ws = ws
         self.stat = StatCache(Path(ws.state_dir) / "statcache.json")
         self.resolver = Resolver(ws, None, self.stat)  # keys only: it never looks in a store
@@ -203,7 +206,7 @@ class LockCheck:
         self.stat.save()
 
 
-def check_lines(ws: Any, recipes: list[Any]) -> list[str]:
+def check_lines(ws: Workspace, recipes: list[Any]) -> list[str]:
     """`build --check`: why building would change each stale lock file, or why one cannot
     be checked (empty: every one is up to date)."""
     from tpubuild.engine.explain import EMPTY_CACHE

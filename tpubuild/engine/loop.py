@@ -12,7 +12,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from tpubuild import __version__
 from tpubuild.digests import ABSENT, StatCache, installed_dist, toolchain, worker_env
@@ -38,6 +38,9 @@ from tpubuild.publish import split_by_target
 from tpubuild.report.formats import human_bytes
 from tpubuild.store import Store
 from tpubuild.store import register as register_used
+
+if TYPE_CHECKING:
+    from tpubuild.config.workspace import Workspace
 
 __all__ = ["Engine", "RecipeRun", "Row", "build", "new_runs"]
 
@@ -100,7 +103,7 @@ def _handoff_token(run: RecipeRun, stage: str) -> str:
 class Engine:
     """Shared state of one command: workspace, store, stat cache, resolver, workers, printer."""
 
-    def __init__(self, ws: Any, jobs: int = 1, printer: Callable[[RecipeRun, Row], None] | None = None,
+    def __init__(self, ws: Workspace, jobs: int = 1, printer: Callable[[RecipeRun, Row], None] | None = None,
                  errors: Callable[[str], None] | None = None,
                  started: Callable[[RecipeRun, str], None] | None = None,
                  notes: Callable[[str], None] | None = None):
@@ -736,7 +739,7 @@ def memo_files(engine: Engine, run: RecipeRun) -> list[str] | None:
 
 
 def build(
-    ws: Any,
+    ws: Workspace,
     recipes: list[Any],
     jobs: int = 1,
     printer: Callable[[RecipeRun, Row], None] | None = None,

@@ -56,6 +56,7 @@ from tpubuild.pipeline import target as target_spec
 from tpubuild.publish import MANIFEST
 
 if TYPE_CHECKING:  # the store's module (sqlite, file locks) is not imported to compute keys: `build --check`
+    from tpubuild.config.workspace import Workspace
     from tpubuild.publish import Holding
     from tpubuild.store import Store
 
@@ -121,7 +122,7 @@ class Pending:
 
 
 class Resolver:
-    def __init__(self, ws: Any, store: Store | None, stat: StatCache):
+    def __init__(self, ws: Workspace, store: Store | None, stat: StatCache):
         """`store` None: keys only (engine/lockcheck.py), never a look in a store."""
         self.ws = ws
         self._store = store

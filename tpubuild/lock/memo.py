@@ -23,11 +23,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpubuild.atomic import write_text_atomic
 from tpubuild.digests import hash_bytes, key_env, toolchain
 from tpubuild.keys import canonical_dumps, package_fingerprint
+
+if TYPE_CHECKING:
+    from tpubuild.config.workspace import Workspace
 
 SCHEMA = 1
 MARGIN_NS = 2_000_000_000  # coarse timestamps: ext4 ctime ticks with the kernel's jiffies, FAT/SMB with seconds
@@ -41,7 +44,7 @@ def _stat(path: str) -> list[int] | None:
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
-def guard(ws: Any, recipe_files: list[Path]) -> str:
+def guard(ws: Workspace | _Seen, recipe_files: list[Path]) -> str:
     """What every memo entry depends on besides its own files."""
     return hash_bytes(canonical_dumps({
         "schema": SCHEMA,
@@ -56,7 +59,7 @@ def guard(ws: Any, recipe_files: list[Path]) -> str:
 
 
 class NoopMemo:
-    def __init__(self, ws: Any, recipe_files: list[Path]):
+    def __init__(self, ws: Workspace, recipe_files: list[Path]):
         self.path = Path(ws.state_dir) / "noop-memo.json"
         self.guard = guard(ws, recipe_files)
         self.entries: dict[str, dict[str, Any]] = {}
@@ -96,7 +99,7 @@ class NoopMemo:
         if self.entries.pop(str(recipe_file), None) is not None:
             self.dirty = True
 
-    def save(self, ws: Any) -> None:
+    def save(self, ws: Workspace) -> None:
         if not self.dirty:
             return
         seen = {"file": str(Path(ws.file).resolve()), "stat": _stat(str(ws.file)), "recipes": list(ws.recipe_globs),

@@ -19,11 +19,14 @@ import glob
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpubuild.engine import expand_inputs
 from tpubuild.lock import read_lock
 from tpubuild.pipeline import ENGINE_STEPS, TARGET_STAGES, PlannedStage, plan, spec
+
+if TYPE_CHECKING:
+    from tpubuild.config.workspace import Workspace
 
 # The lock file's `artifact:` figures compared when both sides have them (a key absent
 # from either side is skipped, so lock files written before a figure existed still work).
@@ -38,7 +41,7 @@ class Side:
 
     label: str  # a commit, or "working tree"
     recipes: dict[str, Any]  # name -> tpubuild.config.Recipe
-    ws: Any = None
+    ws: Workspace | None = None
     top: Path = Path(".")  # the tree's top directory (the git repository's, or its extracted copy)
     # Lock documents by lock file path, when they are not read from the tree (see sides.py).
     locks: dict[Path, dict[str, Any]] | None = None
@@ -292,7 +295,7 @@ def compare(base: Side, head: Side, changed: set[str]) -> list[RecipeChange]:
 
 
 # --- the cache (HEAD = working tree) -------------------------------------------------
-def add_cache_state(ws: Any, base: Side, changes: list[RecipeChange], head: Side) -> None:
+def add_cache_state(ws: Workspace, base: Side, changes: list[RecipeChange], head: Side) -> None:
     """For each rerunning stage of an affected recipe: is its result already in the cache
     (the resolver's status), and what the plans could not see (code, toolchain,
     environment), from the stored record of BASE's key (keys.diff_records)."""

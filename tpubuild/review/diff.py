@@ -3,10 +3,13 @@ recipes a change affects (TensorFlow-free)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tpubuild.config.workspace import Workspace
 
 
-def diff(ws: Any, base: str | None, head: str | None) -> tuple[list[Any], str, str]:
+def diff(ws: Workspace, base: str | None, head: str | None) -> tuple[list[Any], str, str]:
     """(RecipeChange of every recipe, BASE label, HEAD label)."""
     from tpubuild.review.compare import add_cache_state, compare
     from tpubuild.review.sides import sides
@@ -18,7 +21,7 @@ def diff(ws: Any, base: str | None, head: str | None) -> tuple[list[Any], str, s
         return changes, base_side.label, head_side.label
 
 
-def changed_since(ws: Any, rev: str) -> list[str]:
+def changed_since(ws: Workspace, rev: str) -> list[str]:
     """Names of the recipes `tpubuild diff REV` reports as affected (to build)."""
     from tpubuild.review.compare import compare
     from tpubuild.review.sides import sides

@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from tpubuild.config.finding import LOCK_SUFFIX
 from tpubuild.review.compare import Side
@@ -26,6 +26,9 @@ from tpubuild.review.revisions import (
     materialize,
     repo_root,
 )
+
+if TYPE_CHECKING:
+    from tpubuild.config.workspace import Workspace
 
 
 def _at(exc: Any, label: str) -> Any:
@@ -94,7 +97,7 @@ def _rel(path: Path, top: Path) -> str:
 
 
 @contextmanager
-def sides(ws: Any, base: str | None, head: str | None) -> Iterator[tuple[Side, Side, set[str]]]:
+def sides(ws: Workspace, base: str | None, head: str | None) -> Iterator[tuple[Side, Side, set[str]]]:
     """(BASE side, HEAD side, the workspace-relative paths whose content differs)."""
     from tpubuild.config.recipe import load_recipes
 

@@ -15,9 +15,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from tpubuild.store.store import Store
+
+if TYPE_CHECKING:
+    from tpubuild.config.workspace import Workspace
 
 
 @dataclass
@@ -93,7 +96,7 @@ def choose_removals(entries: list[tuple[float, str, set[str]]], sizes: dict[str,
     return {key for used, key, _ in entries if key not in referenced and used < horizon}
 
 
-def workspace_references(ws: Any, lock_files: list[Path],
+def workspace_references(ws: Workspace, lock_files: list[Path],
                          store: Store | None = None) -> tuple[dict[str, set[str]], set[str]]:
     """What a workspace references, as its store registration holds it: the keys its lock
     files name (under used_keys.LOCK_FILES), and per recipe that still has a lock file,

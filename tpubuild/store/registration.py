@@ -15,9 +15,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpubuild.atomic import write_text_atomic
+
+if TYPE_CHECKING:
+    from tpubuild.config.workspace import Workspace
 
 STATE_FILE = "registered.json"
 # The recipe name under which a workspace's lock files' keys are registered (a recipe name
@@ -33,7 +36,7 @@ def used_keys(runs: list[Any]) -> dict[str, set[str]]:
             for run in runs if not run.failed and run.outputs}
 
 
-def register(store: Any, ws: Any, runs: list[Any]) -> None:
+def register(store: Any, ws: Workspace, runs: list[Any]) -> None:
     """Register what `runs` used with the store's index, unless the workspace registered
     exactly that with this index already."""
     used = used_keys(runs)
@@ -56,7 +59,7 @@ def register(store: Any, ws: Any, runs: list[Any]) -> None:
         pass  # only a memo of what the index holds: the next build registers again
 
 
-def registered(ws: Any, store: Any) -> dict[str, list[str]]:
+def registered(ws: Workspace, store: Any) -> dict[str, list[str]]:
     """What the workspace's builds registered with `store`'s index, recipe -> keys, as it
     remembers it (empty when it registered with another index)."""
     recorded = _read(Path(ws.state_dir) / STATE_FILE)
