@@ -212,7 +212,7 @@ def test_config_error_exits_2_before_anything_runs(make_workspace):
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
         "recipes/bad.yaml:3:13: converter.bogus: unknown key 'bogus' (allowed: batch_options, bfloat16_optimization, "
-        "bfloat16_optimization_options, disable_default_optimizations, io_shape_optimization, quantization_options, "
-        "tpu_functions, xla_sharding_options)",
+        "bfloat16_optimization_options, disable_default_optimizations, enable_device_placement_safety_checks, "
+        "experimental_options, io_shape_optimization, quantization_options, tpu_functions, xla_sharding_options)",
     ]
     assert not (ws / ".tpubuild").exists() and not (ws / "out").exists()
