@@ -104,6 +104,7 @@ def test_init_in_an_empty_directory_then_a_build_stages_nothing_of_the_cache_or_
                                     "tpubuild.yaml"]
 
 
+@pytest.mark.slow  # minutes on 2 cores: the slow tier (pytest -m slow, run by .ci/run)
 def test_init_in_an_existing_workspace_keeps_every_file_and_a_build_ignores_a_new_cache(repo: Path) -> None:
     """A workspace written by hand (its cache elsewhere than .tpubuild/): the first build
     makes the state and cache directories ignore themselves; `init` later keeps the files

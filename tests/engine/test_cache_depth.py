@@ -10,6 +10,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from tests.engine import users as shared
 from tests.engine.conftest import (  # noqa: F401 (fixtures)
     built_once,
@@ -51,6 +53,7 @@ def unplant(paths: list[Path]) -> None:
         subprocess.run(["rm", "-rf", "--", *left], check=False)
 
 
+@pytest.mark.slow  # minutes on 2 cores: the slow tier (pytest -m slow, run by .ci/run)
 def test_a_deep_directory_planted_in_the_cache_is_removed_by_build_gc_and_verify_cache(built_workspace):
     ws = built_workspace
     v1 = ws / ".tpubuild" / "cache" / "v1"

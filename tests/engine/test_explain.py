@@ -39,6 +39,7 @@ def _export_record(ws: Path, recipe: str) -> dict:
     return json.loads((ws / ".tpubuild" / "cache" / "v1" / "stages" / key[:2] / f"{key}.json").read_text())["record"]
 
 
+@pytest.mark.slow  # minutes on 2 cores: the slow tier (pytest -m slow, run by .ci/run)
 def test_a_comment_edit_of_an_export_script_reruns_the_export_alone(built_workspace):
     ws = built_workspace
     script = ws / "recipes" / "models" / "copy_export.py"
@@ -71,6 +72,7 @@ def test_a_comment_edit_of_an_export_script_reruns_the_export_alone(built_worksp
         "would run", "module recipes/models/colorsys.py: created where an import looked last time and found nothing"]
 
 
+@pytest.mark.slow  # minutes on 2 cores: the slow tier (pytest -m slow, run by .ci/run)
 def test_a_later_stage_that_runs_anyway_says_why(built_workspace):
     ws = built_workspace
     recipe = ws / "recipes" / "cut.yaml"

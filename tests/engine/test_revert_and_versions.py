@@ -157,6 +157,7 @@ def test_a_rebuild_that_only_remeasures_updates_the_newest_version_in_place(buil
     _assert_describes_itself(version)
 
 
+@pytest.mark.slow  # minutes on 2 cores: the slow tier (pytest -m slow, run by .ci/run)
 def test_a_target_re_measured_updates_the_target_version_in_place(make_workspace):
     recipe = source_recipe("tgt") + "targets: {cpu_savedmodel: {}}\n"
     ws = make_workspace({"tgt": recipe})

@@ -49,6 +49,7 @@ def _stages_per_worker(logs: list[Path]) -> list[list[str]]:
     return [re.findall(r"^--- stage (\S+) \(pid", log.read_text(), re.M) for log in sorted(logs)]
 
 
+@pytest.mark.slow  # minutes on 2 cores: the slow tier (pytest -m slow, run by .ci/run)
 def test_report_on_verifys_twin_equals_a_report_made_alone(tmp_path, tpu_saved_model):
     ws = write_workspace(tmp_path / "ws", tpu_saved_model, {"placed": RECIPE})
     own = {"TPUBUILD_OWN_WORKER_MIN_BYTES": "1"}  # the tiny model as a large one: workers of their own

@@ -112,7 +112,9 @@ class Shared:
         return sorted(os.path.join(d, n) for d, _dirs, names in os.walk(self.users.base) for n in names)
 
 
-@pytest.fixture(params=["file", "s3"])
+# The S3 variant of each item (moto, minutes on 2 cores) in the slow tier; the mount, two real
+# uids, in the default one.
+@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.slow)])
 def dest(request, two_users, s3) -> Shared:
     return _shared(request.param, request, two_users, s3)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -38,6 +39,7 @@ def rows(doc: dict) -> dict[str, tuple[str, bool]]:
     return {r["stage"]: (r["status"], r["remote"]) for r in doc["rows"]}
 
 
+@pytest.mark.slow  # minutes on 2 cores: the slow tier (pytest -m slow, run by .ci/run)
 def test_planted_records_are_never_used_and_ci_signed_ones_are_hits(pushed, s3, fresh, tmp_path):
     # Every record under `trust` was written by a builder without the CI key ("planted").
     url = s3.copy_prefix("shared", "trust")
@@ -60,6 +62,7 @@ def test_planted_records_are_never_used_and_ci_signed_ones_are_hits(pushed, s3, 
     assert all(remote for stage, (status, remote) in rows(doc).items() if stage != "publish"), rows(doc)
 
 
+@pytest.mark.slow  # minutes on 2 cores: the slow tier (pytest -m slow, run by .ci/run)
 def test_a_record_forged_under_the_ci_key_or_signed_by_another_key_is_a_miss(pushed, s3, fresh, tmp_path):
     url = s3.copy_prefix("shared", "forged")
     ci_private, ci_public, ci_key = key_pair(tmp_path, "ci")

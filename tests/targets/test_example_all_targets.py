@@ -78,6 +78,7 @@ def test_the_cpu_savedmodel_computes_in_bfloat16_like_the_tpu_artifact(example) 
     assert manifest["targets"]["litert"]["verify"]["tolerance"]["kind"] == "exact"
 
 
+@pytest.mark.slow  # minutes on 2 cores: the slow tier (pytest -m slow, run by .ci/run)
 def test_second_build_is_cached_and_a_litert_option_rebuilds_only_its_chain(example) -> None:
     root, _ = example
     assert set(statuses(build(root)).values()) == {"cached"}
