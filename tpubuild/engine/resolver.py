@@ -86,7 +86,7 @@ class RecipeRun:
     # With `build --keep-going`: target -> why its chain failed; the rest still publishes.
     failed_targets: dict[str, str] = field(default_factory=dict)
     # Its publish destination (`publish_to:`): the version there that holds the model
-    # (publish/destination.py Outcome), or why it could not be published there.
+    # (publish/dest_state.py Outcome), or why it could not be published there.
     destination: Any = None
     destination_error: str | None = None
 
