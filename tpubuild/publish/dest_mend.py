@@ -21,10 +21,13 @@ from tpubuild.publish.dest_state import (
     commit_rels,
 )
 from tpubuild.publish.dest_survey import DestinationReading, all_files
+from tpubuild.publish.dest_write import DestinationWriting
 from tpubuild.publish.targets import MANIFEST
 
 
-class DestinationMending(DestinationReading):
+class DestinationMending(DestinationReading, DestinationWriting):
+    """Mending finishes what writing began (a sealed version promoted, a staging removed)."""
+
     # --- what killed jobs left ------------------------------------------------------
     def mend(self, survey: Survey, say: Callable[[str], None]) -> list[str]:
         """Finish every sealed version (its bytes were checked; copying them again is

@@ -41,12 +41,11 @@ with one warning line. docs/publish-to-object-storage.md "Trust model".
 from __future__ import annotations
 
 from tpubuild.publish.dest_mend import DestinationMending
-from tpubuild.publish.dest_write import DestinationWriting
 
 __all__ = ["Destination"]
 
 
-class Destination(DestinationMending, DestinationWriting):
+class Destination(DestinationMending):
     """One publish destination, `url` (its backend rooted at the URL itself). Every backend
     error but "absent" and "exists" becomes a DestinationError naming the URL. Its parts,
     one module each, joined as one class (mixins: all work on one backend, one survey and

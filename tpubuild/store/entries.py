@@ -34,6 +34,7 @@ __all__ = ["StageRecords"]
 class StageRecords(StoreObjects):
     """Records on top of the objects they name; the state is made by `Store.__init__`."""
 
+    cache_dir: Path
     stages: Path
     index: StoreIndex
     report: Callable[[str], None]
