@@ -56,6 +56,14 @@ def build_examples(directory: Path) -> None:
         subprocess.run(["git", *args], cwd=root, check=True, env=git, capture_output=True)
 
 
+def copy_built_examples(root: Path, dest: Path) -> Path:
+    """A private copy of the shared built workspace at `dest`, to run commands in or change.
+    The shared one is read only: a command run in it (explain-error's scratch directory under
+    .tpubuild/) would race with a copy another xdist worker takes."""
+    shutil.copytree(root, dest, symlinks=True)
+    return dest
+
+
 def read_built_examples(directory: Path) -> BuiltExamples:
     return BuiltExamples(directory / "ws", json.loads((directory / "build.json").read_text()),
                          (directory / "build.err").read_text())

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import click
 import pytest
 
+from tests.example_workspace import copy_built_examples
 from tpubuild.cli import cli
 
 REPO = Path(__file__).resolve().parents[2]
@@ -135,7 +135,7 @@ NEEDS_A_CLUSTER = ("--ray-address",)
 
 def test_every_fenced_command_runs_in_the_built_example_workspace(built_examples: Path, tmp_path: Path) -> None:
     ws = tmp_path / "ws"
-    shutil.copytree(built_examples, ws, symlinks=True)
+    copy_built_examples(built_examples, ws)
     ran = 0
     for page in PAGES:
         # A page's `python` lines too: an example's export script writing the SavedModel

@@ -19,6 +19,7 @@ from pathlib import Path
 import click
 import pytest
 
+from tests.example_workspace import copy_built_examples
 from tpubuild.cli import VERBS, cli
 
 # Programs an example line may start with. `docker` is shown, not run: what it would be
@@ -92,7 +93,7 @@ def test_every_verb_has_examples_and_each_line_is_a_command() -> None:
 def test_each_help_example_runs_in_the_built_example_workspace(verb: str, built_examples: Path, bin_dir: Path,
                                                                tmp_path: Path) -> None:
     ws = tmp_path / "ws"
-    shutil.copytree(built_examples, ws, symlinks=True)
+    copy_built_examples(built_examples, ws)
     for line in example_lines(help_text(verb)):
         if line.split()[0] in SHOWN:
             commands = re.findall(r"\$\((tpubuild [^)]*)\)", line)
@@ -106,10 +107,12 @@ def test_each_help_example_runs_in_the_built_example_workspace(verb: str, built_
             assert "Traceback" not in done.stderr, done.stderr
 
 
-def test_explain_error_takes_the_quantize_stage_of_an_int8_recipe_and_says_why(built_examples: Path) -> None:
+def test_explain_error_takes_the_quantize_stage_of_an_int8_recipe_and_says_why(built_examples: Path,
+                                                                             tmp_path: Path) -> None:
     """issue 42: quantized_tpu_func runs quantize and bfloat16; the default is the stage that
     changes numbers most, and the first line says which and why."""
-    done = subprocess.run([sys.executable, "-m", "tpubuild", "explain-error", "quantized_tpu_func"], cwd=built_examples,
+    ws = copy_built_examples(built_examples, tmp_path / "ws")  # explain-error writes scratch under .tpubuild/
+    done = subprocess.run([sys.executable, "-m", "tpubuild", "explain-error", "quantized_tpu_func"], cwd=ws,
                           capture_output=True, text=True, timeout=600)
     assert (done.returncode, done.stderr) == (0, "")
     first = done.stdout.splitlines()[0]

@@ -14,7 +14,14 @@ import sys
 from pathlib import Path
 
 import tpubuild
-from tpubuild.keys.code import PACKAGE_ROOT, RUNTIME_MODULES, closure, planning_files, planning_roots
+from tests.example_workspace import copy_built_examples
+from tpubuild.keys.code import (
+    PACKAGE_ROOT,
+    RUNTIME_MODULES,
+    closure,
+    planning_files,
+    planning_roots,
+)
 
 DIGESTS = ("import json; from tpubuild.keys.code import code_digest, planning_code_digest, stage_modules; "
            "print(json.dumps({'planning': planning_code_digest(), "
@@ -96,7 +103,7 @@ def test_a_comment_edit_of_the_pool_and_the_loop_leaves_every_example_lock_file_
     """The example workspace, built, relocked by a tpubuild whose pool and build loop gained a
     comment and whose engine/, publish/ and commands/ gained a module: every lock file byte for byte (`.ci/run`'s own check of the lock files)."""
     ws = tmp_path / "ws"
-    shutil.copytree(built_examples, ws, symlinks=True)
+    copy_built_examples(built_examples, ws)
     relock = [sys.executable, "-m", "tpubuild", "build", "--relock"]
     done = subprocess.run(relock, cwd=ws, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr

@@ -4,7 +4,6 @@ replays them, and published into every SavedModel an example recipe that batches
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.example_workspace import copy_built_examples
 from tpubuild.serving import warmup
 
 # Example recipes that batch (common/base.yaml's batch_options, or their own), and the toy
@@ -108,7 +108,7 @@ def examples(built_examples: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     """A copy of the built example workspace (tests/conftest.py) with toy_targets added and
     built: the other BATCHING recipes are cached."""
     root = tmp_path_factory.mktemp("warmup_examples") / "ws"
-    shutil.copytree(built_examples, root, symlinks=True)
+    copy_built_examples(built_examples, root)
     (root / "recipes" / "toy_targets.yaml").write_text(TOY_TARGETS)
     done = subprocess.run([sys.executable, "-m", "tpubuild", "build", *BATCHING], cwd=root, capture_output=True,
                           text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.example_workspace import copy_built_examples
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET_DIRS = ("cpu_savedmodel", "litert", "xla_aot")
@@ -37,7 +38,7 @@ def example(built_examples_run, tmp_path_factory: pytest.TempPathFactory) -> tup
     # The first build's warnings: none (the example's flatbuffer is stateless, its LSTM not fused).
     assert not built_examples_run.warnings(), built_examples_run.stderr
     root = tmp_path_factory.mktemp("all_targets") / "ws"
-    shutil.copytree(built_examples_run.root, root, symlinks=True)
+    copy_built_examples(built_examples_run.root, root)
     return root, {"rows": [row for row in built_examples_run.document["rows"] if row["recipe"] == "all_targets"]}
 
 
