@@ -247,3 +247,31 @@ def test_an_upload_signs_the_record_the_build_made_not_the_file_under_its_name(t
         record = json.loads(document["record"]) if "signature" in document else document
         assert (record["key"], record["files"]) == (mine.key, [[f.path, f.hash, f.size] for f in mine.files]), path
     store.close()
+
+
+def test_a_link_in_place_of_a_dep_file_directory_is_removed_never_written_through(built_workspace, tmp_path):
+    # Before: engine/resolver.py read and wrote dep files by path (write_text_atomic), so a
+    # link in place of `discovered/ab` had the build read and replace the files of the
+    # directory it points to. The store owns them now (store/depfiles.py): every directory
+    # opened without following a link, a link there is damage, removed, its target left alone.
+    ws = built_workspace
+    cache = ws / ".tpubuild" / "cache"
+    dep, _, new = _stale_export_setup(ws, cache, build_json)
+    shard = dep.parent
+    elsewhere = tmp_path / "theirs"
+    shutil.copytree(shard, elsewhere)
+    before = {p.name: p.read_bytes() for p in elsewhere.iterdir()}
+    shutil.rmtree(shard)
+    shard.symlink_to(elsewhere, target_is_directory=True)
+    (cache / "v1" / "stages" / new[:2] / f"{new}.json").unlink()  # the export runs again: its dep file is read, then written
+    result = subprocess.run([*CLI, "build", "--json", "cut"], cwd=ws, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr
+    assert [line for line in result.stderr.splitlines() if "warning" in line] == [
+        f"warning: cache {shard} is a symbolic link, not what tpubuild keeps there; removed (the link itself, not "
+        "what it points to)"]
+    assert statuses(json.loads(result.stdout), "cut")["export"] == "built"
+    assert {p.name: p.read_bytes() for p in elsewhere.iterdir()} == before
+    assert not shard.is_symlink() and shard.is_dir()
+    assert _lock_keys(ws, "cut")["export"] == new
+    assert [c["key"] for c in _dep_file(cache, new)[1]] == [new]  # written afresh in a directory of the cache's

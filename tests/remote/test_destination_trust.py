@@ -24,7 +24,7 @@ from tests.remote.conftest import BUCKET
 
 two_users = shared.two_users  # the fixture: two real users
 
-# The victim's publish, as a build runs it (engine/loop.py publish_destinations): one line
+# The victim's publish, as a build runs it (engine/version.py publish_destinations): one line
 # of JSON, the outcome and every line the publish said.
 PUBLISH = textwrap.dedent(
     """\

@@ -100,7 +100,7 @@ def _logged(log: Path) -> list[dict]:
 def test_a_poller_never_sees_a_partial_version_while_two_jobs_publish_and_one_is_killed(where, s3, tmp_path,
                                                                                        monkeypatch):
     from tpubuild.publish import Destination, publish_version
-    from tpubuild.publish.destination import SEALED, STAGING
+    from tpubuild.publish.dest_state import SEALED, STAGING
 
     url, listing, read, env = _side(s3_place(s3, f"races-{os.getpid()}") if where == "s3"
                                     else file_place(tmp_path / "mount"))

@@ -118,7 +118,7 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry
         return _dry_run(ws, recipes, as_json, verbosity) or invalid
     from tpubuild.commands.build_output import BuildOutput
     from tpubuild.config.recipe import discover
-    from tpubuild.engine import build
+    from tpubuild.engine import BuildEvents, BuildOptions, build
     from tpubuild.lock import NoopMemo
 
     memo = NoopMemo(ws, discover(ws))
@@ -126,9 +126,11 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry
     output = BuildOutput(out, QUIET if as_json else verbosity, tty=out.isatty() and not as_json,
                          colour=wants_colour(out) and not as_json, display=ws.display)
     try:
-        runs, engine = build(ws, recipes, jobs, printer=output.row, errors=output.error, started=output.started,
-                             memo=memo, since_ns=since_ns, remote=remote, keep_going=keep_going, relock=relock,
-                             planned=output.planned, notes=output.note)
+        runs, engine = build(ws, recipes,
+                             BuildOptions(jobs=jobs, memo=memo, since_ns=since_ns, remote=remote, keep_going=keep_going,
+                                          relock=relock),
+                             BuildEvents(printer=output.row, errors=output.error, started=output.started,
+                                         planned=output.planned, notes=output.note))
     finally:
         output.close()  # the live line goes, also on Ctrl-C or an error
     memo.save(ws)

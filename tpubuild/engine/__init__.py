@@ -1,5 +1,6 @@
 """The build loop: recipes resolved into stage keys (`resolver`), the doit task graph that runs
-the stages and publishes (`loop`, `tasks`), why a stage would run (`explain`), and
+the stages and publishes (`loop`, `tasks`; what a build is asked, `options`, and tells,
+`events`; a run's version, `version`, and its lock document, `lockdoc`), why a stage would run (`explain`), and
 `build --check` beyond the lock files' quick answer (`lockcheck`). The main process never
 imports TensorFlow; the workers do.
 """
@@ -10,6 +11,8 @@ from tpubuild.face import lazy
 
 # Name -> the module of this package that defines it, loaded on first use (tpubuild/face.py).
 _FACE = {
+    "BuildEvents": "events",
+    "BuildOptions": "options",
     "DRY_RUN_ORDER": "explain",
     "Engine": "loop",
     "build": "loop",

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from tpubuild.engine.loop import Engine, lock_problem
+from tpubuild.engine.lockdoc import lock_problem
+from tpubuild.engine.loop import Engine
 from tpubuild.engine.resolver import RecipeRun, Resolved, new_runs
 from tpubuild.errors import StageError
 from tpubuild.keys import diff_records

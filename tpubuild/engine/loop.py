@@ -10,82 +10,36 @@ import os
 import threading
 import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
-from tpubuild import __version__
-from tpubuild.digests import ABSENT, StatCache, installed_dist, toolchain, worker_env
+from tpubuild.digests import StatCache, worker_env
 from tpubuild.engine.cache import LayeredCache, LocalLayer, RemoteLayer
+from tpubuild.engine.events import BuildEvents, Row, WorkerTime
+from tpubuild.engine.lockdoc import memo_files, up_to_date, write_run_lock
+from tpubuild.engine.options import BuildOptions
 from tpubuild.engine.resolver import (
     Output,
     Pending,
     RecipeRun,
     Resolver,
     changed_inputs,
-    measured_flags,
     new_runs,
-    published_targets,
-    run_inputs,
     without_targets,
 )
+from tpubuild.engine.version import RunVersion
 from tpubuild.errors import StageError
 from tpubuild.keys import StageEntry
-from tpubuild.lock import lock_document, planning_digest, rewrite_reason, write_lock
 from tpubuild.pipeline import ENGINE_STEPS, TARGET_STAGES, PlannedStage, entry, spec
-from tpubuild.provenance.digests import dependency_digests
-from tpubuild.publish import split_by_target
-from tpubuild.report.formats import human_bytes
 from tpubuild.store import Store
 from tpubuild.store import register as register_used
 
 if TYPE_CHECKING:
     from tpubuild.config.workspace import Workspace
 
-__all__ = ["Engine", "RecipeRun", "Row", "build", "new_runs"]
+__all__ = ["BuildEvents", "BuildOptions", "Engine", "RecipeRun", "Row", "build", "new_runs"]
 
 DEFAULT_STAGE_TIMEOUT = 3600.0
-
-
-@dataclass
-class Row:
-    recipe: str
-    stage: str
-    status: str
-    key: str | None
-    seconds: float
-    remote: bool = False  # a `cached` stage whose record came from the remote cache
-    peak_rss_bytes: int | None = None  # a `built` stage's worker: its peak resident set size in that stage
-    # A stage run by a worker: `seconds` is its own work, timed in the worker; this is the
-    # rest of the wait for its reply: a free slot (-j), a new worker's process start and
-    # TensorFlow import (workers/import_clock.py), on Ray the task's scheduling and transfers.
-    worker_startup_seconds: float | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        startup = self.worker_startup_seconds
-        return {"recipe": self.recipe, "stage": self.stage, "status": self.status, "key": self.key,
-                "seconds": round(self.seconds, 3), "remote": self.remote, "peak_rss_bytes": self.peak_rss_bytes,
-                "worker_startup_seconds": None if startup is None else round(startup, 3)}
-
-
-@dataclass
-class WorkerTime:
-    """A stage's time as its worker measured it, and what waiting for that worker added."""
-
-    seconds: float | None = None  # the stage's own work; None: no worker reply (Ray failures, old workers)
-    startup: float | None = None
-
-    @classmethod
-    def of(cls, reply: dict[str, Any], waited: float) -> WorkerTime:
-        own = reply.get("seconds")
-        if not isinstance(own, (int, float)):
-            return cls(None, None)
-        return cls(float(own), max(0.0, waited - own))
-
-    def or_since(self, start: float) -> float:
-        """The stage's own seconds, else the engine's clock since `start`."""
-        return self.seconds if self.seconds is not None else time.monotonic() - start
-
 
 # An own-worker stage whose worker, kept after it, runs the recipe's next such stage:
 # report after verify. Report makes the same CPU twin of the same input as verify (kept in
@@ -100,28 +54,26 @@ def _handoff_token(run: RecipeRun, stage: str) -> str:
     return f"{run.name}:{stage}"
 
 
-class Engine:
-    """Shared state of one command: workspace, store, stat cache, resolver, workers, printer."""
+class Engine(RunVersion):
+    """Shared state of one command: workspace, store, stat cache, resolver, workers, events.
+    A run's version and its publish are engine/version.py's (a mixin: the same state)."""
 
-    def __init__(self, ws: Workspace, jobs: int = 1, printer: Callable[[RecipeRun, Row], None] | None = None,
-                 errors: Callable[[str], None] | None = None,
-                 started: Callable[[RecipeRun, str], None] | None = None,
-                 notes: Callable[[str], None] | None = None):
+    def __init__(self, ws: Workspace, options: BuildOptions | None = None, events: BuildEvents | None = None):
+        options = options or BuildOptions()
+        events = events or BuildEvents()
         self.ws = ws
-        self.jobs = jobs
+        self.jobs = options.jobs
         self.store = Store(ws.cache_dir)
         self.stat = StatCache(ws.state_dir / "statcache.json")
         self.resolver = Resolver(ws, self.store, self.stat)
-        self.printer = printer or (lambda run, row: None)
-        self.errors = errors or (lambda message: None)
-        self.started = started or (lambda run, stage: None)
-        self.notes = notes or (lambda line: None)  # what the build did beside its stages (stdout)
+        self.events = events
+        self.printer, self.errors, self.started, self.notes = events.printer, events.errors, events.started, events.notes
         self.pool: Any = None
         self.pool_lock = threading.Lock()
         self.state_lock = threading.RLock()  # resolver, stat cache and store index are shared by doit threads
         self.pending: dict[tuple[str, str], Pending] = {}
-        self.keep_going = False  # build --keep-going: a failed target does not stop its recipe's publish
-        self.relock = False  # build --relock: lock files rewritten with this machine's measured figures
+        self.keep_going = options.keep_going  # a failed target does not stop its recipe's publish
+        self.relock = options.relock  # lock files rewritten with this machine's measured figures
         self.timeout = float(getattr(ws, "stage_timeout", None) or DEFAULT_STAGE_TIMEOUT)
         self.link_type = getattr(ws, "link_type", None) or "copy"
         self.executor = getattr(ws, "executor", None) or "local"  # or "ray": workers/ray.py
@@ -132,7 +84,7 @@ class Engine:
         # Where stage records are looked up, and built ones recorded (engine/cache.py).
         self.cache = LayeredCache([LocalLayer(self.resolver, self.state_lock)])
         self._ahead: Any = None  # the thread that computes the source's standard digests (_digests_ahead)
-        self._ahead_futures: dict[str, Any] = {}  # recipe name -> its source's
+        self.ahead_futures: dict[str, Any] = {}  # recipe name -> its source's
 
     # --- the remote cache -----------------------------------------------------------
     def attach_remote(self, url: str, push: bool = True) -> None:
@@ -163,7 +115,7 @@ class Engine:
         with self.pool_lock:
             if self._ahead is None:
                 self._ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpubuild-digests")
-            self._ahead_futures[run.name] = self._ahead.submit(compute_ahead, entry.files, self.store.object_path)
+            self.ahead_futures[run.name] = self._ahead.submit(compute_ahead, entry.files, self.store.object_path)
 
     def finish_digests(self, wait: bool = True) -> None:
         """Wait for the digests computed ahead (they read store objects); on an interrupt,
@@ -191,7 +143,7 @@ class Engine:
                     if run.failed_targets:
                         # --keep-going: publish what verified, without the failed targets.
                         run.plan[-1] = without_targets(run.plan[-1], set(run.failed_targets))
-                    return self._publish_uptodate(run, start)
+                    return self.publish_uptodate(run, start)
                 pending = self.resolver.record_for(run, planned)
             except StageError as exc:  # an input is missing: the action reports it
                 self.pending[(run.name, planned.name)] = Pending(None, None, error=str(exc))
@@ -247,7 +199,7 @@ class Engine:
                 entry = self._snapshot_source(run, planned, pending)
                 self._digests_ahead(run, entry)
             elif planned.name == "publish":
-                self._publish(run)
+                self.publish_version(run)
                 self.row(run, Row(run.name, "publish", "built", self.resolver.publish_key(run, run.outputs["publish"].tree),
                                    time.monotonic() - start))
                 return True
@@ -381,396 +333,26 @@ class Engine:
                                        first=next_index(logs))
             return self.pool
 
-    # --- publish and lock -----------------------------------------------------------
-    def _publish_uptodate(self, run: RecipeRun, start: float) -> bool:
-        files, content, holding = self.resolver.published(run)
-        number = holding.number if holding is not None and holding.intact else None
-        if holding is not None and not holding.intact:
-            # The newest version holds this content, damaged: a build restores it in place from
-            # the store (planning and dry runs only say so: the query wrote nothing).
-            from tpubuild.publish import repair_newest
 
-            paths = [(f, self.store.object_path(f.hash)) for f in files]
-            restored = repair_newest(Path(self.ws.output_dir) / run.name, holding, paths, self.stat, self.link_type)
-            for path in restored or []:
-                self.errors(f"{run.recipe.rel_file}: restored {self.ws.display(path)} (it no longer matched its manifest)")
-            number = holding.number if restored is not None else None
-        run.outputs["publish"] = Output.of("publish", self.resolver.publish_key(run, content), content,
-                                           Path(self.ws.output_dir) / run.name, files)
-        if number is None:
-            self.pending[(run.name, "publish")] = Pending(None, None)
-            return False
-        run.version = number
-        self.row(run, Row(run.name, "publish", "cached", run.outputs["publish"].key, time.monotonic() - start))
-        return True
-
-    def _publish(self, run: RecipeRun) -> None:
-        """A new version, or, when the newest one holds the same model (only the report's
-        figures differ), that version with its report, manifest and provenance updated."""
-        from tpubuild.publish import (
-            newest_same_model,
-            publish,
-            reservation_file,
-            update_version,
-        )
-
-        out = run.outputs["publish"]
-        with self.state_lock:
-            manifest = self.manifest(run, out.tree)
-            paths = [(f, self.store.object_path(f.hash)) for f in out.files]
-            same = newest_same_model(out.directory, manifest["model"])
-            if same is not None:
-                update_version(out.directory, same, paths, manifest, self.stat, self.link_type, finish=self._attest)
-                run.version, run.updated_in_place = same, True
-                return
-            run.version = publish(out.directory, paths, manifest, self.ws.keep_versions, self.stat,
-                                  link_type=self.link_type,
-                                  warn=lambda m: self.errors(f"warning: {m}"), finish=self._attest,
-                                  reservation=reservation_file(self.ws.state_dir, out.directory))
-
-    def _attest(self, version_dir: Path, manifest: dict[str, Any], target: str | None = None) -> None:
-        """The provenance statement of a version (the main one, or a target version when
-        `target` names it), and its signature when the workspace names a signing key
-        (tpubuild/provenance/)."""
-        from tpubuild.provenance import statement
-
-        statement.write(version_dir, manifest, self.remote.url if self.remote is not None else None, target)
-        key = getattr(self.ws, "signing_key", None)
-        if key is None:
-            return
-        if not key.is_file():
-            self.errors(f"warning: signing.key {key} not found: {manifest['recipe']} version {manifest['version']} "
-                        "published unsigned")
-            return
-        from tpubuild.provenance.signature import sign
-
-        try:
-            sign(version_dir, key, getattr(self.ws, "signing_certificate", None), getattr(self.ws, "signing_chain", []))
-        except Exception as exc:  # noqa: BLE001 - the library's own error: one line, nothing published
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise StageError(f"signing.key {key}: cannot sign {manifest['recipe']}: {first}") from None
-
-    def manifest(self, run: RecipeRun, content: str) -> dict[str, Any]:
-        """What a published version says of itself; the recipe-specific part of the
-        artifact (cached outputs never name a recipe)."""
-        publish = run.plan[-1]
-        targets = published_targets(publish)
-        ahead = self._ahead_futures.pop(run.name, None)
-        if ahead is not None:  # dependency_digests below takes what it computed, not the files again
-            from concurrent.futures import wait
-
-            wait([ahead])  # what it could not compute (or a bug in it) is computed below as ever
-        main, by_target = split_by_target(run.outputs["publish"].files, sorted(targets))
-        verdicts = dict(zip(targets, publish.summaries))  # plan order: each target's verify stage
-        return {
-            "recipe": run.name,
-            "recipe_file": run.recipe.rel_file,
-            "recipe_digest": run.recipe.digest,
-            "content": content,
-            # The content without the report's files and the targets' verdicts: what decides
-            # whether a build publishes a new version (versions.newest_same_model).
-            "model": self.resolver.model_digest(run, run.outputs["publish"].files),
-            "files": {f.path: f.hash for f in main},
-            # Each file's size: `tpubuild verify` compares it before hashing (a file larger
-            # than listed is refused unread) and downloads no more (publish/version_check.py).
-            "sizes": {f.path: f.size for f in main},
-            # Each target version `<recipe>/<target>/<N>/`: its files, build facts and verdict.
-            **({"targets": {
-                target: {"files": {rel: f.hash for rel, f in by_target[target]},
-                         "sizes": {rel: f.size for rel, f in by_target[target]},
-                         "build": run.outputs[stage].summary,
-                         "verify": run.outputs[verdicts[target]].summary}
-                for target, stage in targets.items()}} if targets else {}),
-            "stages": [{"stage": name, "key": out.key, "output": out.tree}
-                       for name, out in run.outputs.items() if name != "publish"],
-            "inputs": run_inputs(run),
-            # The same inputs by the digests in-toto consumers read (provenance/digests.py).
-            "input_digests": dependency_digests(Path(run.recipe.root), run_inputs(run),
-                                                {out.tree: out.files for out in run.outputs.values()},
-                                                self.store.object_path),
-            "toolchain": toolchain(),
-            "tpubuild": __version__,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "git_commit": git_commit(self.ws.root),
-            "report": run.outputs["report"].summary if "report" in run.outputs else {},
-        }
-
-    # --- publish destinations -------------------------------------------------------
-    def publish_destinations(self, runs: list[RecipeRun]) -> None:
-        """Publish the newest local version of each recipe that built (or had nothing to
-        do) to its `publish_to:` destination, unless this workspace noted that it holds that
-        model already (publish/to_destination.py). A destination that fails is said in one
-        line per recipe and not contacted again in this build; the local build stays."""
-        import shutil
-
-        from tpubuild.errors import TpubuildError
-        from tpubuild.publish import (
-            Destination,
-            publish_version,
-            read_manifest,
-            recorded,
-            remember,
-        )
-
-        scratch = Path(self.ws.state_dir) / "publish-scratch"
-        down: set[str] = set()  # destinations that failed: not asked again in this build
-        destinations: dict[str, Any] = {}
-        for run in runs:
-            url = getattr(run.recipe, "publish_to", None)
-            if url is None or not run.succeeded or run.version is None:
-                continue
-            version_dir = Path(self.ws.output_dir) / run.name / str(run.version)
-            model = (read_manifest(version_dir) or {}).get("model")
-            if recorded(self.ws.state_dir, url, run.name, model):
-                continue
-            kept = f"{self.ws.display(version_dir)} is kept"
-            if url in down:
-                run.destination_error = f"{run.recipe.rel_file}: not published to {url} (it failed, said above); {kept}"
-                self.errors(run.destination_error)
-                continue
-            if not destinations:
-                shutil.rmtree(scratch, ignore_errors=True)  # a killed build's
-                scratch.mkdir(parents=True, exist_ok=True)
-            dest = destinations.setdefault(url, Destination(url, getattr(self.ws, "remote_timeouts", None)))
-            labels = getattr(run.recipe, "version_labels", {}) or {}
-            try:
-                outcome = publish_version(
-                    dest, run.name, version_dir, scratch, keep=self.ws.keep_versions, pinned=set(labels.values()),
-                    attest=self._attest, file_hash=lambda path: self.stat.file_hash(os.fspath(path)),
-                    say=self.errors)
-            except TpubuildError as exc:  # DestinationError; RemoteSetupError: no backend installed
-                line = (str(exc).splitlines() or [type(exc).__name__])[0]
-                if getattr(exc, "unreachable", True):
-                    down.add(url)
-                run.destination_error = f"{run.recipe.rel_file}: not published: {line}; {kept}"
-                self.errors(run.destination_error)
-                continue
-            except OSError as exc:  # the mount's own refusal the backend did not turn into a line
-                down.add(url)
-                what = f"{exc.strerror or type(exc).__name__}" + (f": {exc.filename}" if exc.filename else "")
-                run.destination_error = f"{run.recipe.rel_file}: not published: publish_to {url}: {what}; {kept}"
-                self.errors(run.destination_error)
-                continue
-            run.destination = outcome
-            remember(self.ws.state_dir, url, run.name, model, outcome.number)
-            for line in outcome.mended:
-                self.notes(f"{run.name}: {line}")
-            where = f"{outcome.url}/{outcome.number}"
-            if outcome.new:
-                self.notes(f"published: {run.name} -> {where}")
-            else:
-                self.notes(f"{run.name}: {where} holds this model already (nothing published there)")
-            for number in outcome.pruned:
-                self.notes(f"{run.name}: pruned {outcome.url}/{number} (keep_versions: {self.ws.keep_versions})")
-        shutil.rmtree(scratch, ignore_errors=True)
-
-    def write_lock(self, run: RecipeRun) -> None:
-        path, document = run.recipe.lock_file, lock_for(run, self.stat, self.ws.file)
-        # Keys the build's but a malformed or stale file (lock/shape.py): rewritten, said once.
-        why = None if self.relock else rewrite_reason(path, self.ws.display, document)
-        history = Path(self.ws.state_dir) / "lock-history" / f"{run.name}.json"
-        if write_lock(path, document, force=self.relock or why is not None, history=history) and why is not None:
-            self.errors(f"{run.recipe.rel_file}: rewrote {self.ws.display(path)}: {why}")
-
-
-def lock_for(run: RecipeRun, stat: StatCache, ws_file: Path) -> dict[str, Any]:
-    """The lock document of a fully resolved run (every stage cached or built)."""
-    stages = []
-    flags = measured_flags(run.plan)
-    for planned, (key_measured, output_measured) in zip(run.plan, flags):
-        out = run.outputs[planned.name]
-        # What a discovering stage found (its user code's imports, the installed packages
-        # it used): with it, `build --check` recomputes the stage's key without the dep
-        # file of a cache (engine/lockcheck.py). Nothing found is not written.
-        discovered = out.record.get("discovered")
-        stages.append({"stage": planned.name, "key": out.key, "output": out.tree, "key_measured": key_measured,
-                       "measured": output_measured, **({"discovered": discovered} if discovered else {})})
-    # Whether the published model's output may differ between machines.
-    model_measured = dict(zip((p.name for p in run.plan), (m for _, m in flags)))[run.plan[-1].consumes["model"]]
-    recipe = run.recipe
-    document = lock_document(run.name, recipe.digest, toolchain(), run_inputs(run), stages,
-                             artifact_facts(run, model_measured))
-    document["planning"] = planning_digest(ws_file, stat, recipe.files or [recipe.file], Path(recipe.root),
-                                           document, recipe)
-    return document
-
-
-def artifact_facts(run: RecipeRun, model_measured: bool) -> list[tuple[str, Any, bool]]:
-    """What the artifact is, for a reviewer reading the lock file's diff: (field, value,
-    measured on the building machine). From the report's summary and the rendered options."""
-    from tpubuild.digests import hash_bytes
-    from tpubuild.errors import TpubuildError
-    from tpubuild.render import render
-
-    try:
-        options = hash_bytes(render(run.recipe.canonical, "textproto").encode())
-    except (TpubuildError, ValueError):
-        options = None  # not expressible as ConverterOptions (e.g. generated datasets)
-    summary = run.outputs["report"].summary if "report" in run.outputs else {}
-    facts: list[tuple[str, Any, bool]] = [("converter_options", options, False)]
-    size = (summary.get("size") or {}).get("artifact")
-    if size is not None:
-        facts += [("size", human_bytes(size), model_measured), ("size_bytes", size, model_measured)]
-    if summary.get("parameters"):
-        facts.append(("parameters", dict(summary["parameters"]), model_measured))
-    cost = summary.get("cost")
-    if cost:
-        share = f"{100 * cost['tpu'] / cost['total']:.2f}%" if cost.get("total") else "0.00%"
-        facts.append(("cost", {"tpu_share": share, "total": cost["total"]}, model_measured))
-    if "max_abs_error" in summary:
-        facts.append(("max_abs_error", summary["max_abs_error"], True))
-    if summary.get("argmax_agreement") is not None:
-        facts.append(("argmax_agreement", f"{100 * summary['argmax_agreement']:.1f}%", True))
-    facts.append(("warnings", sum(len(out.warnings) for out in run.outputs.values()), False))
-    return facts + target_facts(run)
-
-
-def target_facts(run: RecipeRun) -> list[tuple[str, Any, bool]]:
-    """One fact per published target: its size and verification (measured)."""
-    publish = run.plan[-1]
-    facts: list[tuple[str, Any, bool]] = []
-    for (target, stage), verdict in zip(published_targets(publish).items(), publish.summaries):
-        summary = run.outputs[verdict].summary if verdict in run.outputs else {}
-        value = {"size_bytes": sum(f.size for f in run.outputs[stage].files)} if stage in run.outputs else {}
-        value.update({k: summary[k] for k in ("passed", "max_abs_error") if k in summary})
-        facts.append((target, value, True))
-    return facts
-
-
-def git_commit(root: Path) -> str | None:
-    """The workspace's git HEAD, when it is a git checkout (recorded in the manifest)."""
-    import subprocess
-
-    try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
-def lock_problem(engine: Engine, run: RecipeRun, states: list[Any]) -> str | None:
-    """Given a resolution whose every stage is cached: None when the lock file already
-    records it, else why not. The no-op path and `build --check` share this."""
-    from tpubuild.lock import lock_text, parse_lock_keys, same_keys
-
-    publish = states[-1]
-    run.outputs["publish"] = Output.of("publish", publish.key, publish.output, Path(engine.ws.output_dir) / run.name)
-    try:
-        current = run.recipe.lock_file.read_text()
-    except OSError:
-        return "no lock file"
-    document = lock_for(run, engine.stat, engine.ws.file)
-    if engine.relock:  # every byte, measured figures included
-        return None if current == lock_text(document) else "the lock file does not record this machine's build"
-    if not same_keys(parse_lock_keys(current), document):
-        return "the lock file does not record the current build"
-    return rewrite_reason(run.recipe.lock_file, engine.ws.display, document)
-
-
-def up_to_date(engine: Engine, run: RecipeRun) -> bool:
-    """The no-op fast path: every stage resolves to a stored record, the newest published
-    version holds the result, and the lock file already says so. Reads the same records
-    as doit's up-to-date tests; only saves loading doit for recipes with nothing to do."""
-    resolved = engine.resolver.resolve(run)
-    if any(r.status != "cached" for r in resolved) or lock_problem(engine, run, resolved):
-        run.outputs.clear()
-        run.version = None
-        return False
-    for r in resolved:
-        engine.row(run, Row(run.name, r.name, "cached", r.key, 0.0))
-    return True
-
-
-def memo_files(engine: Engine, run: RecipeRun) -> list[str] | None:
-    """Every file and directory the full no-op check of `run` read (lock/memo.py), or
-    None when the recipe cannot be memoized (glob inputs, unknown recipe files)."""
-    import glob
-
-    from tpubuild.keys import stage_key
-
-    recipe_files = getattr(run.recipe, "files", None)
-    if not recipe_files or run.version is None:
-        return None
-    root = Path(run.recipe.root)
-    files = [str(p) for p in recipe_files] + [str(run.recipe.lock_file)]
-    for planned in run.plan:
-        if any(glob.has_magic(pattern) for pattern in planned.files):
-            return None
-        out = run.outputs[planned.name]
-        if planned.name == "publish":
-            continue
-        if planned.name == "source":
-            directory = root / planned.options["saved_model"]
-            for dirpath, dirnames, filenames in os.walk(directory):
-                files.append(dirpath)
-                files.extend(os.path.join(dirpath, n) for n in filenames)
-        files.extend(str(root / rel) for rel in planned.files)
-        for rel, digest in out.record.get("discovered", {}).items():
-            if rel.startswith("dist:"):  # an upgrade replaces the dist-info directory
-                installed = installed_dist(rel[len("dist:"):])
-                files.append(installed[1] if installed else str(root / rel))
-            elif digest == ABSENT:  # a file created there changes its directory's stat
-                parent = (root / rel).parent
-                while not parent.is_dir() and parent != root:
-                    parent = parent.parent
-                files.append(str(parent))
-            else:
-                files.append(str(root / rel))
-        files.append(str(engine.store.entry_path(out.key)))
-        if "discovered" in out.record:  # the dep file that led from the declared key to this record
-            declared = {k: v for k, v in out.record.items() if k != "discovered"}
-            files.append(str(engine.resolver.depfile(stage_key(declared))))
-    recipe_dir = Path(engine.ws.output_dir) / run.name
-    files.append(str(recipe_dir))
-    version_dirs = [recipe_dir / str(run.version)]
-    for target in published_targets(run.plan[-1]):  # each target version too: a deleted one must rerun publish
-        files.append(str(recipe_dir / target))
-        version_dirs.append(recipe_dir / target / str(run.version))
-    for version_dir in version_dirs:
-        for dirpath, dirnames, filenames in os.walk(version_dir):
-            files.append(dirpath)
-            files.extend(os.path.join(dirpath, n) for n in filenames)
-    url = getattr(run.recipe, "publish_to", None)
-    if url is not None:  # the note that the destination holds this model: absent, nothing is remembered
-        from tpubuild.publish import record_path
-
-        files.append(str(record_path(engine.ws.state_dir, url, run.name)))
-    return files
-
-
-def build(
-    ws: Workspace,
-    recipes: list[Any],
-    jobs: int = 1,
-    printer: Callable[[RecipeRun, Row], None] | None = None,
-    errors: Callable[[str], None] | None = None,
-    lock_wait: float = 3600.0,
-    started: Callable[[RecipeRun, str], None] | None = None,
-    memo: Any = None,
-    since_ns: int | None = None,
-    remote: tuple[str, bool] | None = None,
-    keep_going: bool = False,
-    relock: bool = False,
-    planned: Callable[[list[RecipeRun]], None] | None = None,
-    notes: Callable[[str], None] | None = None,
-) -> tuple[list[RecipeRun], Engine]:
-    """Build `recipes` under the workspace lock. With a NoopMemo, every recipe the full
-    check finds up to date is remembered (if its files are older than `since_ns`). With
-    `remote` (url, push), stages missing locally are looked up in that remote cache and
-    stages built here are uploaded to it; a build with nothing to do never contacts it.
-    `planned` is told the runs (each with its plan) before any stage is looked at. Each
-    recipe with a `publish_to:` destination is then published there (`notes` is told
-    what was), a no-op build's too unless the workspace noted the destination holds it."""
+def build(ws: Workspace, recipes: list[Any], options: BuildOptions | None = None,
+          events: BuildEvents | None = None) -> tuple[list[RecipeRun], Engine]:
+    """Build `recipes` under the workspace lock (`options`: engine/options.py). Each recipe
+    the full check finds up to date is remembered in `options.memo`; stages missing locally
+    are looked up in `options.remote`, a build with nothing to do never contacting it.
+    `events.planned` is told the runs (each with its plan) before any stage is looked at.
+    Each recipe with a `publish_to:` destination is then published there (`events.notes`
+    is told what was), a no-op build's too unless the workspace noted the destination
+    holds it."""
     from tpubuild.fs import WorkspaceLock
 
-    engine = Engine(ws, jobs, printer, errors, started, notes)
-    engine.keep_going = keep_going
-    engine.relock = relock
+    options = options or BuildOptions()
+    events = events or BuildEvents()
+    engine = Engine(ws, options, events)
+    memo, since_ns = options.memo, options.since_ns
     runs = new_runs(recipes)
-    if planned is not None:
-        planned(runs)
+    events.planned(runs)
     lock = WorkspaceLock(ws.state_dir)
-    lock.acquire(lock_wait, notify=engine.errors)
+    lock.acquire(options.lock_wait, notify=engine.errors)
     try:
         todo = []
         for run in runs:
@@ -788,13 +370,13 @@ def build(
             from tpubuild.engine.tasks import run_tasks
 
             engine.store.session_dir()  # the cache lock (a deadline, a line naming who holds it); dead sessions go
-            if remote is not None:
-                engine.attach_remote(*remote)
+            if options.remote is not None:
+                engine.attach_remote(*options.remote)
             if engine.executor == "ray":  # checked and connected once: one error line, not one per stage
                 engine.workers()
             clean = False
             try:
-                run_tasks(engine, todo, jobs)
+                run_tasks(engine, todo, options.jobs)
                 clean = True
             finally:
                 if engine.pool is not None:
@@ -814,7 +396,7 @@ def build(
                     engine.errors(run.error)
                     _skip_rest(engine, run)
                 else:
-                    engine.write_lock(run)
+                    write_run_lock(engine, run)
             if engine.pool is not None:
                 _settle_logs(engine, todo)
         engine.publish_destinations(runs)

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tpubuild.atomic import write_text_atomic
 from tpubuild.digests import (
     ABSENT,
     FileEntry,
@@ -32,7 +31,7 @@ from tpubuild.digests import (
     tree_digest,
 )
 from tpubuild.errors import StageError
-from tpubuild.fs import open_regular
+from tpubuild.fs import NotAFile
 from tpubuild.keys import (
     StageEntry,
     canonical_dumps,
@@ -88,7 +87,7 @@ class RecipeRun:
     # With `build --keep-going`: target -> why its chain failed; the rest still publishes.
     failed_targets: dict[str, str] = field(default_factory=dict)
     # Its publish destination (`publish_to:`): the version there that holds the model
-    # (publish/destination.py Outcome), or why it could not be published there.
+    # (publish/dest_state.py Outcome), or why it could not be published there.
     destination: Any = None
     destination_error: str | None = None
 
@@ -207,7 +206,7 @@ class Resolver:
         return entry
 
     def depfile(self, key: str) -> Path:
-        return self.store.root / "discovered" / key[:2] / f"{key}.json"
+        return self.store.dep_file(key)
 
     def discovered_key(self, run: RecipeRun, key: str) -> str | None:
         """The final key of the candidate whose discovered files all still have the
@@ -228,12 +227,11 @@ class Resolver:
         said once and never used. A link or a special file in its place is not read."""
         path = self.depfile(key)
         try:
-            fd, _ = open_regular(path)
-            with os.fdopen(fd, "rb") as f:
-                data = json.loads(f.read())
-        except FileNotFoundError:
-            return []
-        except StageError:  # a symbolic link (not followed), a FIFO (not waited on)...
+            raw = self.store.read_dep_file(key)  # through the store's no-follow layer (store/depfiles.py)
+            if raw is None:
+                return []
+            data = json.loads(raw)
+        except NotAFile:  # a symbolic link (not followed), a FIFO (not waited on)...
             self._distrust(path, "not a regular file")
             return []
         except OSError as exc:
@@ -302,11 +300,9 @@ class Resolver:
         """Record a candidate (files -> hashes) for `key`; returns the final key. Only
         candidates that check (`candidates`) are kept."""
         final = discovered_final_key(key, discovered)
-        path = self.depfile(key)
         candidates = [c for c in self.candidates(key) if c["key"] != final][-15:]  # bounded
         candidates.append({"files": discovered, "key": final})
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps(candidates, sort_keys=True))
+        self.store.write_dep_file(key, json.dumps(candidates, sort_keys=True))
         return final
 
     def output_of(self, planned: PlannedStage, entry: StageEntry, directory: Path) -> Output:

@@ -1,6 +1,6 @@
 """The no-op memo: a stat-only proof that a recipe is still up to date.
 
-The full no-op check (engine/loop.py up_to_date) loads and validates the recipe, hashes
+The full no-op check (engine/lockdoc.py up_to_date) loads and validates the recipe, hashes
 its inputs through the stat cache, reads every stage record and the lock file. That is
 exact but costs milliseconds per recipe; with 2,000 recipes it would dominate. So when
 the full check finds a recipe up to date, the files it read are remembered here with

@@ -1,6 +1,6 @@
 """Lock files a build did not write as they are: malformed (a hand edit, a bad merge) or stale
 beside what the cache and the output directory hold. `build --check` names the problem
-(engine/lockcheck.py), the next build rewrites the file (Engine.write_lock).
+(engine/lockcheck.py), the next build rewrites the file (engine/lockdoc.py write_run_lock).
 
 Keys alone do not cover a lock file: `same_keys` compares the keys and stage names, so a
 second `stages:` list (PyYAML keeps the last of two equal keys, where YAML says keys are

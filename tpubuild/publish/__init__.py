@@ -3,7 +3,8 @@ durably, versions written and checked in a temp directory and renamed into place
 repair, clean (`versions`); the target versions beside them (`targets`); the newest
 version updated in place when a build re-measured the same model (`refresh`); the same
 versions published to object storage or a shared mount for servers, numbered by the
-destination (`destination`, `to_destination`); and TF Serving's model config of them
+destination (`destination`, joining its parts `dest_state`, `dest_survey`, `dest_write`,
+`dest_mend`, `dest_claims`; and `to_destination`); and TF Serving's model config of them
 (`serving_config`).
 """
 
@@ -14,7 +15,7 @@ from tpubuild.face import lazy
 # Name -> the module of this package that defines it, loaded on first use (tpubuild/face.py).
 _FACE = {
     "Destination": "destination",
-    "DestinationError": "destination",
+    "DestinationError": "dest_state",
     "Holding": "versions",
     "MANIFEST": "targets",
     "OWN_FILES": "versions",

@@ -21,14 +21,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tpubuild.publish.destination import (
+from tpubuild.publish.dest_state import (
     OWN,
     STAGING,
-    Destination,
     DestinationError,
     Outcome,
     Tree,
 )
+from tpubuild.publish.destination import Destination
 from tpubuild.publish.targets import MANIFEST, manifest_bytes, target_manifest
 
 
