@@ -24,6 +24,7 @@ from tpubuild.lock import read_lock
 from tpubuild.pipeline import ENGINE_STEPS, PlannedStage, spec
 
 if TYPE_CHECKING:
+    from tpubuild.config.recipe import Recipe
     from tpubuild.config.workspace import Workspace
 
 __all__ = ["DRY_RUN_ORDER", "STATE_WORDS", "Resolved", "change_reasons", "explain_lines", "resolve", "stage_words",
@@ -51,7 +52,7 @@ class _LastBuild:
         self.toolchain = dict(lock.get("toolchain") or {})
 
 
-def resolve(ws: Workspace, recipe: Any, engine: Engine | None = None, run: RecipeRun | None = None) -> list[Resolved]:
+def resolve(ws: Workspace, recipe: Recipe, engine: Engine | None = None, run: RecipeRun | None = None) -> list[Resolved]:
     """Each stage's state, with the reasons of every stage that would run, and for each
     stage waiting for one that would run, what the build will decide once it has run."""
     engine = engine or Engine(ws)
@@ -232,7 +233,7 @@ def _shown_key(stage: Resolved) -> str:
     return f" (key {stage.key[:16]})"
 
 
-def explain_lines(ws: Workspace, recipe: Any) -> list[str]:
+def explain_lines(ws: Workspace, recipe: Recipe) -> list[str]:
     """`tpubuild explain`: one line per stage, then one indented line per reason."""
     lines = [f"{recipe.rel_file}: recipe {recipe.name}"]
     engine = Engine(ws)

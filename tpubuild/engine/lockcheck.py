@@ -51,7 +51,11 @@ from tpubuild.lock import (
 from tpubuild.pipeline import ENGINE_STEPS, spec
 
 if TYPE_CHECKING:
+    from tpubuild.config.recipe import Recipe
     from tpubuild.config.workspace import Workspace
+    from tpubuild.engine.loop import Engine
+    from tpubuild.pipeline import PlannedStage
+    from tpubuild.store import Store
 
 
 class _FullCheck(Exception):
@@ -66,11 +70,11 @@ class LockCheck:
         self.ws = ws
         self.stat = StatCache(Path(ws.state_dir) / "statcache.json")
         self.resolver = Resolver(ws, None, self.stat)  # keys only: it never looks in a store
-        self._engine: Any = None
-        self._store: Any = None  # the cache, read for the outputs of the lock file's keys
+        self._engine: Engine | None = None
+        self._store: Store | None = None  # the cache, read for the outputs of the lock file's keys
 
     @property
-    def engine(self) -> Any:
+    def engine(self) -> Engine:
         """The cache, opened when a stale stage's reasons or a full check need it."""
         if self._engine is None:
             from tpubuild.engine.loop import Engine
@@ -159,8 +163,8 @@ class LockCheck:
                                                                        if discovered is not None else {})})
             stages.append({"stage": planned.name, "key": key, "key_measured": key_measured,
                            **({"discovered": discovered} if discovered is not None else {})})
-        document = {"recipe": run.name, "recipe_digest": run.recipe.digest, "inputs": run_inputs(run),
-                    "stages": stages}
+        document: dict[str, Any] = {"recipe": run.name, "recipe_digest": run.recipe.digest,
+                                    "inputs": run_inputs(run), "stages": stages}
         if not same_keys(lock, document):
             recorded, now = dict(lock.get("inputs") or {}), document["inputs"]
             changed = [name for name in sorted(set(recorded) | set(now)) if recorded.get(name) != now.get(name)]
@@ -170,7 +174,7 @@ class LockCheck:
             return "the lock file does not record the current build"
         return None
 
-    def _key(self, run: RecipeRun, planned: Any, old: dict[str, Any], key_measured: bool):
+    def _key(self, run: RecipeRun, planned: PlannedStage, old: dict[str, Any], key_measured: bool):
         """(key, key record, discovered, reasons it changed) of the stage as building would
         key it now; a key_measured stage gets only its input files (the lock's `inputs`)."""
         discovers = planned.name not in ENGINE_STEPS and spec(planned.name).discovers
@@ -206,7 +210,7 @@ class LockCheck:
         self.stat.save()
 
 
-def check_lines(ws: Workspace, recipes: list[Any]) -> list[str]:
+def check_lines(ws: Workspace, recipes: list[Recipe]) -> list[str]:
     """`build --check`: why building would change each stale lock file, or why one cannot
     be checked (empty: every one is up to date)."""
     from tpubuild.engine.explain import EMPTY_CACHE

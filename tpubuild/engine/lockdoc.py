@@ -8,14 +8,25 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from tpubuild.digests import ABSENT, StatCache, installed_dist, toolchain
 from tpubuild.engine.events import Row
-from tpubuild.engine.resolver import Output, RecipeRun, Resolver, measured_flags, published_targets, run_inputs
+from tpubuild.engine.resolver import (
+    Output,
+    RecipeRun,
+    Resolved,
+    Resolver,
+    measured_flags,
+    published_targets,
+    run_inputs,
+)
 from tpubuild.lock import lock_document, planning_digest, rewrite_reason, write_lock
 from tpubuild.report.formats import human_bytes
 from tpubuild.store import Store
+
+if TYPE_CHECKING:
+    from tpubuild.config.workspace import Workspace
 
 __all__ = ["LockEngine", "artifact_facts", "lock_for", "lock_problem", "memo_files", "target_facts", "up_to_date",
            "write_run_lock"]
@@ -24,7 +35,7 @@ __all__ = ["LockEngine", "artifact_facts", "lock_for", "lock_problem", "memo_fil
 class LockEngine(Protocol):
     """What these need of the engine (engine/loop.py)."""
 
-    ws: Any
+    ws: Workspace
     store: Store
     stat: StatCache
     resolver: Resolver
@@ -108,12 +119,13 @@ def target_facts(run: RecipeRun) -> list[tuple[str, Any, bool]]:
     return facts
 
 
-def lock_problem(engine: LockEngine, run: RecipeRun, states: list[Any]) -> str | None:
+def lock_problem(engine: LockEngine, run: RecipeRun, states: list[Resolved]) -> str | None:
     """Given a resolution whose every stage is cached: None when the lock file already
     records it, else why not. The no-op path and `build --check` share this."""
     from tpubuild.lock import lock_text, parse_lock_keys, same_keys
 
     publish = states[-1]
+    assert publish.key is not None and publish.output is not None  # cached: resolver.resolve set both
     run.outputs["publish"] = Output.of("publish", publish.key, publish.output, Path(engine.ws.output_dir) / run.name)
     try:
         current = run.recipe.lock_file.read_text()
@@ -148,7 +160,7 @@ def memo_files(engine: LockEngine, run: RecipeRun) -> list[str] | None:
 
     from tpubuild.keys import stage_key
 
-    recipe_files = getattr(run.recipe, "files", None)
+    recipe_files = run.recipe.files
     if not recipe_files or run.version is None:
         return None
     root = Path(run.recipe.root)
@@ -190,7 +202,7 @@ def memo_files(engine: LockEngine, run: RecipeRun) -> list[str] | None:
         for dirpath, dirnames, filenames in os.walk(version_dir):
             files.append(dirpath)
             files.extend(os.path.join(dirpath, n) for n in filenames)
-    url = getattr(run.recipe, "publish_to", None)
+    url = run.recipe.publish_to
     if url is not None:  # the note that the destination holds this model: absent, nothing is remembered
         from tpubuild.publish import record_path
 

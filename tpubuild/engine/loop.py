@@ -35,11 +35,14 @@ from tpubuild.store import Store
 from tpubuild.store import register as register_used
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    from tpubuild.config.recipe import Recipe
     from tpubuild.config.workspace import Workspace
+    from tpubuild.remote import RemoteCache
+    from tpubuild.workers import RayExecutor, WorkerPool
 
 __all__ = ["BuildEvents", "BuildOptions", "Engine", "RecipeRun", "Row", "build", "new_runs"]
-
-DEFAULT_STAGE_TIMEOUT = 3600.0
 
 # An own-worker stage whose worker, kept after it, runs the recipe's next such stage:
 # report after verify. Report makes the same CPU twin of the same input as verify (kept in
@@ -68,23 +71,24 @@ class Engine(RunVersion):
         self.resolver = Resolver(ws, self.store, self.stat)
         self.events = events
         self.printer, self.errors, self.started, self.notes = events.printer, events.errors, events.started, events.notes
-        self.pool: Any = None
+        self.pool: WorkerPool | RayExecutor | None = None
         self.pool_lock = threading.Lock()
         self.state_lock = threading.RLock()  # resolver, stat cache and store index are shared by doit threads
         self.pending: dict[tuple[str, str], Pending] = {}
         self.keep_going = options.keep_going  # a failed target does not stop its recipe's publish
         self.relock = options.relock  # lock files rewritten with this machine's measured figures
-        self.timeout = float(getattr(ws, "stage_timeout", None) or DEFAULT_STAGE_TIMEOUT)
-        self.link_type = getattr(ws, "link_type", None) or "copy"
-        self.executor = getattr(ws, "executor", None) or "local"  # or "ray": workers/ray.py
+        self.timeout = ws.stage_timeout
+        self.link_type = ws.link_type
+        self.executor = ws.executor  # or "ray": workers/ray.py
         from tpubuild.workers import own_worker_min_bytes
 
         self.own_worker_min = own_worker_min_bytes()  # a bad value stops the build before it starts
-        self.remote: Any = None  # remote/cache.py RemoteCache, when the build has one
+        self.remote: RemoteCache | None = None  # when the build has one
         # Where stage records are looked up, and built ones recorded (engine/cache.py).
         self.cache = LayeredCache([LocalLayer(self.resolver, self.state_lock)])
-        self._ahead: Any = None  # the thread that computes the source's standard digests (_digests_ahead)
-        self.ahead_futures: dict[str, Any] = {}  # recipe name -> its source's
+        # The thread that computes the source's standard digests (_digests_ahead).
+        self._ahead: ThreadPoolExecutor | None = None
+        self.ahead_futures: dict[str, Future[None]] = {}  # recipe name -> its source's
 
     # --- the remote cache -----------------------------------------------------------
     def attach_remote(self, url: str, push: bool = True) -> None:
@@ -96,13 +100,13 @@ class Engine(RunVersion):
         )
         from tpubuild.remote import RemoteCache
 
-        keys = [load_public_key(path, "remote_cache.trusted_keys") for path in getattr(self.ws, "remote_trusted_keys", [])]
+        keys = [load_public_key(path, "remote_cache.trusted_keys") for path in self.ws.remote_trusted_keys]
         signing = signing_key_from_environment() if push else None
-        self.remote = RemoteCache(url, push, report=self.errors, signing_key=signing,
-                                  trusted={key_id(key): key for key in keys},
-                                  timeouts=getattr(self.ws, "remote_timeouts", None))
-        self.remote.connect()
-        self.cache.layers.append(RemoteLayer(self.remote, self.resolver, self.state_lock, self.errors))
+        remote = RemoteCache(url, push, report=self.errors, signing_key=signing,
+                             trusted={key_id(key): key for key in keys}, timeouts=self.ws.remote_timeouts)
+        self.remote = remote
+        remote.connect()
+        self.cache.layers.append(RemoteLayer(remote, self.resolver, self.state_lock, self.errors))
 
     def _digests_ahead(self, run: RecipeRun, entry: StageEntry) -> None:
         """Compute the in-toto digests of a new source snapshot now, in a thread, while the
@@ -167,8 +171,11 @@ class Engine(RunVersion):
                     self._prestart_worker(run)
                 return False
             self.store.touch(entry.key)
-        if planned.name in HANDOFF.values() and self.pool is not None and self.executor == "local":
-            self.pool.release(_handoff_token(run, planned.name))  # a worker kept for it: not needed
+        if planned.name in HANDOFF.values() and self.pool is not None:
+            from tpubuild.workers import WorkerPool
+
+            if isinstance(self.pool, WorkerPool):  # the local executor's (Ray's: not one to keep)
+                self.pool.release(_handoff_token(run, planned.name))  # a worker kept for it: not needed
         directory = self.store.checkout(entry)
         run.outputs[planned.name] = self.resolver.output_of(planned, entry, directory)
         self.row(run, Row(run.name, planned.name, "cached", entry.key, time.monotonic() - start, remote=fetched))
@@ -180,7 +187,11 @@ class Engine(RunVersion):
         copies the source into the store (WorkerPool.prestart). Not for Ray, whose nodes
         start their own; not for a recipe whose every later step runs in this process."""
         if self.executor == "local" and any(p.name not in ENGINE_STEPS for p in run.plan):
-            self.workers().prestart()
+            from tpubuild.workers import WorkerPool
+
+            pool = self.workers()
+            if isinstance(pool, WorkerPool):  # always, with the local executor
+                pool.prestart()
 
     def action(self, run: RecipeRun, planned: PlannedStage) -> bool:
         """Run the stage (doit calls this only when `uptodate` said no). False fails the
@@ -318,23 +329,23 @@ class Engine(RunVersion):
         finally:
             self.store.remove_workdir(work)  # by descriptor, from the session's own
 
-    def workers(self) -> Any:
+    def workers(self) -> WorkerPool | RayExecutor:
         with self.pool_lock:
             if self.pool is None and self.executor == "ray":
                 from tpubuild.workers import RayExecutor
 
-                self.pool = RayExecutor(self.store, self.remote, getattr(self.ws, "ray_address", None),
-                                        getattr(self.ws, "ray_resources", None), self.ws.state_dir / "logs")
+                self.pool = RayExecutor(self.store, self.remote, self.ws.ray_address, self.ws.ray_resources,
+                                        self.ws.state_dir / "logs")
             if self.pool is None:
                 from tpubuild.workers import WorkerPool, next_index
 
                 logs = self.ws.state_dir / "logs"
-                self.pool = WorkerPool(self.jobs, logs, worker_env(), getattr(self.ws, "worker_memory_limit", None),
+                self.pool = WorkerPool(self.jobs, logs, worker_env(), self.ws.worker_memory_limit,
                                        first=next_index(logs))
             return self.pool
 
 
-def build(ws: Workspace, recipes: list[Any], options: BuildOptions | None = None,
+def build(ws: Workspace, recipes: list[Recipe], options: BuildOptions | None = None,
           events: BuildEvents | None = None) -> tuple[list[RecipeRun], Engine]:
     """Build `recipes` under the workspace lock (`options`: engine/options.py). Each recipe
     the full check finds up to date is remembered in `options.memo`; stages missing locally

@@ -5,7 +5,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tpubuild.lock import NoopMemo
 
 __all__ = ["BuildOptions"]
 
@@ -16,7 +19,7 @@ class BuildOptions:
     lock_wait: float = 3600.0  # seconds to wait for the workspace lock
     # With a NoopMemo, every recipe the full check finds up to date is remembered (if its
     # files are older than `since_ns`).
-    memo: Any = None
+    memo: NoopMemo | None = None
     since_ns: int | None = None
     # (url, push): stages missing locally are looked up in that remote cache and stages
     # built here are uploaded to it; a build with nothing to do never contacts it.

@@ -55,6 +55,7 @@ from tpubuild.pipeline import target as target_spec
 from tpubuild.publish import MANIFEST
 
 if TYPE_CHECKING:  # the store's module (sqlite, file locks) is not imported to compute keys: `build --check`
+    from tpubuild.config.recipe import Recipe
     from tpubuild.config.workspace import Workspace
     from tpubuild.publish import Holding
     from tpubuild.store import Store
@@ -75,7 +76,7 @@ class Output(StageEntry):
 
 @dataclass
 class RecipeRun:
-    recipe: Any  # tpubuild.config.recipe.Recipe
+    recipe: Recipe
     plan: list[PlannedStage]
     outputs: dict[str, Output] = field(default_factory=dict)
     rows: list[Any] = field(default_factory=list)
@@ -104,7 +105,7 @@ class RecipeRun:
         return self.error is not None
 
 
-def new_runs(recipes: list[Any]) -> list[RecipeRun]:
+def new_runs(recipes: list[Recipe]) -> list[RecipeRun]:
     return [RecipeRun(r, plan(r.canonical)) for r in recipes]
 
 
@@ -135,7 +136,7 @@ class Resolver:
         self._distrusted: set[Path] = set()  # dep files said to be (partly) ignored
 
     # --- inputs -------------------------------------------------------------------
-    def expand(self, recipe: Any, patterns: list[str]) -> list[str]:
+    def expand(self, recipe: Recipe, patterns: list[str]) -> list[str]:
         return expand_inputs(Path(recipe.root), patterns)
 
     def file_inputs(self, run: RecipeRun, planned: PlannedStage) -> tuple[dict[str, str], dict[str, tuple]]:
@@ -148,7 +149,7 @@ class Resolver:
             stats[rel] = _stat_tuple(st)
         return hashes, stats
 
-    def source_tree(self, recipe: Any) -> tuple[str, list[FileEntry], Path]:
+    def source_tree(self, recipe: Recipe) -> tuple[str, list[FileEntry], Path]:
         rel = recipe.canonical["model"]["saved_model"]
         directory = Path(recipe.root) / rel
         if not directory.is_dir():

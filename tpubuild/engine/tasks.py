@@ -14,15 +14,16 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from tpubuild.engine.resolver import RecipeRun
+from tpubuild.pipeline import PlannedStage
 
 
 class TaskEngine(Protocol):
     """What the task graph needs of the engine (engine/loop.py): a stage's action and
     its up-to-date test."""
 
-    def action(self, run: RecipeRun, planned: Any) -> Any: ...
+    def action(self, run: RecipeRun, planned: PlannedStage) -> bool: ...
 
-    def uptodate(self, run: RecipeRun, planned: Any) -> bool: ...
+    def uptodate(self, run: RecipeRun, planned: PlannedStage) -> bool: ...
 
 
 def task_name(run: RecipeRun, stage: str) -> str:

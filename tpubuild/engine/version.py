@@ -11,7 +11,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from tpubuild import __version__
 from tpubuild.digests import StatCache, toolchain
@@ -22,21 +22,28 @@ from tpubuild.provenance.digests import dependency_digests
 from tpubuild.publish import split_by_target
 from tpubuild.store import Store
 
+if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from tpubuild.config.workspace import Workspace
+    from tpubuild.publish import Destination
+    from tpubuild.remote import RemoteCache
+
 __all__ = ["RunVersion", "git_commit"]
 
 
 class RunVersion:
     """The version part of `Engine`; its state is made by `Engine.__init__`."""
 
-    ws: Any
+    ws: Workspace
     store: Store
     stat: StatCache
     resolver: Resolver
     state_lock: threading.RLock
     link_type: str
-    remote: Any
+    remote: RemoteCache | None
     pending: dict[tuple[str, str], Pending]
-    ahead_futures: dict[str, Any]  # recipe name -> its source's digests, computed ahead
+    ahead_futures: dict[str, Future[None]]  # recipe name -> its source's digests, computed ahead
     errors: Callable[[str], None]
     notes: Callable[[str], None]
 
@@ -96,7 +103,7 @@ class RunVersion:
         from tpubuild.provenance import statement
 
         statement.write(version_dir, manifest, self.remote.url if self.remote is not None else None, target)
-        key = getattr(self.ws, "signing_key", None)
+        key = self.ws.signing_key
         if key is None:
             return
         if not key.is_file():
@@ -106,7 +113,7 @@ class RunVersion:
         from tpubuild.provenance.signature import sign
 
         try:
-            sign(version_dir, key, getattr(self.ws, "signing_certificate", None), getattr(self.ws, "signing_chain", []))
+            sign(version_dir, key, self.ws.signing_certificate, self.ws.signing_chain)
         except Exception as exc:  # noqa: BLE001 - the library's own error: one line, nothing published
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise StageError(f"signing.key {key}: cannot sign {manifest['recipe']}: {first}") from None
@@ -166,6 +173,7 @@ class RunVersion:
         from tpubuild.errors import TpubuildError
         from tpubuild.publish import (
             Destination,
+            DestinationError,
             publish_version,
             read_manifest,
             recorded,
@@ -174,9 +182,9 @@ class RunVersion:
 
         scratch = Path(self.ws.state_dir) / "publish-scratch"
         down: set[str] = set()  # destinations that failed: not asked again in this build
-        destinations: dict[str, Any] = {}
+        destinations: dict[str, Destination] = {}
         for run in runs:
-            url = getattr(run.recipe, "publish_to", None)
+            url = run.recipe.publish_to
             if url is None or not run.succeeded or run.version is None:
                 continue
             version_dir = Path(self.ws.output_dir) / run.name / str(run.version)
@@ -191,8 +199,8 @@ class RunVersion:
             if not destinations:
                 shutil.rmtree(scratch, ignore_errors=True)  # a killed build's
                 scratch.mkdir(parents=True, exist_ok=True)
-            dest = destinations.setdefault(url, Destination(url, getattr(self.ws, "remote_timeouts", None)))
-            labels = getattr(run.recipe, "version_labels", {}) or {}
+            dest = destinations.setdefault(url, Destination(url, self.ws.remote_timeouts))
+            labels = run.recipe.version_labels
             try:
                 outcome = publish_version(
                     dest, run.name, version_dir, scratch, keep=self.ws.keep_versions, pinned=set(labels.values()),
@@ -200,7 +208,8 @@ class RunVersion:
                     say=self.errors)
             except TpubuildError as exc:  # DestinationError; RemoteSetupError: no backend installed
                 line = (str(exc).splitlines() or [type(exc).__name__])[0]
-                if getattr(exc, "unreachable", True):
+                # The store itself failed, or no backend is installed (RemoteSetupError): not asked again.
+                if not isinstance(exc, DestinationError) or exc.unreachable:
                     down.add(url)
                 run.destination_error = f"{run.recipe.rel_file}: not published: {line}; {kept}"
                 self.errors(run.destination_error)
