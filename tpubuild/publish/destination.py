@@ -6,7 +6,7 @@ what a server polling the destination can observe and when.
 Layout under `<url>/<recipe>/`, TF Serving's base path of the recipe:
 - `<N>/`, `<target>/<N>/`: the versions, as in the local `out/<recipe>/`.
 - `.tpubuild/claims/<N>`: one object per number ever taken, written create-only (S3
-  `If-None-Match: *`, GCS `ifGenerationMatch=0`, O_EXCL on a mount: remote/backends.py
+  `If-None-Match: *`, GCS `ifGenerationMatch=0`, O_EXCL on a mount: transport/backends.py
   `create`): the store, not a machine, hands out numbers, and a number claimed by a job
   that was then killed is never taken again (claims are never deleted, not by pruning nor
   by `clean`).
@@ -33,7 +33,7 @@ renamed into place: every file appears at one instant.
 
 A destination is written by many (every CI job, a group mount's users): every name, number
 and document read from it is data, checked before it becomes a path, a number or a verdict
-(fs/names.py; on a mount no link is followed below the root: remote/mount.py), and a version
+(fs/names.py; on a mount no link is followed below the root: transport/mount.py), and a version
 counts as a recipe's model only by its bytes. What is not what tpubuild writes is left alone
 with one warning line. docs/publish-to-object-storage.md "Trust model".
 """
@@ -76,9 +76,9 @@ TF_SERVING_NUMBER = re.compile(r"[+-]?[0-9]+")
 # a co-writer's object (a claim of 9223372036854775807 would push every later version past
 # what TF Serving reads). It and every number above it are ignored, with a warning.
 MAX_GAP = 1000
-# A tree a file:// destination renamed aside to delete it (remote/backends.py remove_tree).
+# A tree a file:// destination renamed aside to delete it (transport/backends.py remove_tree).
 TRASH = re.compile(r"\..+\.trash")
-# A file:// create's temp file (remote/backends.py _temp_copy: `.<name>.<pid>.<hex>.tmp`),
+# A file:// create's temp file (transport/backends.py _temp_copy: `.<name>.<pid>.<hex>.tmp`),
 # left in claims/ or sealed/ by a writer killed before its link.
 TEMP = re.compile(r"\.([0-9]+)\.[0-9]+\.[0-9a-f]+\.tmp")
 
@@ -210,7 +210,7 @@ class Destination:
             self.say(line)
 
     def say_left(self) -> None:
-        """What a removal on a mount could not remove (remote/mount.py), a line each."""
+        """What a removal on a mount could not remove (transport/mount.py), a line each."""
         left = getattr(self._io, "left", None)
         while left:
             self.warn(left.pop(0))
@@ -220,7 +220,7 @@ class Destination:
         if self._io is None:
             from urllib.parse import urlsplit
 
-            from tpubuild.remote import open_backend
+            from tpubuild.transport import open_backend
 
             parts = urlsplit(self.url)
             if parts.scheme == "file" and not os.path.isdir(parts.path):
@@ -348,10 +348,15 @@ class Destination:
         found.temps = {r: (n, t) for r, (n, t) in found.temps.items() if n <= previous}
 
     def read_json(self, rel: str) -> dict[str, Any] | None:
-        """A small JSON document of the destination; None when absent or not JSON."""
+        """A small JSON document of the destination (a seal, a manifest): None when absent,
+        not JSON, or larger than any document tpubuild writes (a co-writer's 200 GiB "seal"
+        is not read)."""
+        from tpubuild.publish.version_check import DESCRIPTION_LIMIT
+        from tpubuild.transport import ObjectTooLarge
+
         try:
-            data = json.loads(self.call(f"cannot read {rel}", lambda: self.io.read(rel)))
-        except (FileNotFoundError, ValueError):
+            data = json.loads(self.call(f"cannot read {rel}", lambda: self.io.read(rel, DESCRIPTION_LIMIT)))
+        except (FileNotFoundError, ValueError, ObjectTooLarge):
             return None
         return data if isinstance(data, dict) else None
 
@@ -677,7 +682,7 @@ class Destination:
 
 def _download(io: Any, rel: str, local: str, limit: int) -> int:
     """`io.download`, with an object grown past `limit` since its listing said as -1 bytes."""
-    from tpubuild.remote import ObjectTooLarge
+    from tpubuild.transport import ObjectTooLarge
 
     try:
         return io.download(rel, local, limit)
