@@ -231,3 +231,36 @@ def test_each_package_face_has_a_stub_equal_to_it():
 
     assert len(faces()) >= 9
     assert [str(p.relative_to(ROOT.parent)) for p in differing()] == []
+
+
+def _reaches(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph[todo.pop()] - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return seen
+
+
+def test_the_transport_knows_no_keys_records_store_or_its_users():
+    """issue 49 item 6: the transport under the remote cache and the publish destinations
+    imports neither of them, nor stage keys or the store (what it may read is the caller's
+    to say: a limit, a root)."""
+    graph = _graph()
+    transport = [name for name in MODULES if name == "tpubuild.transport" or name.startswith("tpubuild.transport.")]
+    assert len(transport) >= 3
+    above = ("tpubuild.keys", "tpubuild.store", "tpubuild.remote", "tpubuild.publish", "tpubuild.engine")
+    reached = {name: sorted(m for m in _reaches(graph, name) if m.startswith(above)) for name in transport}
+    assert reached == {name: [] for name in transport}
+
+
+def test_the_remote_cache_never_touches_the_local_store():
+    """issue 49 item 6: RemoteCache speaks to the remote only; remote/transfer.py alone moves
+    records and objects between the local store and it (the layered cache's job)."""
+    graph = _graph()
+    # The store's layout version (`v1`, store/layout.py) names the remote's root too; nothing else of the store.
+    assert sorted(m for m in _reaches(graph, "tpubuild.remote.cache") if m.startswith("tpubuild.store")) == [
+        "tpubuild.store", "tpubuild.store.layout"]
+    assert "tpubuild.remote.transfer" in graph["tpubuild.engine.cache"]
+    source = MODULES["tpubuild.remote.cache"].read_text()
+    assert "Store" not in source.replace("StageEntry", "")

@@ -224,7 +224,7 @@ def test_an_upload_signs_the_record_the_build_made_not_the_file_under_its_name(t
     from cryptography.hazmat.primitives.asymmetric import ec
 
     from tpubuild.digests import StatCache, key_id
-    from tpubuild.remote import RemoteCache
+    from tpubuild.remote import RemoteCache, push_entry
     from tpubuild.store import Store
 
     store = Store(tmp_path / "cache")
@@ -240,7 +240,7 @@ def test_an_upload_signs_the_record_the_build_made_not_the_file_under_its_name(t
     key = ec.generate_private_key(ec.SECP256R1())
     remote = RemoteCache(f"file://{tmp_path / 'remote'}", signing_key=key)
     remote.connect()
-    assert remote.push_entry(mine, store)
+    assert push_entry(remote, mine, store)
     signed = tmp_path / "remote" / "v1" / "signed" / key_id(key.public_key()) / mine.key[:2] / f"{mine.key}.json"
     for path in (signed, tmp_path / "remote" / "v1" / "stages" / mine.key[:2] / f"{mine.key}.json"):
         document = json.loads(path.read_text())

@@ -1,5 +1,5 @@
 """A remote that answers too slowly, or too much: every call has deadlines, and no
-download reads more than its record says (remote/backends.py)."""
+download reads more than its record says (transport/backends.py)."""
 
 from __future__ import annotations
 

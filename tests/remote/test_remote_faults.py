@@ -27,7 +27,7 @@ def _pushed_to_a_directory(tmp_path: Path, said: list[str]):
     """A store with one record pushed to a file:// remote; (remote, entry)."""
     from tpubuild.digests import StatCache
     from tpubuild.keys import stage_key
-    from tpubuild.remote import RemoteCache
+    from tpubuild.remote import RemoteCache, push_entry
     from tpubuild.store import Store
 
     store = Store(tmp_path / "cache")
@@ -37,12 +37,13 @@ def _pushed_to_a_directory(tmp_path: Path, said: list[str]):
     (out / "saved_model.pb").write_text("a model")
     entry = store.put(key, "stage", out, {}, [], RECORD, StatCache(None))
     remote = RemoteCache(f"file://{tmp_path / 'remote'}", report=said.append)
-    assert remote.push_entry(entry, store)
+    assert push_entry(remote, entry, store)
     store.close()
     return remote, entry
 
 
 def test_fifos_and_devices_in_a_file_remote_are_refused_without_opening(tmp_path):
+    from tpubuild.remote import fetch_entry, push_objects
     from tpubuild.store import Store
 
     said: list[str] = []
@@ -56,7 +57,7 @@ def test_fifos_and_devices_in_a_file_remote_are_refused_without_opening(tmp_path
     record.unlink()
     os.mkfifo(record)  # before issue 39: open() blocked the build forever
     start = time.monotonic()
-    assert remote.fetch_entry(key, Store(tmp_path / "fresh-1")) is None
+    assert fetch_entry(remote, key, Store(tmp_path / "fresh-1")) is None
     record.unlink()
     record.write_bytes(kept)
     obj.unlink()
@@ -66,7 +67,7 @@ def test_fifos_and_devices_in_a_file_remote_are_refused_without_opening(tmp_path
     else:
         os.mkfifo(obj)
         what = "a FIFO (named pipe)"
-    assert remote.fetch_entry(key, Store(tmp_path / "fresh-2")) is None
+    assert fetch_entry(remote, key, Store(tmp_path / "fresh-2")) is None
     assert time.monotonic() - start < 10
     url = f"file://{tmp_path / 'remote'}"
     assert said == [
@@ -78,7 +79,7 @@ def test_fifos_and_devices_in_a_file_remote_are_refused_without_opening(tmp_path
     listed = remote.backend().list("objects")
     assert listed == []  # what gc --remote would list: no special file
     # A push replaces the special file by the object (a rename: never written into).
-    assert remote.push_objects(entry.files, Store(tmp_path / "cache"))
+    assert push_objects(remote, entry.files, Store(tmp_path / "cache"))
     assert obj.is_file() and obj.read_text() == "a model"
 
 

@@ -66,7 +66,7 @@ def test_a_missing_backend_names_the_extra_to_install(fresh):
 def test_a_file_remote_serves_a_fresh_workspace_and_is_create_only(pushed, fresh, tmp_path):
     """Records pushed through the API into a shared directory; a fresh workspace then
     builds nothing; a second push leaves each record as it was."""
-    from tpubuild.remote import RemoteCache
+    from tpubuild.remote import RemoteCache, push_entry
     from tpubuild.store import Store
 
     first, cold = pushed
@@ -75,11 +75,11 @@ def test_a_file_remote_serves_a_fresh_workspace_and_is_create_only(pushed, fresh
     store = Store(first / ".tpubuild" / "cache")
     remote = RemoteCache(url)
     entries = [store.get(key) for key in sorted(set(stage_keys(cold).values()))]
-    assert all(remote.push_entry(entry, store) for entry in entries)
+    assert all(push_entry(remote, entry, store) for entry in entries)
     assert remote.stats.uploads == len(entries) and remote.stats.failures == []
     records = {p: p.read_bytes() for p in (shared / "v1" / "stages").rglob("*.json")}
     again = RemoteCache(url)
-    assert all(again.push_entry(entry, store) for entry in entries)
+    assert all(push_entry(again, entry, store) for entry in entries)
     assert again.stats.uploads == 0 and again.stats.bytes_up == 0
     assert {p: p.read_bytes() for p in records} == records
     assert list((shared / "v1" / "discovered").rglob("*.json"))  # the export's discovered inputs

@@ -56,7 +56,7 @@ _KERNEL_DIRS = ("/proc", "/sys", "/dev")
 
 def url_problem(url: str) -> str | None:
     """Why `url` cannot name a remote cache or a publish destination, or None: the one
-    check `validate` (config/workspace.py, config/checks.py), `build` (remote/backends.py
+    check `validate` (config/workspace.py, config/checks.py), `build` (transport/backends.py
     open_backend) and `verify` make, so validate refuses what build refuses. Credentials
     in it are refused (and never echoed): they would be committed with the workspace file."""
     if not isinstance(url, str):

@@ -17,7 +17,11 @@ from tpubuild.errors import file_kind
 SCHEME = "blake3-tree-v1"
 # Below this size the thread pool costs more than it saves.
 THREADED_MIN_SIZE = 4 << 20
-CHUNK = 1 << 20
+# The one size tpubuild reads bytes in: a file hashed below THREADED_MIN_SIZE (one read),
+# and each range request of a download from a remote (transport/backends.py), where it is
+# large enough that a request's round trip is small beside its transfer and small enough
+# that a trickling server is cut off by one request's deadline.
+CHUNK = 8 << 20
 
 
 def hash_bytes(data: bytes) -> str:

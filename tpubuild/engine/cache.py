@@ -8,7 +8,8 @@ runs and hands `record` what it built; it never fetches or uploads by hand.
 - `RemoteLayer`: the remote cache (remote/cache.py): a record fetched there is checked,
   its objects re-hashed, and it enters the local store, so the next lookup is local; a
   stage built here is uploaded in the background, only after its inputs were checked
-  unchanged (the loop records a stage only then: Bazel #3360).
+  unchanged (the loop records a stage only then: Bazel #3360). The moves between the two
+  are remote/transfer.py's: neither cache reads or writes the other.
 - `LayeredCache`: the layers in order; a hit says which layer served it.
 """
 
@@ -18,6 +19,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from tpubuild.pipeline import ENGINE_STEPS, PlannedStage, spec
+from tpubuild.remote import fetch_entry, push_entry
 
 if TYPE_CHECKING:
     from tpubuild.engine.resolver import Pending, RecipeRun, Resolver
@@ -85,6 +87,8 @@ class RemoteLayer:
     def _fetch(self, run: RecipeRun, planned: PlannedStage, pending: Pending) -> StageEntry | None:
         candidate = None
         key = pending.key
+        if key is None:  # no key (an input could not be read): nothing to look up
+            return None
         if planned.name not in ENGINE_STEPS and spec(planned.name).discovers:
             candidates = self.remote.fetch_discovered(pending.key)
             with self.state_lock:
@@ -93,7 +97,7 @@ class RemoteLayer:
                 self.remote.note_miss()
                 return None
             key = candidate["key"]
-        entry = self.remote.fetch_entry(key, self.resolver.store)
+        entry = fetch_entry(self.remote, key, self.resolver.store)
         if entry is None:
             return None
         with self.state_lock:
@@ -115,7 +119,7 @@ class RemoteLayer:
 
     def _upload(self, entry: StageEntry) -> None:
         try:
-            self.remote.push_entry(entry, self.resolver.store)  # not the loop's stat cache: its threads share it
+            push_entry(self.remote, entry, self.resolver.store)  # not the loop's stat cache: its threads share it
         except Exception as exc:  # noqa: BLE001 - a bug in tpubuild: said, and the build goes on
             self.report(f"remote cache {self.remote.url}: internal error uploading stage record {entry.key}: "
                         f"{type(exc).__name__}: {exc}")

@@ -21,6 +21,7 @@ _FACE = {
     "NotAFile": "nofollow",
     "WorkspaceLock": "wslock",
     "clean_relative": "names",
+    "descend": "nofollow",
     "fsync_fd": "nofollow",
     "holder": "flock",
     "inside": "names",

@@ -17,7 +17,7 @@ import errno
 import os
 import stat
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from tpubuild.errors import file_kind
 
@@ -119,22 +119,33 @@ def opened(fd: int) -> Iterator[int]:
         os.close(fd)
 
 
-def open_path(root_fd: int, rel: str, create_mode: int | None = None) -> int:
-    """A descriptor of the directory `rel` (a relative POSIX path) below `root_fd`, each
-    component opened without following a link (made with `create_mode` when given and
-    absent)."""
-    fd = os.dup(root_fd)
+def descend(fd: int, parts: Iterable[str], step: Callable[[str, int], int]) -> int:
+    """The directory reached from `fd` (taken: closed here) one component at a time,
+    `step(name, parent_fd)` opening each child by its caller's policy on links (refuse:
+    open_path, the store's layout; remove and make: a mount's, transport/mount.py). Every
+    descriptor but the one returned is closed, also when a step raises."""
     try:
-        for part in [p for p in rel.split("/") if p]:
-            if part == "..":
-                raise NotAFile(rel, "a path leaving its directory")
-            child = make_dir(part, fd, create_mode) if create_mode is not None else open_dir(part, fd)
+        for part in parts:
+            child = step(part, fd)
             os.close(fd)
             fd = child
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def open_path(root_fd: int, rel: str, create_mode: int | None = None) -> int:
+    """A descriptor of the directory `rel` (a relative POSIX path) below `root_fd`, each
+    component opened without following a link (made with `create_mode` when given and
+    absent)."""
+
+    def step(part: str, fd: int) -> int:
+        if part == "..":
+            raise NotAFile(rel, "a path leaving its directory")
+        return make_dir(part, fd, create_mode) if create_mode is not None else open_dir(part, fd)
+
+    return descend(os.dup(root_fd), [p for p in rel.split("/") if p], step)
 
 
 # How deep a walk or a removal goes by descriptor: a directory tpubuild writes (a SavedModel,

@@ -38,9 +38,9 @@ TF_SERVING_NUMBER = re.compile(r"[+-]?[0-9]+")
 # a co-writer's object (a claim of 9223372036854775807 would push every later version past
 # what TF Serving reads). It and every number above it are ignored, with a warning.
 MAX_GAP = 1000
-# A tree a file:// destination renamed aside to delete it (remote/backends.py remove_tree).
+# A tree a file:// destination renamed aside to delete it (transport/backends.py remove_tree).
 TRASH = re.compile(r"\..+\.trash")
-# A file:// create's temp file (remote/backends.py _temp_copy: `.<name>.<pid>.<hex>.tmp`),
+# A file:// create's temp file (transport/backends.py _temp_copy: `.<name>.<pid>.<hex>.tmp`),
 # left in claims/ or sealed/ by a writer killed before its link.
 TEMP = re.compile(r"\.([0-9]+)\.[0-9]+\.[0-9a-f]+\.tmp")
 
@@ -173,7 +173,7 @@ class DestinationBase:
             self.say(line)
 
     def say_left(self) -> None:
-        """What a removal on a mount could not remove (remote/mount.py), a line each."""
+        """What a removal on a mount could not remove (transport/mount.py), a line each."""
         left = getattr(self._io, "left", None)
         while left:
             self.warn(left.pop(0))
@@ -183,7 +183,7 @@ class DestinationBase:
         if self._io is None:
             from urllib.parse import urlsplit
 
-            from tpubuild.remote import open_backend
+            from tpubuild.transport import open_backend
 
             parts = urlsplit(self.url)
             if parts.scheme == "file" and not os.path.isdir(parts.path):

@@ -125,10 +125,15 @@ class DestinationReading(DestinationBase):
         found.temps = {r: (n, t) for r, (n, t) in found.temps.items() if n <= previous}
 
     def read_json(self, rel: str) -> dict[str, Any] | None:
-        """A small JSON document of the destination; None when absent or not JSON."""
+        """A small JSON document of the destination (a seal, a manifest): None when absent,
+        not JSON, or larger than any document tpubuild writes (a co-writer's 200 GiB "seal"
+        is not read)."""
+        from tpubuild.publish.version_check import DESCRIPTION_LIMIT
+        from tpubuild.transport import ObjectTooLarge
+
         try:
-            data = json.loads(self.call(f"cannot read {rel}", lambda: self.io.read(rel)))
-        except (FileNotFoundError, ValueError):
+            data = json.loads(self.call(f"cannot read {rel}", lambda: self.io.read(rel, DESCRIPTION_LIMIT)))
+        except (FileNotFoundError, ValueError, ObjectTooLarge):
             return None
         return data if isinstance(data, dict) else None
 
@@ -197,7 +202,7 @@ class DestinationReading(DestinationBase):
 
 def _download(io: Any, rel: str, local: str, limit: int) -> int:
     """`io.download`, with an object grown past `limit` since its listing said as -1 bytes."""
-    from tpubuild.remote import ObjectTooLarge
+    from tpubuild.transport import ObjectTooLarge
 
     try:
         return io.download(rel, local, limit)

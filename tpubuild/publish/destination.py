@@ -6,7 +6,7 @@ what a server polling the destination can observe and when.
 Layout under `<url>/<recipe>/`, TF Serving's base path of the recipe:
 - `<N>/`, `<target>/<N>/`: the versions, as in the local `out/<recipe>/`.
 - `.tpubuild/claims/<N>`: one object per number ever taken, written create-only (S3
-  `If-None-Match: *`, GCS `ifGenerationMatch=0`, O_EXCL on a mount: remote/backends.py
+  `If-None-Match: *`, GCS `ifGenerationMatch=0`, O_EXCL on a mount: transport/backends.py
   `create`): the store, not a machine, hands out numbers, and a number claimed by a job
   that was then killed is never taken again (claims are never deleted, not by pruning nor
   by `clean`).
@@ -33,7 +33,7 @@ renamed into place: every file appears at one instant.
 
 A destination is written by many (every CI job, a group mount's users): every name, number
 and document read from it is data, checked before it becomes a path, a number or a verdict
-(fs/names.py; on a mount no link is followed below the root: remote/mount.py), and a version
+(fs/names.py; on a mount no link is followed below the root: transport/mount.py), and a version
 counts as a recipe's model only by its bytes. What is not what tpubuild writes is left alone
 with one warning line. docs/publish-to-object-storage.md "Trust model".
 """

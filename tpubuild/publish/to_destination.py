@@ -37,7 +37,7 @@ def budget_seconds(sizes: list[int], timeouts: Any) -> float:
     """The seconds a job gives itself from its claim to its seal: each file's upload
     deadline, a read back in CHUNK-sized calls, and its hashing."""
     from tpubuild.config.remote_url import Timeouts
-    from tpubuild.remote import CHUNK
+    from tpubuild.digests import CHUNK
 
     timeouts = timeouts or Timeouts()
     per_file = sum(timeouts.upload_deadline(size) + timeouts.total * (1 + size // CHUNK) + size / (8 << 20)

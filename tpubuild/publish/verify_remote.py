@@ -48,7 +48,7 @@ def fetch_version(url: str, into: Path, timeouts: Any = None) -> tuple[list[str]
         if not os.path.isdir(os.path.dirname(os.path.dirname(parts.path.rstrip("/")))):
             raise VerifyError(f"{url}: no such directory (is the share mounted?)")
         raise UsageError(f"{url}: nothing there ({GIVE})")
-    from tpubuild.remote import open_backend
+    from tpubuild.transport import open_backend
 
     io = open_backend(url, timeouts, layout="", what="verify")
     call = _caller(url)
@@ -107,7 +107,7 @@ def fetch_version(url: str, into: Path, timeouts: Any = None) -> tuple[list[str]
 
 def _download(io: Any, call: Callable[..., Any], root: str, name: str, limit: int) -> str | None:
     """One object into `root/name`, no larger than `limit`; a problem line or None."""
-    from tpubuild.remote import ObjectTooLarge
+    from tpubuild.transport import ObjectTooLarge
 
     path = os.path.join(root, *name.split("/"))
     if os.path.commonpath([root, os.path.realpath(os.path.dirname(path))]) != root:
@@ -130,7 +130,7 @@ def _download(io: Any, call: Callable[..., Any], root: str, name: str, limit: in
 def _caller(url: str) -> Callable[[str, Callable[[], Any]], Any]:
     """`call(what, fn)`: fn() with a backend's own errors said as one line naming the URL
     (FileNotFoundError and ObjectTooLarge are answers, raised as they are)."""
-    from tpubuild.remote import ObjectTooLarge
+    from tpubuild.transport import ObjectTooLarge
 
     def call(what: str, fn: Callable[[], Any]) -> Any:
         try:

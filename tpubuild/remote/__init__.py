@@ -1,8 +1,8 @@
-"""The remote cache on any fsspec URL: stage records and objects mirrored under `<url>/v1/`,
-each download verified before it enters the local store, create-only uploads, signed
-records (`cache`); the fsspec backends with deadlines on every call (`backends`), which
-the publish destination (publish/destination.py) uses too; and retention of the remote
-(`gc`).
+"""The remote cache on any fsspec URL, on the transport (tpubuild/transport/): stage
+records and objects under `<url>/v1/`, each download verified, create-only uploads, signed
+records (`cache`: it knows no local store); the moves of records and objects between the
+local store and it (`transfer`: the layered cache, engine/cache.py, and Ray's nodes call
+them); and retention of the remote (`gc`).
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from tpubuild.face import lazy
 
 # Name -> the module of this package that defines it, loaded on first use (tpubuild/face.py).
 _FACE = {
-    "CHUNK": "backends",
-    "ObjectTooLarge": "backends",
     "RemoteCache": "cache",
-    "RemoteSetupError": "backends",
     "collect_remote": "gc",
-    "open_backend": "backends",
+    "fetch_entry": "transfer",
+    "fetch_objects": "transfer",
+    "push_entry": "transfer",
+    "push_objects": "transfer",
 }
 __all__ = sorted(_FACE)
 __getattr__, __dir__ = lazy(__name__, _FACE)

@@ -2,7 +2,7 @@
 `file:///shared/dir`): the local store's stage records and objects, shared by every
 builder that names the same URL.
 
-Layout under `<url>/v1/` (the local one's, store/store.py):
+Layout under `<url>/v1/` (the local store's version of its layout, store/store.py LAYOUT):
 - `objects/ab/cdef...`: file contents by BLAKE3 hash. Self-verifying: every download is
   re-hashed before it enters the local store (an S3-compatible server may accept a wrong
   checksum, a disk may rot), so a wrong object is reported and never used, and an upload
@@ -15,7 +15,12 @@ Layout under `<url>/v1/` (the local one's, store/store.py):
   that run user code (the local dep file is a mutable list; a remote one would be a
   lost-update race, so here each candidate is its own create-only file).
 
-Every upload is atomic under its final name (remote/backends.py): an S3 or GCS
+RemoteCache speaks to the remote only: it never reads or writes the local store. What moves
+records and objects between the two is remote/transfer.py (the layered cache, engine/cache.py,
+and Ray's nodes call it), as Bazel's DiskAndRemoteCacheClient moves blobs between its disk
+and remote caches.
+
+Every upload is atomic under its final name (transport/backends.py): an S3 or GCS
 object appears whole when its PUT (or multipart upload) completes, never in part; on a
 file system the content is written to a dot-named temp file, fsynced, then renamed
 (objects) or hard-linked (records, create-only: link fails if the name exists). A builder killed mid-upload leaves
@@ -37,13 +42,13 @@ import json
 import os
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import Any, Callable
 
 from tpubuild.config.remote_url import Timeouts
 from tpubuild.digests import FileEntry, hash_file
 from tpubuild.keys import (
     DIGEST,
+    RECORD_LIMIT,
     StageEntry,
     canonical_dumps,
     discovered_final_key,
@@ -51,19 +56,8 @@ from tpubuild.keys import (
     parse_entry,
     stage_key,
 )
-from tpubuild.remote.backends import (
-    Backend,
-    NotARegularFile,
-    ObjectTooLarge,
-    RemoteSetupError,
-    open_backend,
-)
-
-if TYPE_CHECKING:
-    from tpubuild.digests import StatCache
-    from tpubuild.store import Store
-
-FETCH_THREADS = 4  # concurrent object downloads of one record
+from tpubuild.store import LAYOUT
+from tpubuild.transport import Backend, NotARegularFile, ObjectTooLarge, open_backend
 
 
 @dataclass
@@ -92,9 +86,8 @@ class RemoteCache:
     """One command's use of the remote cache at `url`. Thread-safe: doit's -j N threads
     and the engine's upload threads share it.
 
-    The engine and the Ray executor use: `fetch_entry`, `fetch_objects`, `push_entry`,
-    `push_objects`, `fetch_discovered`, `push_discovered`, `note_miss`, `stats`,
-    `enabled`, `can_push`, `url`.
+    remote/transfer.py uses `fetch_record`, `fetch_object`, `push_object`, `push_record`; the
+    engine `fetch_discovered`, `note_miss`, `stats`, `enabled`, `can_push`, `url`.
     """
 
     def __init__(self, url: str, push: bool = True, report: Callable[[str], None] | None = None,
@@ -129,7 +122,7 @@ class RemoteCache:
         package is a RemoteSetupError naming the extra to install."""
         with self._lock:
             if self._io is None:
-                self._io = open_backend(self.url, self.timeouts)
+                self._io = open_backend(self.url, self.timeouts, layout=LAYOUT)
 
     def backend(self) -> Backend:
         """The storage itself (paths relative to `<url>/v1/`), for `gc --remote`."""
@@ -202,15 +195,15 @@ class RemoteCache:
                 setattr(self.stats, name, getattr(self.stats, name) + delta)
 
     # --- fetching ------------------------------------------------------------------------
-    def fetch_entry(self, key: str, store: Store, stat_cache: StatCache | None = None) -> StageEntry | None:
-        """The stage record `key` from the remote, with every object the local store lacks
-        downloaded and verified, then recorded in the local store (so later lookups are
-        local). None on a miss; a malformed record or a wrong object is reported and is a
-        miss too, never used."""
+    def fetch_record(self, key: str) -> StageEntry | None:
+        """The stage record `key` as the remote holds it, parsed and checked (its objects
+        not fetched: remote/transfer.py fetch_entry does that). None on a miss; a malformed
+        record is reported and is a miss too, never used."""
         if not self.enabled or not DIGEST.match(key):
             return None
         try:
-            raw = self._signed_record(key) if self.trusted else self._read(lambda io: io.read(_stage_rel(key)))
+            raw = self._signed_record(key) if self.trusted else self._read(
+                lambda io: io.read(_stage_rel(key), RECORD_LIMIT))
         except FileNotFoundError as exc:
             if isinstance(exc, NotARegularFile):  # a FIFO, a device... in a file:// remote
                 self._fail(f"remote cache {self.url}: stage record {key} is {exc.kind}, not a regular file; not opened")
@@ -228,12 +221,7 @@ class RemoteCache:
             self._fail(f"remote cache {self.url}: stage record {key} is malformed ({problem}); not used")
             self.note_miss()
             return None
-        if not self.fetch_objects(entry.files, store, stat_cache, owner=f"stage record {key}"):
-            self.note_miss()
-            return None
-        local = store.add_entry(entry)
-        self.count(hits=1)
-        return local
+        return entry
 
     def _signed_record(self, key: str) -> bytes:
         """The record `key` as a trusted key signed it (FileNotFoundError when none did).
@@ -244,7 +232,7 @@ class RemoteCache:
 
         for keyid in sorted(self.trusted):
             try:
-                document = json.loads(self._read(lambda io: io.read(_signed_rel(keyid, key))))
+                document = json.loads(self._read(lambda io: io.read(_signed_rel(keyid, key), RECORD_LIMIT)))
                 record, signature = document["record"].encode(), document["signature"].encode()
             except FileNotFoundError:
                 continue
@@ -275,7 +263,7 @@ class RemoteCache:
             if self._write(lambda io: io.create(rel, document)):
                 self.count(bytes_up=len(document))
                 return
-            existing = json.loads(self._read(lambda io: io.read(rel)))
+            existing = json.loads(self._read(lambda io: io.read(rel, RECORD_LIMIT)))
             trusted = {keyid: self.signing_key.public_key()}
             if problem(existing["record"].encode(), existing["signature"].encode(), trusted) is None:
                 return  # we (or a twin of this builder) signed it already
@@ -298,48 +286,26 @@ class RemoteCache:
             except (_Off, FileExistsError):
                 return
 
-    def fetch_objects(self, files: Iterable[FileEntry], store: Store, stat_cache: StatCache | None = None,
-                      owner: str = "") -> bool:
-        """Download the objects of `files` the local store lacks, each re-hashed before it
-        enters the store. True when every one is in the local store, verified."""
-        wanted = {f.hash: f for f in files}
-        missing = [f for digest, f in wanted.items() if not store.has_object(digest, stat_cache)]
-        if not missing:
-            return True
-        if not self.enabled:
-            return False
-        work = store.new_workdir("remote-fetch")
-        try:
-            # All of them, past a wrong one too: every wrong object is reported (and then
-            # replaced by a push); a few at a time, since each costs a round trip.
-            if len(missing) == 1:
-                results = [self._fetch_object(missing[0], store, work, owner)]
-            else:
-                from concurrent.futures import ThreadPoolExecutor
-
-                with ThreadPoolExecutor(max_workers=min(FETCH_THREADS, len(missing))) as pool:
-                    results = list(pool.map(lambda f: self._fetch_object(f, store, work, owner), missing))
-            return all(results) and self.enabled
-        finally:
-            store.remove_workdir(work)
-
-    def _fetch_object(self, f: FileEntry, store: Store, work: Path, owner: str) -> bool:
+    def fetch_object(self, f: FileEntry, into: str, owner: str = "") -> str | None:
+        """Download the object `f` names into the directory `into` (never more bytes than
+        `f.size`) and re-hash it: the path of the verified file, or None (said) when it is
+        missing, padded, truncated or corrupted. Its name is checked before it becomes a
+        path (a record from the remote is data)."""
         if not DIGEST.match(f.hash):
             self._fail(f"remote cache {self.url}: {owner or 'a record'} names a malformed object {f.hash!r}; not used")
-            return False
-        tmp = os.path.join(work, f.hash)
+            return None
+        tmp = os.path.join(into, f.hash)
         of = f" of {owner}" if owner else ""
         try:
-            # Never more than the record says: a larger object is refused unread.
             size = self._read(lambda io: io.download(_object_rel(f.hash), tmp, f.size))
         except FileNotFoundError as exc:
             what = f"{exc.kind}, not a regular file (not opened)" if isinstance(exc, NotARegularFile) else "missing"
             self._fail(f"remote cache {self.url}: object {f.hash}{of} is {what}; not used")
-            return False
+            return None
         except ObjectTooLarge as exc:
             problem = f"is padded ({exc.size} bytes, expected {f.size}; not read)"
         except _Off:
-            return False
+            return None
         else:
             self.count(bytes_down=size)
             if size != f.size:
@@ -347,12 +313,11 @@ class RemoteCache:
             elif hash_file(tmp, size) != f.hash:
                 problem = "is corrupted (its BLAKE3 hash does not match its name)"
             else:
-                store.adopt_object(tmp, f.hash)
-                return True
+                return tmp
         with self._lock:
             self._bad.add(f.hash)
         self._fail(f"remote cache {self.url}: object {f.hash}{of} {problem}; not used")
-        return False
+        return None
 
     def fetch_discovered(self, declared_key: str) -> list[dict[str, Any]]:
         """The discovered-input candidates stored for `declared_key`: a list of
@@ -367,7 +332,7 @@ class RemoteCache:
         candidates = []
         for rel, _size, mtime in sorted(listing, key=lambda item: -item[2]):  # newest first
             try:
-                raw = self._read(lambda io, rel=rel: io.read(rel))  # type: ignore[misc]  # rel bound per row
+                raw = self._read(lambda io, rel=rel: io.read(rel, RECORD_LIMIT))  # type: ignore[misc]  # rel bound per row
             except (FileNotFoundError, ObjectTooLarge):
                 continue  # collected meanwhile, or not a candidate
             except _Off:
@@ -381,19 +346,10 @@ class RemoteCache:
         return candidates
 
     # --- pushing ---------------------------------------------------------------------------
-    def push_objects(self, files: Iterable[FileEntry], store: Store, stat_cache: StatCache | None = None) -> bool:
-        """Upload the objects of `files` the remote lacks (or holds with a wrong size or a
-        content seen wrong). Each must be intact in the local store. True when all are there."""
-        seen = set()
-        for f in files:
-            if f.hash in seen:
-                continue
-            seen.add(f.hash)
-            if not self._push_object(f, store, stat_cache):
-                return False
-        return True
-
-    def _push_object(self, f: FileEntry, store: Store, stat_cache: StatCache | None) -> bool:
+    def push_object(self, f: FileEntry, local: Callable[[], str | None]) -> bool:
+        """Make the remote hold the object `f` names: nothing to do when it holds one of
+        that size not seen wrong; else upload the file `local()` gives (the caller's intact
+        copy, None when it has none: said, and False). True when the remote holds it."""
         rel = _object_rel(f.hash)
         try:
             size = self._read(lambda io: io.size(rel))
@@ -405,11 +361,12 @@ class RemoteCache:
             known_bad = f.hash in self._bad
         if size == f.size and not known_bad:
             return True
-        if not store.has_object(f.hash, stat_cache):
+        path = local()
+        if path is None:
             self._fail(f"remote cache {self.url}: object {f.hash} is not intact in the local store; not uploaded")
             return False
         try:
-            self._write(lambda io: io.upload(os.fspath(store.object_path(f.hash)), rel))
+            self._write(lambda io: io.upload(path, rel))
         except (_Off, FileExistsError):
             return False
         self.count(bytes_up=f.size)
@@ -417,16 +374,14 @@ class RemoteCache:
             self._bad.discard(f.hash)
         return True
 
-    def push_entry(self, entry: StageEntry, store: Store, stat_cache: StatCache | None = None) -> bool:
-        """Upload `entry`'s objects, then its record, create-only: when another builder
-        wrote the key first, its record stays. Then, for a stage that ran user code, its
-        discovered-input candidate. Only call this for a stage whose inputs were verified
-        unchanged after it ran (Bazel #3360). True when the remote holds the record."""
+    def push_record(self, entry: StageEntry, data: bytes) -> bool:
+        """Upload the record `data` of `entry`, create-only: when another builder wrote the
+        key first, its record stays; signed when this builder has a key. Then, for a stage
+        that ran user code, its discovered-input candidate. The caller uploads the record's
+        objects first (remote/transfer.py push_entry), so no reader meets a record without
+        them. True when the remote holds the record."""
         if not self.can_push:
             return False
-        if not self.push_objects(entry.files, store, stat_cache):
-            return False
-        data = _record_bytes(entry, store)
         try:
             created = self._write(lambda io: io.create(_stage_rel(entry.key), data))
         except _Off:
@@ -455,23 +410,7 @@ class RemoteCache:
         return True
 
 
-# --- records and candidates --------------------------------------------------------------
-def _record_bytes(entry: StageEntry, store: Store) -> bytes:
-    """What to upload for `entry`: the local record byte for byte when it still says what
-    the build made, else `entry` itself. Whoever can write the cache can replace that file
-    between the build's write and this upload, and the upload (signed with this builder's
-    key) would vouch for their files under this key."""
-    try:
-        data = store.entry_path(entry.key).read_bytes()
-    except OSError:
-        data = b""
-    local, _ = parse_entry(entry.key, data, hash_record=False) if data else (None, "")
-    same = local is not None and (local.stage, local.tree, local.files, local.summary, local.warnings,
-                                  local.record) == (entry.stage, entry.tree, entry.files, entry.summary,
-                                                    entry.warnings, entry.record)
-    return data if same else json.dumps(entry.to_json(), sort_keys=True).encode()
-
-
+# --- candidates and names ---------------------------------------------------------------
 def _parse_candidate(declared_key: str, raw: bytes) -> dict[str, Any] | None:
     try:
         return parse_candidate(declared_key, json.loads(raw))
@@ -498,4 +437,4 @@ def _reason(exc: BaseException) -> str:
     return text[:300]
 
 
-__all__ = ["RemoteCache", "RemoteSetupError", "RemoteStats", "open_backend", "parse_entry"]
+__all__ = ["RemoteCache", "RemoteStats"]

@@ -21,8 +21,10 @@ from collections.abc import Callable
 from typing import Any
 
 from tpubuild.errors import TpubuildError
+from tpubuild.keys import RECORD_LIMIT
 from tpubuild.remote.cache import RemoteCache
 from tpubuild.store import GcResult, choose_removals
+from tpubuild.transport import ObjectTooLarge
 
 GRACE_SECONDS = 3600.0  # an upload in progress: objects first, then (within minutes) its record
 # A whole layer of the remote is listed at once (one paginated call per prefix): longer
@@ -56,11 +58,11 @@ def _collect(io: Any, referenced: set[str], keep_days: float | None, max_size: i
             continue
         key = rel.rsplit("/", 1)[-1][: -len(".json")]
         try:
-            document = json.loads(io.read(rel))
+            document = json.loads(io.read(rel, RECORD_LIMIT))
             hashes = {f[1] for f in (json.loads(document["record"]) if signed else document).get("files", [])}
         except FileNotFoundError:
             continue  # removed meanwhile
-        except (ValueError, TypeError, AttributeError, IndexError, KeyError):
+        except (ValueError, TypeError, AttributeError, IndexError, KeyError, ObjectTooLarge):
             notify(f"remote stage record {rel} is malformed; it is removed when unreferenced and old")
             hashes = set()
         records.append((mtime, key, rel, hashes))

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-from tpubuild.fs import NotAFile, make_dir, open_dir, remove_at
+from tpubuild.fs import NotAFile, descend, make_dir, open_dir, remove_at
 from tpubuild.gitignore import ignore_itself
 
 LAYOUT = "v1"
@@ -84,24 +84,20 @@ class CacheLayout:
                 os.makedirs(self.cache_dir, mode=0o755, exist_ok=True)
                 # A cache directory tpubuild makes ignores itself in git (tpubuild/gitignore.py).
                 ignore_itself(self.cache_dir)
-        fd = os.open(self.cache_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         path = self.cache_dir
-        try:
-            for name in (LAYOUT, *parts):
-                path = path / name
-                try:
-                    child = make_dir(name, fd, self.dir_mode(fd, name)) if create else open_dir(name, fd)
-                except NotAFile as exc:
-                    self.remove_damage(name, fd, path, exc.kind)
-                    if not create:
-                        raise FileNotFoundError(errno.ENOENT, "removed as damage", os.fspath(path)) from None
-                    child = make_dir(name, fd, self.dir_mode(fd, name))
-                os.close(fd)
-                fd = child
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
+
+        def step(name: str, fd: int) -> int:
+            nonlocal path
+            path = path / name
+            try:
+                return make_dir(name, fd, self.dir_mode(fd, name)) if create else open_dir(name, fd)
+            except NotAFile as exc:
+                self.remove_damage(name, fd, path, exc.kind)
+                if not create:
+                    raise FileNotFoundError(errno.ENOENT, "removed as damage", os.fspath(path)) from None
+                return make_dir(name, fd, self.dir_mode(fd, name))
+
+        return descend(os.open(self.cache_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), (LAYOUT, *parts), step)
 
     @contextmanager
     def at(self, *parts: str, create: bool = True) -> Iterator[int]:

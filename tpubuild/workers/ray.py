@@ -33,6 +33,7 @@ from typing import Any
 
 from tpubuild.digests import FileEntry, hash_file, tree_digest, walk_files
 from tpubuild.errors import StageError, TpubuildError
+from tpubuild.remote import fetch_objects, push_objects
 
 # Ray retries a stage whose worker died this many times before the build fails it.
 MAX_RETRIES = 2
@@ -182,7 +183,7 @@ class RayExecutor:
         with self.lock:
             todo = [f for f in {f.hash: f for f in files}.values() if f.hash not in self.pushed]
         if todo:
-            if not self.remote.push_objects(todo, self.store):
+            if not push_objects(self.remote, todo, self.store):
                 raise StageError(f"the inputs of the stage could not be uploaded to the remote cache "
                                  f"({_last_failure(self.remote)}); the Ray node cannot read them")
             with self.lock:
@@ -194,7 +195,7 @@ class RayExecutor:
         from tpubuild.digests import StatCache
         from tpubuild.keys import StageEntry
 
-        if not (self.remote.fetch_objects(files, self.store)
+        if not (fetch_objects(self.remote, files, self.store)
                 and self.store.verify(StageEntry("", stage, tree_digest(files), files), StatCache(None))):
             raise StageError(f"the outputs of stage {stage} built on Ray node {host} could not be fetched intact "
                              f"from the remote cache ({_last_failure(self.remote)})")
@@ -339,7 +340,7 @@ def run_on_node(request: dict[str, Any], timeout: float | None, remote_url: str)
         for role, rows in sorted(request["trees"].items()):
             files = _files(rows)
             entry = StageEntry("", role, tree_digest(files), files)
-            if not (remote.fetch_objects(files, store, stat) and store.verify(entry, stat)):
+            if not (fetch_objects(remote, files, store, stat) and store.verify(entry, stat)):
                 return failed(f"ray node {host} could not fetch input {role} intact from the remote cache "
                               f"({_last_failure(remote)})")
             dirs[role] = str(store.checkout(entry))
@@ -361,7 +362,7 @@ def run_on_node(request: dict[str, Any], timeout: float | None, remote_url: str)
         files = [FileEntry(rel, hash_file(out_dir / rel, st.st_size), st.st_size)
                  for rel, st in walk_files(out_dir, symlinks="reject")]
         store.ingest_copies(files, out_dir, stat)
-        if not remote.push_objects(files, store, stat):
+        if not push_objects(remote, files, store, stat):
             return failed(f"ray node {host} could not upload the outputs to the remote cache "
                           f"({_last_failure(remote)})")
         return result(reply, files)

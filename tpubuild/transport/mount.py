@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tpubuild.fs import NotAFile, lstat_at, open_dir
+from tpubuild.fs import NotAFile, descend, lstat_at, open_dir
 
 # Deeper than anything tpubuild writes (a SavedModel's assets are a few levels) by far;
 # one descriptor is open per level of a walk.
@@ -59,30 +59,28 @@ def _descend(fd: int, parts: list[str], rel: str, create: bool, notes: list[str]
     """A descriptor of `parts` below `fd` (closed here), each opened without following a
     link; made (mode from the umask, setgid inherited as mkdir(2) does) when `create`,
     a symbolic link in the way then unlinked first (a line in `notes`)."""
-    try:
-        for depth, part in enumerate(parts):
-            if create:
-                st = lstat_at(part, fd)
-                if st is not None and stat.S_ISLNK(st.st_mode):
-                    # Only the link goes: what it points to is never touched.
-                    os.unlink(part, dir_fd=fd)
-                    if notes is not None:
-                        notes.append(f"{'/'.join(parts[:depth + 1])}: a symbolic link, not a directory; replaced by "
-                                     "one (what it pointed to untouched)")
-                try:
-                    os.mkdir(part, 0o777, dir_fd=fd)
-                except FileExistsError:
-                    pass
+    done: list[str] = []
+
+    def step(part: str, fd: int) -> int:
+        done.append(part)
+        if create:
+            st = lstat_at(part, fd)
+            if st is not None and stat.S_ISLNK(st.st_mode):
+                # Only the link goes: what it points to is never touched.
+                os.unlink(part, dir_fd=fd)
+                if notes is not None:
+                    notes.append(f"{'/'.join(done)}: a symbolic link, not a directory; replaced by "
+                                 "one (what it pointed to untouched)")
             try:
-                child = open_dir(part, fd)
-            except NotAFile as exc:
-                raise LinkInPath(rel, exc.kind) from None
-            os.close(fd)
-            fd = child
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+                os.mkdir(part, 0o777, dir_fd=fd)
+            except FileExistsError:
+                pass
+        try:
+            return open_dir(part, fd)
+        except NotAFile as exc:
+            raise LinkInPath(rel, exc.kind) from None
+
+    return descend(fd, parts, step)
 
 
 @contextmanager

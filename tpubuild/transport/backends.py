@@ -1,7 +1,8 @@
-"""Where the remote cache's bytes live (remote/cache.py), and the versions `publish_to:`
-publishes (publish/destination.py): an object store through fsspec (s3://, gs://) or a
-shared directory (file://). Paths are relative to `<url>/v1/` for the cache, to `<url>/`
-for a publish destination.
+"""The transport under the remote cache (remote/cache.py) and the versions `publish_to:`
+publishes (publish/destination.py): bytes under names, in an object store through fsspec
+(s3://, gs://) or a shared directory (file://). It knows no stage keys, records or store
+layout: each user roots it where its own layout starts (`<url>/v1/` for the cache,
+`<url>/` for a publish destination) and says how many bytes a read may take.
 
 Both give the writes the two need: an upload that is atomic under its final name (whole
 or absent, never a part), a create-only write that fails, without changing anything,
@@ -24,14 +25,13 @@ from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from tpubuild.config.remote_url import BACKENDS, EXTRA, Timeouts, url_problem
+from tpubuild.digests import CHUNK
 from tpubuild.errors import TpubuildError
-from tpubuild.keys import RECORD_LIMIT
-from tpubuild.store import LAYOUT
 
-# A download is read in requests of this many bytes (S3/GCS range reads), each under
-# the total deadline: a trickling server is cut off, and no more than the size the
-# record states is ever read (a replaced 200 MiB object costs a HEAD, not 200 MiB).
-CHUNK = 16 << 20
+# A download is read in requests of CHUNK bytes (S3/GCS range reads; the size tpubuild reads
+# a file in, digests/hashing.py), each under the total deadline: a trickling server is cut
+# off, and no more than the size the caller expects is ever read (a replaced 200 MiB object
+# costs a HEAD, not 200 MiB).
 
 
 class NotARegularFile(FileNotFoundError):
@@ -76,7 +76,7 @@ class Backend:
     nothing, where the store cannot (an object store); `remove_tree` deletes every file
     below a prefix, the names in `first` before the others."""
 
-    def read(self, rel: str, limit: int = RECORD_LIMIT) -> bytes:
+    def read(self, rel: str, limit: int) -> bytes:
         raise NotImplementedError
 
     def download(self, rel: str, local: str, limit: int) -> int:
@@ -117,7 +117,7 @@ class Backend:
         self.delete([rel for rel in names if rel not in first])
 
 
-def open_backend(url: str, timeouts: Timeouts | None = None, layout: str = LAYOUT,
+def open_backend(url: str, timeouts: Timeouts | None = None, layout: str = "",
                  what: str = "remote cache") -> Backend:
     """The backend of `url`, rooted at `<url>/<layout>/` (the remote cache's `v1`; a
     publish destination's root is the URL itself: layout ""). `what` names the setting in
@@ -237,7 +237,7 @@ class _FsspecBackend(Backend):
         except FSTimeoutError:
             raise RemoteTimeout(f"no complete answer within {deadline:g} s (remote_cache: total_timeout)") from None
 
-    def read(self, rel: str, limit: int = RECORD_LIMIT) -> bytes:
+    def read(self, rel: str, limit: int) -> bytes:
         size = self.size(rel)
         if size > limit:
             raise ObjectTooLarge(size, limit)
@@ -326,7 +326,7 @@ class _LocalBackend(Backend):
     Anyone who can write the directory can put a FIFO, a device or a link where a record
     or an object should be, or a link where a directory should be: every component below
     the root is opened without following a link, and every change made by descriptor
-    (remote/mount.py). A name is read only if it is a regular file, opened without
+    (transport/mount.py). A name is read only if it is a regular file, opened without
     blocking (NotARegularFile otherwise: a miss the caller reports, never a hang); a name
     reached through a link is absent to a read or a removal, and refused to a write."""
 
@@ -336,7 +336,7 @@ class _LocalBackend(Backend):
 
     def _open(self, rel: str) -> Any:
         from tpubuild.fs import NotAFile, open_regular_at
-        from tpubuild.remote.mount import LinkInPath, parent
+        from tpubuild.transport.mount import LinkInPath, parent
 
         try:
             with parent(self.root, rel) as (fd, name):
@@ -348,7 +348,7 @@ class _LocalBackend(Backend):
             raise NotARegularFile(os.fspath(self.root / rel), getattr(exc, "kind", "not a directory")) from None
         return os.fdopen(handle, "rb")
 
-    def read(self, rel: str, limit: int = RECORD_LIMIT) -> bytes:
+    def read(self, rel: str, limit: int) -> bytes:
         with self._open(rel) as src:
             size = os.fstat(src.fileno()).st_size
             if size > limit:
@@ -376,7 +376,7 @@ class _LocalBackend(Backend):
         holding what `write` writes, fsynced, then `commit(tmp, name, dir_fd)`; the temp
         file removed whatever happens."""
         from tpubuild.fs import fsync_fd
-        from tpubuild.remote.mount import parent
+        from tpubuild.transport.mount import parent
 
         with parent(self.root, rel, create=True, notes=self.left) as (fd, name):
             tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
@@ -416,7 +416,7 @@ class _LocalBackend(Backend):
         return bool(created)
 
     def _walk(self, rel_prefix: str) -> Any:
-        from tpubuild.remote.mount import walk
+        from tpubuild.transport.mount import walk
 
         return walk(self.root, rel_prefix, self.left)
 
@@ -430,7 +430,7 @@ class _LocalBackend(Backend):
         return [rel for rel, kind, _st in self._walk(rel_prefix) if kind in ("dir", "link")]
 
     def delete(self, rels: List[str]) -> None:
-        from tpubuild.remote.mount import LinkInPath, parent
+        from tpubuild.transport.mount import LinkInPath, parent
 
         for rel in rels:
             try:
@@ -455,7 +455,7 @@ class _LocalBackend(Backend):
         from contextlib import ExitStack
 
         from tpubuild.fs import fsync_fd, lstat_at
-        from tpubuild.remote.mount import LinkInPath, parent
+        from tpubuild.transport.mount import LinkInPath, parent
 
         with ExitStack() as stack:
             try:
@@ -480,7 +480,7 @@ class _LocalBackend(Backend):
         link is not in the destination: nothing is removed. What cannot be removed is left,
         a line each in `left`."""
         from tpubuild.fs import lstat_at
-        from tpubuild.remote.mount import LinkInPath, parent, remove_below
+        from tpubuild.transport.mount import LinkInPath, parent, remove_below
 
         try:
             with parent(self.root, prefix) as (fd, name):
