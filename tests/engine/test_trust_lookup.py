@@ -249,6 +249,7 @@ def test_an_upload_signs_the_record_the_build_made_not_the_file_under_its_name(t
     store.close()
 
 
+@pytest.mark.slow
 def test_a_link_in_place_of_a_dep_file_directory_is_removed_never_written_through(built_workspace, tmp_path):
     # Before: engine/resolver.py read and wrote dep files by path (write_text_atomic), so a
     # link in place of `discovered/ab` had the build read and replace the files of the
