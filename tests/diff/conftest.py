@@ -8,15 +8,13 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.cli import tpubuild
 from tests.engine.conftest import EXPORT_SCRIPT, tiny_saved_model  # noqa: F401 (a session fixture)
-
-CLI = [sys.executable, "-m", "tpubuild"]
 
 BASE = """\
 # Shared batching of the test recipes.
@@ -55,13 +53,6 @@ def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
 
 
-def tpubuild(repo: Path, *args: str, code: int | None = 0) -> subprocess.CompletedProcess:
-    done = subprocess.run(CLI + list(args), cwd=repo, capture_output=True, text=True)
-    if code is not None:
-        assert done.returncode == code, done.stdout + done.stderr
-    return done
-
-
 @pytest.fixture(scope="session")
 def built_repo(tmp_path_factory, tiny_saved_model) -> Path:  # noqa: F811
     """A git repository (branch main) whose one commit holds the built workspace and its lock files."""
@@ -77,7 +68,7 @@ def built_repo(tmp_path_factory, tiny_saved_model) -> Path:  # noqa: F811
     write_samples(models / "samples.tfrecord", 1.0)
     for name, text in RECIPES.items():
         (repo / "recipes" / f"{name}.yaml").write_text(text)
-    tpubuild(repo, "build")
+    tpubuild(repo, "build", code=0)
     assert all((repo / "recipes" / f"{name}.lock.yaml").is_file() for name in RECIPES)
     git(repo, "init", "-q", "-b", "main")
     git(repo, "add", "-A")
@@ -94,7 +85,7 @@ def repo(built_repo, tmp_path) -> Path:
 
 
 def diff_json(repo: Path, *args: str) -> dict:
-    return json.loads(tpubuild(repo, "diff", *args, "--format", "json").stdout)
+    return json.loads(tpubuild(repo, "diff", *args, "--format", "json", code=0).stdout)
 
 
 def affected(document: dict) -> dict[str, dict]:

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import yaml
 
+from tests.cli import REPO
 from tests.diff.conftest import git
 from tests.diff.test_diff import OWN_BATCH
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "ci.md"
+DOC = REPO / "docs" / "ci.md"
 
 
 def workflow_commands() -> dict[str, list[str]]:

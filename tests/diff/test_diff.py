@@ -8,14 +8,8 @@ import sys
 
 import pytest
 
-from tests.diff.conftest import (
-    RECIPES,
-    affected,
-    diff_json,
-    git,
-    tpubuild,
-    write_samples,
-)
+from tests.cli import tpubuild
+from tests.diff.conftest import RECIPES, affected, diff_json, git, write_samples
 from tpubuild.review.compare import RecipeChange, StageChange
 from tpubuild.review.formats import markdown
 
@@ -49,7 +43,7 @@ def test_one_recipes_batch_option_in_all_formats(repo):
     assert stages["batch"]["cached"] is False  # nobody built this timeout
     assert "its input batch is rebuilt" in stages["verify"]["causes"]
 
-    text = tpubuild(repo, "diff", "main").stdout
+    text = tpubuild(repo, "diff", "main", code=0).stdout
     assert "1 recipe affected: 1 rebuild from batch" in text
     assert "changed plain (recipes/plain.yaml)" in text
     assert "- option batch_options[0].batch_timeout_micros: 100 -> 200" in text
@@ -80,8 +74,8 @@ def test_a_stage_already_in_the_cache(repo):
 
 def assert_text_and_markdown_agree(repo, changed: dict) -> None:
     """The text and markdown formats name the same recipes, stages and first causes as json."""
-    text = tpubuild(repo, "diff", "main").stdout
-    md = tpubuild(repo, "diff", "main", "--format", "markdown").stdout
+    text = tpubuild(repo, "diff", "main", code=0).stdout
+    md = tpubuild(repo, "diff", "main", "--format", "markdown", code=0).stdout
     assert md.splitlines()[0].startswith(f"**tpubuild diff**: {len(changed)} recipe")  # the summary line
     for name, recipe in changed.items():
         for out in (text, md):
@@ -97,7 +91,7 @@ def test_shared_base_edit_affects_every_recipe_using_it(repo):
     assert sorted(changed) == sorted(RECIPES)
     assert {r["rebuild_from"] for r in changed.values()} == {"batch"}
     assert_text_and_markdown_agree(repo, changed)
-    listed = json.loads(tpubuild(repo, "list", "--changed-since", "main", "--json").stdout)
+    listed = json.loads(tpubuild(repo, "list", "--changed-since", "main", "--json", code=0).stdout)
     assert sorted(row["name"] for row in listed) == sorted(RECIPES)
 
 
@@ -109,9 +103,9 @@ def test_dataset_edit_affects_the_recipe_reading_it(repo):
     assert verify["stage"] == "verify"
     assert verify["causes"][0].startswith("input file:recipes/models/samples.tfrecord: content changed")
     assert_text_and_markdown_agree(repo, changed)
-    listed = json.loads(tpubuild(repo, "list", "--changed-since", "main", "--json").stdout)
+    listed = json.loads(tpubuild(repo, "list", "--changed-since", "main", "--json", code=0).stdout)
     assert [row["name"] for row in listed] == ["sampled"]
-    dry = json.loads(tpubuild(repo, "build", "--changed-since", "main", "--dry-run", "--json").stdout)
+    dry = json.loads(tpubuild(repo, "build", "--changed-since", "main", "--dry-run", "--json", code=0).stdout)
     assert {row["recipe"] for row in dry["rows"]} == {"sampled"}
 
 
@@ -133,8 +127,8 @@ def test_comment_only_edit_affects_nothing(repo):
     assert git(repo, "status", "--short").count(" M ") == 2
     done = tpubuild(repo, "diff", "--exit-code", code=0)
     assert done.stdout.splitlines()[1] == "no recipe affected"
-    assert "no recipe affected" in tpubuild(repo, "diff", "--format", "markdown").stdout
-    assert tpubuild(repo, "build", "--changed-since", "main").stdout == "no recipe affected since main\n"
+    assert "no recipe affected" in tpubuild(repo, "diff", "--format", "markdown", code=0).stdout
+    assert tpubuild(repo, "build", "--changed-since", "main", code=0).stdout == "no recipe affected since main\n"
     bad = tpubuild(repo, "diff", "no-such-branch", code=2)
     assert bad.stderr == "error: unknown git revision 'no-such-branch'\n"
 
@@ -155,7 +149,7 @@ def test_added_removed_renamed(repo):
     assert "renamed plain -> renamed (recipes/renamed.yaml)" in text
     assert "removed exported (recipes/exported.yaml)" in text
     assert "added fresh (recipes/fresh.yaml)" in text
-    listed = json.loads(tpubuild(repo, "list", "--changed-since", "main", "--json").stdout)
+    listed = json.loads(tpubuild(repo, "list", "--changed-since", "main", "--json", code=0).stdout)
     assert sorted(row["name"] for row in listed) == ["fresh", "renamed"]
 
 
@@ -203,7 +197,7 @@ def test_artifact_deltas_where_head_is_built(repo):
         "max_abs_error": {"old": 0.002, "new": 0.002, "delta": 0.0, "percent": 0.0},
     }
     assert document["summary"].startswith("1 recipe affected: 1 rebuild from batch; size -48%")
-    assert "size_bytes: 1000 -> 520 (-48%)" in tpubuild(repo, "diff", "main").stdout
+    assert "size_bytes: 1000 -> 520 (-48%)" in tpubuild(repo, "diff", "main", code=0).stdout
 
 
 def _edit_model(repo):
@@ -248,5 +242,5 @@ def test_every_kind_of_input_yields_its_affected_recipes(repo, kind):
         # The export script is a declared input and an imported module: it is named once.
         named = [c for c in changed[name]["stages"][0]["causes"] if "tiny_export.py" in c]
         assert len(named) <= 1, named
-    listed = json.loads(tpubuild(repo, "list", "--changed-since", "main", "--json").stdout)
+    listed = json.loads(tpubuild(repo, "list", "--changed-since", "main", "--json", code=0).stdout)
     assert sorted(row["name"] for row in listed) == sorted(expected)

@@ -15,13 +15,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.cli import REPO
 from tpubuild.config.recipe import load_recipes
 from tpubuild.config.workspace import load_workspace
 from tpubuild.errors import ConfigError
 from tpubuild.pipeline import STAGE_ORDER, TARGET_STAGES, plan
 from tpubuild.review.compare import Side, stage_changes
-
-REPO = Path(__file__).resolve().parents[2]
 
 RECIPE = {
     "extends": "common/base.yaml",

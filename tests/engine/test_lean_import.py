@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.engine.conftest import REPO
+from tests.cli import REPO
 
 PROBE = """
 import json, sys

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from tests.engine.conftest import tpubuild
+from tests.cli import tpubuild
 from tpubuild.lock import read_lock_keys
 
 

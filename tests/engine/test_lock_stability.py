@@ -4,12 +4,12 @@ it changes when a key changes, and with `build --relock`."""
 
 from __future__ import annotations
 
+from tests.cli import tpubuild
 from tests.engine.conftest import (
     as_another_machine_wrote_it,
     build_json,
     source_recipe,
     statuses,
-    tpubuild,
 )
 from tpubuild.lock import MEASURED
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.conftest import REPO
+from tests.cli import REPO
 from tpubuild.digests import StatCache, hash_file, walk_files
 from tpubuild.errors import StageError, UsageError
 from tpubuild.publish import (

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.engine.conftest import build_json, source_recipe, statuses, tpubuild
+from tests.cli import tpubuild
+from tests.engine.conftest import build_json, source_recipe, statuses
 from tpubuild.digests import hash_file
 from tpubuild.publish import read_manifest, version_numbers
 

@@ -14,7 +14,8 @@ import sys
 
 import pytest
 
-from tests.engine.conftest import REPO, export_recipe
+from tests.cli import REPO
+from tests.engine.conftest import export_recipe
 from tpubuild.keys import PACKAGE_ROOT, closure
 from tpubuild.pipeline import ENGINE_STEPS, STAGE_ORDER, stage_module
 
@@ -224,7 +225,8 @@ def test_a_stage_peak_counts_a_process_it_started_when_that_one_peaked_higher():
 def test_an_own_worker_threshold_that_is_not_a_number_stops_the_build_before_it_starts(make_workspace):
     """TPUBUILD_OWN_WORKER_MIN_BYTES=64M was ignored without a word (the default applied):
     now one line naming the variable and what it takes, exit 2, nothing built."""
-    from tests.engine.conftest import source_recipe, tpubuild
+    from tests.cli import tpubuild
+    from tests.engine.conftest import source_recipe
 
     ws = make_workspace({"toy": source_recipe("toy")})
     for command in (("build",), ("build", "--dry-run")):

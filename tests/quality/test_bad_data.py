@@ -8,10 +8,7 @@ nothing; NaN in an output under verification; verification on no samples; NaN to
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -20,6 +17,7 @@ import pytest
 import tensorflow as tf
 from quality_helpers import FEATURES, Dense, Runner, dense_samples, save
 
+from tests.cli import tpubuild
 from tpubuild.errors import StageError
 from tpubuild.quantize.datasets import read_tfrecord, write_tfrecord
 
@@ -381,10 +379,7 @@ def test_build_with_an_all_nan_npz_prints_one_line(dense: Path, tmp_path: Path) 
             method: STATIC_RANGE
             representative_datasets: {serving_default: {npz: calib.npz}}
     """))
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    result = subprocess.run(
-        [sys.executable, "-m", "tpubuild", "build"], cwd=root, capture_output=True, text=True, env=env
-    )
+    result = tpubuild(root, "build", env={"TF_CPP_MIN_LOG_LEVEL": "3"})
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if "NaN" in line]

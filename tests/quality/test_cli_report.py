@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -11,6 +10,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
+from tests.cli import tpubuild
 
 RECIPE = """
 name: dense
@@ -21,9 +22,7 @@ verify: {{samples: 8{tolerance}}}
 """
 
 
-def tpubuild(root: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    return subprocess.run([sys.executable, "-m", "tpubuild", *args], cwd=root, capture_output=True, text=True, env=env)
+QUIET = {"TF_CPP_MIN_LOG_LEVEL": "3"}
 
 
 def write_recipe(root: Path, method: str, tolerance: str = "") -> None:
@@ -40,13 +39,13 @@ def built(dense: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "recipes" / "never_built.yaml").write_text("model: {saved_model: ../models/dense}\n")
     for method in ("WEIGHT_ONLY", "DYNAMIC_RANGE"):
         write_recipe(root, method)
-        result = tpubuild(root, "build", "dense")
+        result = tpubuild(root, "build", "dense", env=QUIET)
         assert result.returncode == 0, result.stderr
     return root
 
 
 def test_report_prints_the_newest_version(built: Path) -> None:
-    result = tpubuild(built, "report", "dense")
+    result = tpubuild(built, "report", "dense", env=QUIET)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     total = json.loads((built / "out" / "dense" / "2" / "tpubuild-report.json").read_text())["cost"]["total"]
@@ -64,16 +63,16 @@ def test_report_prints_the_newest_version(built: Path) -> None:
 
 def test_report_formats_are_the_published_files(built: Path) -> None:
     version = built / "out" / "dense" / "2"
-    as_json = tpubuild(built, "report", "dense", "--format", "json").stdout
+    as_json = tpubuild(built, "report", "dense", "--format", "json", env=QUIET).stdout
     assert json.loads(as_json) == json.loads((version / "tpubuild-report.json").read_text())
-    markdown = tpubuild(built, "report", "dense", "--format", "markdown").stdout
+    markdown = tpubuild(built, "report", "dense", "--format", "markdown", env=QUIET).stdout
     assert markdown == (version / "tpubuild-report.md").read_text()
-    old = json.loads(tpubuild(built, "report", "dense", "--version", "1", "--format", "json").stdout)
+    old = json.loads(tpubuild(built, "report", "dense", "--version", "1", "--format", "json", env=QUIET).stdout)
     assert old["quantization"]["method"] == "WEIGHT_ONLY"
 
 
 def test_report_against_an_older_version(built: Path) -> None:
-    result = tpubuild(built, "report", "dense", "--against", "1")
+    result = tpubuild(built, "report", "dense", "--against", "1", env=QUIET)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == "dense: version 1 -> version 2"
@@ -82,17 +81,17 @@ def test_report_against_an_older_version(built: Path) -> None:
         "size", "parameter_bytes", "cost_total", "tpu_share", "max_abs_error"
     ]
     assert lines[3] == f"{'parameter_bytes':16} {'9.8 KiB':>14} {'9.8 KiB':>14}  x1.000"
-    as_json = json.loads(tpubuild(built, "report", "dense", "--against", "1", "--format", "json").stdout)
+    as_json = json.loads(tpubuild(built, "report", "dense", "--against", "1", "--format", "json", env=QUIET).stdout)
     assert (as_json["old"], as_json["new"]) == (1, 2)
     assert as_json["difference"]["tpu_share"] == {"old": 0.0, "new": 0.0}
 
 
 def test_report_errors_are_one_line(built: Path) -> None:
-    result = tpubuild(built, "report", "dense", "--version", "9")
+    result = tpubuild(built, "report", "dense", "--version", "9", env=QUIET)
     assert (result.returncode, result.stderr) == (
         2, f"error: dense: no version 9 in {built / 'out' / 'dense'}; published versions: 1, 2\n"
     )
-    result = tpubuild(built, "report", "never_built")
+    result = tpubuild(built, "report", "never_built", env=QUIET)
     assert (result.returncode, result.stderr) == (
         2, f"error: never_built: no published version in {built / 'out' / 'never_built'}; "
         "run `tpubuild build never_built`\n"
@@ -112,7 +111,7 @@ def test_report_does_not_import_tensorflow(built: Path) -> None:
 def test_too_tight_tolerance_fails_the_build_with_the_error(built: Path) -> None:
     write_recipe(built, "DYNAMIC_RANGE", ", rtol: 1.0e-6, atol: 1.0e-7")
     try:
-        result = tpubuild(built, "build", "dense")
+        result = tpubuild(built, "build", "dense", env=QUIET)
     finally:
         write_recipe(built, "DYNAMIC_RANGE")
     assert result.returncode == 1

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
+
+from tests.cli import tpubuild
 
 QUANTIZED = ["dynamic_range", "weight_only", "static_range_generator", "quantized"]
 # toy and batch_function serve an argmax (`class_id`) beside their scores.
@@ -52,8 +52,7 @@ def test_quantized_examples_load_run_and_pass_verification(workspace: Path, name
 
 def test_transformer_report_shows_the_quarter_size(workspace: Path) -> None:
     version, report = published(workspace, "dynamic_range")
-    text = subprocess.run([sys.executable, "-m", "tpubuild", "report", "dynamic_range"], cwd=workspace,
-                          capture_output=True, text=True).stdout
+    text = tpubuild(workspace, "report", "dynamic_range").stdout
     assert "Parameters: artifact 451.0 KiB, source 1.7 MiB; ratio 0.253" in text.splitlines()
     assert report["quantization"]["layers"] == {"Gather": {"quantized": 1, "total": 1},
                                                 "MatMul": {"quantized": 7, "total": 7}}

@@ -18,15 +18,13 @@ MatMul worst by TF's own quantization debugger, propose keeping it in float with
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.cli import tpubuild
 from tpubuild.quantize.datasets import write_tfrecord
 
 MODEL = '''
@@ -71,9 +69,7 @@ verify:
 """
 
 
-def tpubuild(root: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tpubuild", *args], cwd=root, capture_output=True, text=True,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"})  # TF's log must still not show
+LOUD = {"TF_CPP_MIN_LOG_LEVEL": "0"}  # TF's log must still not show
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +89,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 def test_unfiltered_build_fails_verification(workspace: Path) -> None:
-    result = tpubuild(workspace, "build", "sensor")
+    result = tpubuild(workspace, "build", "sensor", env=LOUD)
     assert result.returncode == 1
     assert "stage verify: signature 'serving_default' output 'score' differs from the source" in result.stderr
     assert "`tpubuild explain-error` on this recipe names the ops where it starts" in result.stderr
@@ -101,8 +97,8 @@ def test_unfiltered_build_fails_verification(workspace: Path) -> None:
 
 @pytest.mark.slow
 def test_explain_error_names_the_sub_and_proposes_the_filterlist(workspace: Path) -> None:
-    tpubuild(workspace, "build", "sensor")  # leaves the stages before verify in the cache
-    result = tpubuild(workspace, "explain-error", "sensor")
+    tpubuild(workspace, "build", "sensor", env=LOUD)  # leaves the stages before verify in the cache
+    result = tpubuild(workspace, "explain-error", "sensor", env=LOUD)
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""  # no TensorFlow log line reaches the user
     lines = result.stdout.splitlines()
@@ -129,11 +125,11 @@ def test_the_proposed_filterlist_builds_and_verifies(workspace: Path) -> None:
     before = recipe.read_text()
     recipe.write_text(textwrap.dedent(RECIPE.format(options="\n  bfloat16_optimization_options: {filterlist: [Sub]}")))
     try:
-        result = tpubuild(workspace, "build", "sensor")
+        result = tpubuild(workspace, "build", "sensor", env=LOUD)
         assert result.returncode == 0, result.stderr
         report = json.loads((workspace / "out" / "sensor" / "1" / "tpubuild-report.json").read_text())
         assert report["verify"]["passed"] is True
-        again = tpubuild(workspace, "explain-error", "sensor")
+        again = tpubuild(workspace, "explain-error", "sensor", env=LOUD)
         assert again.returncode == 0, again.stderr
         assert "nothing to filter" in again.stdout and "proposal" not in again.stdout
     finally:
@@ -145,13 +141,13 @@ def test_bad_requests_are_one_line_errors(workspace: Path) -> None:
     # Its own build: under pytest-xdist this test may run in a worker where no other test of
     # this module built the workspace (the module fixture is per worker), and the message
     # below names the first stage missing from the cache (a flaky failure before: "tpu").
-    tpubuild(workspace, "build", "sensor")  # fails at verify, keeps the stages before it
-    plain = tpubuild(workspace, "explain-error", "plain")
+    tpubuild(workspace, "build", "sensor", env=LOUD)  # fails at verify, keeps the stages before it
+    plain = tpubuild(workspace, "explain-error", "plain", env=LOUD)
     assert plain.returncode == 2
     assert plain.stderr.strip().splitlines() == [
         "error: recipes/plain.yaml: recipe plain applies neither bfloat16 nor quantization: its artifact computes "
         "what its source computes, up to float32 rounding; there is no conversion error to explain"]
-    wrong_stage = tpubuild(workspace, "explain-error", "sensor", "--stage", "quantize")  # not in its chain
+    wrong_stage = tpubuild(workspace, "explain-error", "sensor", "--stage", "quantize", env=LOUD)  # not in its chain
     assert wrong_stage.returncode == 2
     assert wrong_stage.stderr.strip() == "error: recipes/sensor.yaml: recipe sensor does not run the quantize stage"
     recipe = workspace / "recipes" / "sensor.yaml"
@@ -160,7 +156,7 @@ def test_bad_requests_are_one_line_errors(workspace: Path) -> None:
         "bfloat16_optimization: ENABLED", "bfloat16_optimization: ENABLED\n  bfloat16_optimization_options: "
         "{filterlist: [Relu]}"))
     try:
-        unbuilt = tpubuild(workspace, "explain-error", "sensor")
+        unbuilt = tpubuild(workspace, "explain-error", "sensor", env=LOUD)
         assert unbuilt.returncode == 2
         assert unbuilt.stderr.strip() == (
             "error: recipes/sensor.yaml: recipe sensor: stage bfloat16 is not built with the recipe as it is now; "
@@ -233,10 +229,10 @@ def int8_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 def test_int8_explain_error_names_the_layer_and_keeps_it_in_float(int8_workspace: Path) -> None:
-    failed = tpubuild(int8_workspace, "build")
+    failed = tpubuild(int8_workspace, "build", env=LOUD)
     assert failed.returncode == 1
     assert "`tpubuild explain-error` on this recipe names the ops where it starts" in failed.stderr
-    result = tpubuild(int8_workspace, "explain-error", "outlier")
+    result = tpubuild(int8_workspace, "explain-error", "outlier", env=LOUD)
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     lines = result.stdout.splitlines()
@@ -254,11 +250,11 @@ def test_int8_explain_error_names_the_layer_and_keeps_it_in_float(int8_workspace
 
     specs = "\n    unit_wise_quantization_specs: [{unit: [{node_name: 'MatMul'}], method: NO_QUANTIZE}]"
     (int8_workspace / "recipes" / "outlier.yaml").write_text(textwrap.dedent(OUTLIER.format(specs=specs)))
-    rebuilt = tpubuild(int8_workspace, "build")
+    rebuilt = tpubuild(int8_workspace, "build", env=LOUD)
     assert rebuilt.returncode == 0, rebuilt.stderr
     report = json.loads((int8_workspace / "out" / "outlier" / "1" / "tpubuild-report.json").read_text())
     assert report["verify"]["passed"] is True
     # The kept layer is float, the other int8 (TF's quantizer summary, per op type).
     assert report["quantization"]["layers"]["MatMul"] == {"quantized": 1, "total": 2}
-    rendered = tpubuild(int8_workspace, "render", "outlier")
+    rendered = tpubuild(int8_workspace, "render", "outlier", env=LOUD)
     assert 'node_name: "MatMul"' in rendered.stdout and "preset_method: METHOD_NO_QUANTIZE" in rendered.stdout

@@ -10,14 +10,13 @@ checkpoint. A variable that CPU code still reads stays.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.cli import tpubuild
 from tpubuild.tpu.twin import make_cpu_twin
 from tpubuild.verify.serving_load import check_serving_load
 
@@ -98,8 +97,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (models / "wide.py").write_text(MODEL)
     (ws / "recipes" / "wide.yaml").write_text(RECIPE.format(name="wide", function="export"))
     (ws / "recipes" / "shared.yaml").write_text(RECIPE.format(name="shared", function="export_shared"))
-    done = subprocess.run([sys.executable, "-m", "tpubuild", "build", "--json"], cwd=ws,
-                          capture_output=True, text=True, timeout=900)
+    done = tpubuild(ws, "build", "--json", timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     return ws
 

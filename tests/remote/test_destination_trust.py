@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli import REPO
 from tests.engine import users as shared
 from tests.engine.users import TwoUsers
 from tests.remote.conftest import BUCKET
@@ -229,7 +230,7 @@ def test_a_co_writers_version_with_a_copy_of_the_manifest_is_not_this_model(dest
     assert publish(dest, "a")["number"] == 1
     manifest = dest.read("toy/1/tpubuild-manifest.json")
     # The co-writer's model of the same architecture (b's bytes) under a's manifest, as the newest.
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    sys.path.insert(0, str(REPO))
     from tests.remote.publish_job import fake_version
 
     theirs = fake_version(users.base / "co-work", "toy", "b")

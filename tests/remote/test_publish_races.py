@@ -23,7 +23,7 @@ from typing import Callable
 import blake3
 import pytest
 
-from tests.engine.conftest import REPO
+from tests.cli import REPO
 from tests.remote.places import Place, file_place, s3_place
 
 RECIPE = "toy"

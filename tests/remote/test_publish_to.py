@@ -23,11 +23,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli import REPO, tpubuild
 from tests.engine.conftest import (
-    REPO,
     source_recipe,
     tiny_saved_model,  # noqa: F401 (a session fixture)
-    tpubuild,
     write_workspace,
 )
 from tests.provenance.test_signed_versions import key_pair

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.engine.conftest import REPO, tpubuild
+from tests.cli import REPO, tpubuild
 from tests.provenance.test_signed_versions import key_pair
 from tests.remote.conftest import BUCKET
 from tests.remote.places import MANIFEST, Place, s3_place

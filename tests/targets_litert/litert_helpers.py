@@ -13,11 +13,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 
+from tests.cli import REPO
 from tpubuild.stages.base import StageContext, StageResult  # noqa: E402
 from tpubuild.targets.litert import stage as litert
 from tpubuild.targets.litert import verify_stage as litert_verify
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def example_module() -> Any:
