@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from quality_helpers import FEATURES, Runner, dense_samples
 
+from tests.stage_helpers import FEATURES, Runner, dense_samples
 from tpubuild.errors import StageError
 from tpubuild.quantize.datasets import read_tfrecord, write_tfrecord
 

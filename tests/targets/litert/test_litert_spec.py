@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.targets_litert.litert_helpers import REPO, recipe
+from tests.targets.litert.litert_helpers import REPO, recipe
 from tpubuild.targets.litert import stage as litert
 from tpubuild.targets.litert import verify_stage as litert_verify
 

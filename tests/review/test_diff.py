@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tests.cli import tpubuild
-from tests.diff.conftest import RECIPES, affected, diff_json, git, write_samples
+from tests.review.conftest import RECIPES, affected, diff_json, git, write_samples
 from tpubuild.review.compare import RecipeChange, StageChange
 from tpubuild.review.formats import markdown
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from quality_helpers import Runner, dense_samples
 
+from tests.stage_helpers import Runner, dense_samples
 from tests.tolerances import INT8, assert_close
 from tpubuild.errors import ConversionError, StageError
 from tpubuild.quantize.datasets import write_tfrecord

@@ -13,8 +13,8 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 import tensorflow as tf
-from quality_helpers import Runner
 
+from tests.stage_helpers import Runner
 from tpubuild.errors import ConversionError
 from tpubuild.quantize.datasets import write_tfrecord
 from tpubuild.savedmodel.model import SavedModel

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from quality_helpers import Runner
 
+from tests.stage_helpers import Runner
 from tests.tolerances import FLOAT32_REORDERED
 from tpubuild.errors import StageError
 from tpubuild.quantize.datasets import random_samples, signature_inputs, write_tfrecord

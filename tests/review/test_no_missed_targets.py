@@ -139,7 +139,7 @@ TARGET_MUTATIONS = [
 _MISSING = [t for t, chain in TARGET_STAGES.items() if chain and chain[0] not in STAGE_ORDER]
 MUTATIONS += [m for m in TARGET_MUTATIONS if m[1][1] not in _MISSING]
 # Leaves not edited here, and why: the file's own metadata, the export form of `model`
-# (its script, function and deps are inputs of the export stage: tests/diff/test_diff.py),
+# (its script, function and deps are inputs of the export stage: tests/review/test_diff.py),
 # and the options of a target whose stages are not in this tpubuild (a recipe naming it is refused).
 NOT_MUTATED = {"$schema", "name", "extends", "model.export.script", "model.export.function", "model.export.deps",
                *(m[0] for m in TARGET_MUTATIONS if m[1][1] in _MISSING)}

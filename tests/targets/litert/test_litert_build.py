@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.targets_litert.litert_helpers import Runner
+from tests.targets.litert.litert_helpers import Runner
 from tpubuild.errors import StageError
 from tpubuild.stages.base import StageResult
 from tpubuild.targets.litert import flatbuffer as litert_inspect

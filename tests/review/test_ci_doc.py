@@ -13,8 +13,8 @@ from pathlib import Path
 import yaml
 
 from tests.cli import REPO
-from tests.diff.conftest import git
-from tests.diff.test_diff import OWN_BATCH
+from tests.review.conftest import git
+from tests.review.test_diff import OWN_BATCH
 
 DOC = REPO / "docs" / "ci.md"
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from quality_helpers import FEATURES, Dense, Runner, dense_samples, save
 
 from tests.cli import tpubuild
+from tests.stage_helpers import FEATURES, Dense, Runner, dense_samples, save
 from tpubuild.errors import StageError
 from tpubuild.quantize.datasets import read_tfrecord, write_tfrecord
 

@@ -1,4 +1,5 @@
-"""Tiny real models and a stage runner for the quality tests (imported by conftest and tests)."""
+"""Tiny real models and a stage runner for the stage tests of verify/, report/, quantize/,
+diagnosis/, serving/ and tpu/ (their fixtures are in tests/conftest.py)."""
 
 from __future__ import annotations
 

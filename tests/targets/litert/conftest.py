@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.targets_litert.litert_helpers import (
+from tests.targets.litert.litert_helpers import (
     DynamicBatch,
     Runner,
     TwoSignatures,

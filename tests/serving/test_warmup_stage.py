@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import tensorflow as tf
-from quality_helpers import Runner
 
+from tests.stage_helpers import Runner
 from tpubuild.errors import StageError
 from tpubuild.serving import warmup
 

@@ -6,8 +6,7 @@ import json
 import re
 from pathlib import Path
 
-from quality_helpers import Runner
-
+from tests.stage_helpers import Runner
 from tpubuild.report import formats as report_format
 
 TAGS = ["serve"]

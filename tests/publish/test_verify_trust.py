@@ -4,7 +4,7 @@ what a newcomer meets publishing to a mount (publish_to values, the base install
 codes, the summary line). Against moto's S3 server on 127.0.0.1 and a file:// mount in
 tmp_path; the co-writer's objects are put there past tpubuild, as their own CI job would.
 
-Built once per session (tests/remote/test_publish_to.py `warm`): each test copies the
+Built once per session (tests/publish/test_publish_to.py `warm`): each test copies the
 workspace, so only the publish runs."""
 
 from __future__ import annotations
@@ -18,9 +18,7 @@ import pytest
 
 from tests.cli import REPO, tpubuild
 from tests.provenance.test_signed_versions import key_pair
-from tests.remote.conftest import BUCKET
-from tests.remote.places import MANIFEST, Place, s3_place
-from tests.remote.test_publish_to import (  # noqa: F401 (fixtures)
+from tests.publish.test_publish_to import (  # noqa: F401 (fixtures)
     MODELS,
     build,
     build_text,
@@ -30,6 +28,8 @@ from tests.remote.test_publish_to import (  # noqa: F401 (fixtures)
     unreachable,
     warm,
 )
+from tests.remote.conftest import BUCKET
+from tests.remote.places import MANIFEST, Place, s3_place
 
 
 def signed_destination(warm: Path, place: Place, tmp_path: Path, name: str = "ws") -> tuple[Path, Path]:

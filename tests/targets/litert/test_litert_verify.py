@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.targets_litert.conftest import IDS_DATASET
-from tests.targets_litert.litert_helpers import Runner
+from tests.targets.litert.conftest import IDS_DATASET
+from tests.targets.litert.litert_helpers import Runner
 from tpubuild.errors import StageError
 from tpubuild.stages.base import StageResult
 
