@@ -8,11 +8,10 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.cli import REPO, tpubuild
 
 
 @dataclass(frozen=True)
@@ -45,8 +44,7 @@ def build_examples(directory: Path) -> None:
         shutil.copy(REPO / name, root / name)
     for folder in ("recipes", "schemas"):
         shutil.copytree(REPO / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    done = subprocess.run([sys.executable, "-m", "tpubuild", "build", "--json"], cwd=root, capture_output=True,
-                          text=True, timeout=1800, check=False)
+    done = tpubuild(root, "build", "--json", timeout=1800)
     assert done.returncode == 0, done.stdout + done.stderr
     (directory / "build.json").write_text(done.stdout)
     (directory / "build.err").write_text(done.stderr)

@@ -46,7 +46,7 @@ def test_every_folder_of_tests_keeps_tests_in_the_default_tier() -> None:
 
 def test_the_slow_tier_holds_tests() -> None:
     slow = {p.relative_to(TESTS).as_posix() for p in TESTS.rglob("test_*.py") if tiers_of(p)[1]}
-    assert {"realmodels/test_keras_models.py", "ray/test_ray_build.py", "remote/test_publish_races.py"} <= slow
+    assert {"realmodels/test_keras_models.py", "ray/test_ray_build.py", "publish/test_publish_races.py"} <= slow
 
 
 def test_the_tiers_are_read_from_marks_and_pytestmark(tmp_path: Path) -> None:

@@ -1,13 +1,11 @@
 from __future__ import annotations
 
-import contextlib
-import io
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from tpubuild.cli import main
+from tests.cli import run_cli
 from tpubuild.config.recipe import load_recipes
 from tpubuild.config.workspace import load_workspace
 from tpubuild.errors import ConfigError
@@ -40,16 +38,6 @@ class WorkspaceFactory:
         """`tpubuild --workspace ROOT ARGV...` in this process: (exit code, stdout, stderr).
         An exception other than SystemExit escapes: that would be a traceback."""
         return run_cli("--workspace", str(self.root), *argv)
-
-
-def run_cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(list(argv))
-        except SystemExit as exc:
-            code = exc.code
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture(name="run_cli")

@@ -8,21 +8,16 @@ import sys
 
 import pytest
 
+from tests.cli import tpubuild
 from tpubuild import __version__
 
 GOOD = "model: {saved_model: ../models/toy}\nconverter:\n  tpu_functions: [{function_alias: f}]\n"
 
 
-def tpubuild(*args: str, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tpubuild", *args], cwd=cwd, capture_output=True, text=True, timeout=60
-    )
-
-
 def test_validate_from_a_subdirectory_finds_the_workspace(ws):
     ws.write("recipes/toy.yaml", GOOD)
     (ws.root / "deep" / "er").mkdir(parents=True)
-    result = tpubuild("validate", cwd=ws.root / "deep" / "er")
+    result = tpubuild(ws.root / "deep" / "er", "validate")
     assert (result.returncode, result.stderr) == (0, "")
     assert result.stdout == f"1 recipe OK in {ws.root}\n"
 
@@ -30,14 +25,14 @@ def test_validate_from_a_subdirectory_finds_the_workspace(ws):
 def test_workspace_option_overrides_discovery(ws, tmp_path_factory):
     ws.write("recipes/toy.yaml", GOOD)
     elsewhere = tmp_path_factory.mktemp("elsewhere")
-    result = tpubuild("--workspace", str(ws.root), "list", cwd=elsewhere)
+    result = tpubuild(elsewhere, "--workspace", str(ws.root), "list")
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["toy", "models/toy", "[source", ">", "tpu", ">", "bfloat16", ">", "io_shape",
                                       ">", "verify", ">", "report", ">", "publish]"]
 
 
 def test_no_workspace_is_a_one_line_error(tmp_path):
-    result = tpubuild("validate", cwd=tmp_path)
+    result = tpubuild(tmp_path, "validate")
     assert result.returncode == 2
     assert result.stderr == (
         f"error: no tpubuild.yaml in {tmp_path} or any parent directory: `tpubuild init` writes one here (where "
@@ -48,7 +43,7 @@ def test_no_workspace_is_a_one_line_error(tmp_path):
 def test_broken_recipe_exit_2_one_line_per_error_no_traceback(ws):
     ws.write("recipes/toy.yaml", GOOD)
     ws.write("recipes/bad.yaml", "model: {saved_model: ../models/toy}\nconverter:\n  batch_options: [{max_batch_size: -1}]\nverfy: {}\n")
-    result = tpubuild("validate", cwd=ws.root)
+    result = tpubuild(ws.root, "validate")
     assert result.returncode == 2
     assert result.stdout == ""
     assert result.stderr.splitlines() == [
@@ -59,7 +54,7 @@ def test_broken_recipe_exit_2_one_line_per_error_no_traceback(ws):
 
 def test_debug_shows_the_traceback(ws):
     ws.write("recipes/bad.yaml", "model: {saved_model: ../nope}\n")
-    result = tpubuild("--debug", "validate", cwd=ws.root)
+    result = tpubuild(ws.root, "--debug", "validate")
     assert result.returncode != 0
     assert "Traceback (most recent call last)" in result.stderr
     assert "tpubuild.errors.ConfigError" in result.stderr
@@ -67,7 +62,7 @@ def test_debug_shows_the_traceback(ws):
 
 def test_unknown_target(ws):
     ws.write("recipes/toy.yaml", GOOD)
-    result = tpubuild("validate", "tyo", cwd=ws.root)
+    result = tpubuild(ws.root, "validate", "tyo")
     assert (result.returncode, result.stderr) == (2, "error: no recipe matches 'tyo' (did you mean 'toy'?)\n")
 
 
@@ -76,7 +71,7 @@ def test_list_json_and_glob_targets(ws):
     ws.write("recipes/nlp-b.yaml", "model: {saved_model: ../models/toy}\n")
     ws.write("recipes/vision.yaml", GOOD)
     ws.write("recipes/vision.lock.yaml", "schema: '1'\n")  # lock files are never recipes
-    result = tpubuild("list", "--json", "nlp-*", cwd=ws.root)
+    result = tpubuild(ws.root, "list", "--json", "nlp-*")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == [
         {"name": "nlp-a", "file": "recipes/nlp-a.yaml", "model": "models/toy",
@@ -88,13 +83,13 @@ def test_list_json_and_glob_targets(ws):
 
 
 def test_version_and_help():
-    assert tpubuild("--version", cwd=".").stdout == f"tpubuild, version {__version__}\n"
-    help_text = tpubuild("--help", cwd=".").stdout
+    assert tpubuild(".", "--version").stdout == f"tpubuild, version {__version__}\n"
+    help_text = tpubuild(".", "--help").stdout
     listed = help_text.split("Commands:\n", 1)[1].split("\n\n", 1)[0]
     verbs = [line.split()[0] for line in listed.splitlines() if line.startswith("  ") and not line.startswith("   ")]
     assert {"validate", "list"} <= set(verbs)
     for verb in verbs:  # every verb explains itself with an example
-        assert "Example" in tpubuild(verb, "--help", cwd=".").stdout, verb
+        assert "Example" in tpubuild(".", verb, "--help").stdout, verb
 
 
 @pytest.mark.parametrize("argv", [["validate"], ["list", "--json"], ["--help"], ["validate", "--json", "recipes/exp.yaml"],

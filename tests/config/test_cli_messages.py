@@ -3,18 +3,13 @@ recipe file the workspace's globs do not reach, a YAML line indented wrongly."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-CLI = [sys.executable, "-m", "tpubuild"]
+from tests.cli import tpubuild
+
 USAGE = "Usage: tpubuild [OPTIONS] COMMAND [ARGS]...\nTry 'tpubuild --help' for help.\n\n"
-
-
-def tpubuild(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize(("typed", "meant"), [("biuld", "build"), ("valdate", "validate"), ("explian", "explain"),

@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.cli import CLI, REPO
 from tpubuild.config.names import NAME_MAX_LENGTH, NAME_PATTERN, NAME_RULE
 from tpubuild.config.schema import INT32_MAX, validator
 from tpubuild.config.yamlload import (
@@ -21,7 +21,6 @@ from tpubuild.config.yamlload import (
     MAX_NODES,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 MODEL = "model: {saved_model: ../models/toy}\n"
 PLANNING = (["validate"], ["render", "r"], ["build", "--dry-run"], ["list"])
 
@@ -190,7 +189,7 @@ def test_a_full_disk_is_one_line_and_exit_1(ws):
     ws.write("recipes/r.yaml", MODEL)
     with open("/dev/full", "w") as full:
         done = subprocess.run(
-            [sys.executable, "-m", "tpubuild", "list"], cwd=ws.root, stdout=full, stderr=subprocess.PIPE,
+            [*CLI, "list"], cwd=ws.root, stdout=full, stderr=subprocess.PIPE,
             text=True, timeout=60,
         )
     assert (done.returncode, done.stderr) == (1, "error: No space left on device\n")

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-CLI = [sys.executable, "-m", "tpubuild"]
+from tests.cli import tpubuild
+
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@example.com", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
 IGNORE_EVERYTHING = "# Written by tpubuild: nothing in this directory belongs in version control.\n*\n"
@@ -80,7 +80,7 @@ def repo(tmp_path: Path) -> Path:
 
 
 def test_init_in_an_empty_directory_then_a_build_stages_nothing_of_the_cache_or_outputs(repo: Path) -> None:
-    done = run(repo, *CLI, "init")
+    done = tpubuild(repo, "init", env=GIT_ENV)
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout == (
         "created tpubuild.yaml\ncreated recipes/\n"
@@ -91,11 +91,11 @@ def test_init_in_an_empty_directory_then_a_build_stages_nothing_of_the_cache_or_
     # The workspace file is commented and loads: every key at its default.
     text = (repo / "tpubuild.yaml").read_text()
     assert text.startswith("# The tpubuild workspace: ") and 'recipes: ["recipes/*.yaml"]' in text
-    assert run(repo, *CLI, "validate").returncode == 0
+    assert tpubuild(repo, "validate", env=GIT_ENV).returncode == 0
 
     (repo / "recipes" / "tiny.py").write_text(SCRIPT)
     (repo / "recipes" / "tiny.yaml").write_text(RECIPE)
-    built = run(repo, *CLI, "build")
+    built = tpubuild(repo, "build", env=GIT_ENV)
     assert built.returncode == 0, built.stdout + built.stderr
     assert (repo / "out" / "tiny" / "1" / "saved_model.pb").is_file()
     assert (repo / ".tpubuild" / "cache" / "v1" / "keys" / str(os.getuid())).is_file()  # the private record key
@@ -115,7 +115,7 @@ def test_init_in_an_existing_workspace_keeps_every_file_and_a_build_ignores_a_ne
     (repo / "recipes" / "tiny.yaml").write_text(RECIPE)
     (repo / ".gitignore").write_text("*.pyc")  # no newline at its end
     os.chmod(repo / ".gitignore", 0o640)
-    built = run(repo, *CLI, "build")
+    built = tpubuild(repo, "build", env=GIT_ENV)
     assert built.returncode == 0, built.stdout + built.stderr
     assert (repo / "build-cache" / ".gitignore").read_text() == IGNORE_EVERYTHING
     assert (repo / ".tpubuild" / ".gitignore").read_text() == IGNORE_EVERYTHING
@@ -125,7 +125,7 @@ def test_init_in_an_existing_workspace_keeps_every_file_and_a_build_ignores_a_ne
     assert run(repo, "git", "reset", "-q").returncode == 0
 
     before = (repo / "tpubuild.yaml").read_text()
-    done = run(repo, *CLI, "init")
+    done = tpubuild(repo, "init", env=GIT_ENV)
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout.splitlines()[:4] == [
         "kept tpubuild.yaml (it exists)", "kept recipes/", "kept .tpubuild/.gitignore",
@@ -135,26 +135,26 @@ def test_init_in_an_existing_workspace_keeps_every_file_and_a_build_ignores_a_ne
     assert os.stat(repo / ".gitignore").st_mode & 0o777 == 0o640
     assert not any(p.startswith(("out/", "build-cache/", ".tpubuild/")) for p in staged(repo))
     # Again: nothing to do, nothing changed.
-    again = run(repo, *CLI, "init")
+    again = tpubuild(repo, "init", env=GIT_ENV)
     assert again.stdout.splitlines()[3] == "kept .gitignore (it ignores out/ already)"
     assert (repo / ".gitignore").read_text() == "*.pyc\n" + OUT_LINES
 
 
 def test_init_track_outputs_leaves_outputs_to_git_and_a_file_in_the_way_is_a_usage_error(tmp_path: Path) -> None:
-    done = run(tmp_path, *CLI, "init", "new", "--track-outputs")
+    done = tpubuild(tmp_path, "init", "new", "--track-outputs", env=GIT_ENV)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[:3] == [
         "created new/tpubuild.yaml", "created new/recipes/",
         "created new/.tpubuild/.gitignore (the cache and tpubuild's state stay out of git)"]
     assert not (tmp_path / "new" / ".gitignore").exists()
     (tmp_path / "file").write_text("")
-    refused = run(tmp_path, *CLI, "init", "file")
+    refused = tpubuild(tmp_path, "init", "file", env=GIT_ENV)
     assert refused.returncode == 2
     assert refused.stderr.splitlines()[-1] == "Error: Invalid value for '[DIRECTORY]': Directory 'file' is a file."
 
 
 def test_no_workspace_error_names_init(tmp_path: Path) -> None:
-    done = run(tmp_path, *CLI, "list")
+    done = tpubuild(tmp_path, "list", env=GIT_ENV)
     assert done.returncode == 2
     assert done.stderr == (
         f"error: no tpubuild.yaml in {tmp_path} or any parent directory: `tpubuild init` writes one here (where the "

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.cli import REPO, tpubuild
 from tpubuild.cli import VERBS
 
-REPO = Path(__file__).resolve().parents[2]
 MANIFEST = REPO / ".pre-commit-hooks.yaml"
 
 # pre-commit's manifest schema (pre_commit/clientlib.py MANIFEST_HOOK_DICT, 4.x), for when
@@ -91,7 +91,7 @@ def test_the_hooks_pass_on_a_current_workspace_and_fail_on_a_stale_lock_file(tmp
         assert made.returncode == 0, made.stdout + made.stderr
     ws.mkdir()
     assert run("git", "init", "-q").returncode == 0
-    assert run(sys.executable, "-m", "tpubuild", "init").returncode == 0
+    assert tpubuild(ws, "init", base_env=env, timeout=300).returncode == 0
     assert run("git", "add", "-A").returncode == 0 and run("git", "commit", "-qm", "init").returncode == 0
     passed = run("pre-commit", "try-repo", str(hooks_repo), "--all-files")
     assert passed.returncode == 0, passed.stdout + passed.stderr

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli import REPO, tpubuild
 from tpubuild.config.recipe import load_recipe_file
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-RECIPES = (Path(__file__).resolve().parents[2] / "docs" / "recipes.md").read_text()
+README = (REPO / "README.md").read_text()
+RECIPES = (REPO / "docs" / "recipes.md").read_text()
 
 
 def _block(section: str, language: str, page: str = README) -> str:
@@ -85,8 +86,7 @@ def test_schema_lines_work_in_the_users_workspace(quick_start, tmp_path):
     import json
 
     workspace = shutil.copytree(quick_start, tmp_path / "my-models")
-    run = lambda *argv: subprocess.run([sys.executable, "-m", "tpubuild", *argv], cwd=workspace, capture_output=True,
-                                       text=True, timeout=60, check=True).stdout
+    run = lambda *argv: tpubuild(workspace, *argv, timeout=60, code=0).stdout
     installed = Path(run("schema").strip())
     assert installed.name == "recipe.schema.json" and installed.is_absolute()
     (workspace / "recipe.schema.json").write_text(run("schema", "--content"))  # as the README says

@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.cli import tpubuild
 
 # What TensorFlow's logging looks like: absl/glog-style C++ lines ("I0000 00:00:... port.cc:153]"),
 # the absl banner, the timestamped tsl format ("2026-01-01 ...: I tensorflow/..."), and the
@@ -26,10 +27,8 @@ CONVERTER = {
 }
 
 
-def _tpubuild(*args: str) -> subprocess.CompletedProcess:
-    # The user's environment: none of TensorFlow's logging switches set.
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_", "TPUBUILD_", "AUTOGRAPH"))}
-    return subprocess.run([sys.executable, "-m", "tpubuild", *args], capture_output=True, text=True, env=env)
+# The user's environment: none of TensorFlow's logging switches set.
+USER_ENV = {k: v for k, v in os.environ.items() if not k.startswith(("TF_", "TPUBUILD_", "AUTOGRAPH"))}
 
 
 def _tf_lines(done: subprocess.CompletedProcess) -> list[str]:
@@ -41,7 +40,8 @@ def converted(models, tmp_path_factory) -> tuple[Path, subprocess.CompletedProce
     root = tmp_path_factory.mktemp("quiet")
     (root / "converter.yaml").write_text(yaml.safe_dump(CONVERTER))
     out = root / "out"
-    done = _tpubuild("convert", str(models["toy"]), str(out), "--options-file", str(root / "converter.yaml"))
+    done = tpubuild(None, "convert", str(models["toy"]), str(out), "--options-file", str(root / "converter.yaml"),
+                    base_env=USER_ENV)
     return out, done
 
 
@@ -56,7 +56,7 @@ def test_convert_prints_tpubuild_lines_only(converted, models):
 
 @pytest.fixture(scope="module")
 def quiet_inspect(converted) -> subprocess.CompletedProcess:
-    return _tpubuild("inspect", str(converted[0]))
+    return tpubuild(None, "inspect", str(converted[0]), base_env=USER_ENV)
 
 
 def test_inspect_is_quiet(quiet_inspect):
@@ -67,10 +67,10 @@ def test_inspect_is_quiet(quiet_inspect):
 def test_debug_shows_tensorflows_log_and_verbose_does_not(converted, quiet_inspect):
     # TensorFlow's lines come back, so the pattern above really matches what TensorFlow
     # prints on this machine; tpubuild's own output is the same.
-    loud = _tpubuild("--debug", "inspect", str(converted[0]))
+    loud = tpubuild(None, "--debug", "inspect", str(converted[0]), base_env=USER_ENV)
     assert loud.returncode == 0
     assert _tf_lines(loud) != []
     assert loud.stdout == quiet_inspect.stdout
     # -v asks tpubuild for more rows (build), not for TensorFlow's log (issue 30).
-    verbose = _tpubuild("-v", "inspect", str(converted[0]))
+    verbose = tpubuild(None, "-v", "inspect", str(converted[0]), base_env=USER_ENV)
     assert (verbose.returncode, _tf_lines(verbose), verbose.stdout) == (0, [], quiet_inspect.stdout)

@@ -13,6 +13,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from tests.cli import REPO, tpubuild
 from tpubuild.cli import main
 
 # Exported in a subprocess, as a user's export script runs: this process's eager context
@@ -157,8 +158,7 @@ def test_soft_placement_keeps_a_string_op_in_the_tpu_function(models: dict[str, 
 def test_a_soft_placed_recipe_builds_and_its_report_lists_the_host_ops(models: dict[str, Path], tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
-    run = lambda *args: subprocess.run([sys.executable, "-m", "tpubuild", *args], cwd=ws, capture_output=True,  # noqa: E731
-                                       text=True, timeout=900)
+    run = lambda *args: tpubuild(ws, *args, timeout=900)  # noqa: E731
     assert run("init", ".").returncode == 0
     (ws / "soft.pbtxt").write_text('tpu_functions {\n  function_alias: "tpu_func"\n  enable_soft_device_placement: true\n}\n'
                                    "bfloat16_optimization: DISABLED\n")
@@ -173,11 +173,9 @@ def test_a_soft_placed_recipe_builds_and_its_report_lists_the_host_ops(models: d
 
 
 def test_malformed_text_exits_2_at_its_line_and_column(models: dict[str, Path], tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "tpubuild", "convert", f"--input_model_dir={models['toy']}",
-         f"--output_model_dir={tmp_path / 'out'}",
-         '--converter_options_string=tpu_functions {\n  function_alias: "tpu_func"\n}\nbatch_options { max_batch: 8 }'],
-        capture_output=True, text=True, timeout=120)
+    done = tpubuild(None, "convert", f"--input_model_dir={models['toy']}", f"--output_model_dir={tmp_path / 'out'}",
+                    '--converter_options_string=tpu_functions {\n  function_alias: "tpu_func"\n}\nbatch_options { max_batch: 8 }',
+                    timeout=120)
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == ('--converter_options_string:4:17: Message type "BatchOptions" has no field named '
                            '"max_batch"\n')
@@ -196,17 +194,15 @@ def test_the_guides_quantization_text_proto_converts_through_the_flags(tmp_path:
     """external_feature_configs { quantization_options { ... } } as `tpubuild render` writes it
     for the example `quantized` recipe, its TFRecord path relative to the directory the
     command runs in (as the converter's image reads it)."""
-    repo = Path(__file__).resolve().parents[2]
+    repo = REPO
     export = ("import runpy, sys\n"
               "runpy.run_path('recipes/models/quantized.py')['export'](sys.argv[1])\n")
     done = subprocess.run([sys.executable, "-c", export, str(tmp_path / "model")], cwd=repo, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    text = subprocess.run([sys.executable, "-m", "tpubuild", "render", "quantized"], cwd=repo, capture_output=True,
-                          text=True, timeout=120).stdout
+    text = tpubuild(repo, "render", "quantized", timeout=120).stdout
     assert 'tfrecord_file_path: "recipes/data/quantized.tfrecord"' in text
-    done = subprocess.run([sys.executable, "-m", "tpubuild", "convert", f"--input_model_dir={tmp_path / 'model'}",
-                           f"--output_model_dir={tmp_path / 'out'}", f"--converter_options_string={text}"],
-                          cwd=repo, capture_output=True, text=True, timeout=600)
+    done = tpubuild(repo, "convert", f"--input_model_dir={tmp_path / 'model'}", f"--output_model_dir={tmp_path / 'out'}",
+                    f"--converter_options_string={text}")
     assert (done.returncode, done.stdout) == (0, f"converted {tmp_path / 'model'} -> {tmp_path / 'out'} (quantize)\n"), \
         done.stderr

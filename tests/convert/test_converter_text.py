@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli import REPO, tpubuild
 from tpubuild.converter_text import read_text_proto
 from tpubuild.errors import ConfigError
 
@@ -191,14 +192,9 @@ def test_malformed_text_is_one_line_at_its_line_and_column(text: str, line: str)
     assert info.value.lines() == [line]
 
 
-def tpubuild(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tpubuild", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120)
-
-
 @pytest.fixture
 def workspace(tmp_path: Path) -> Path:
-    assert tpubuild("init", ".", cwd=tmp_path).returncode == 0
+    assert tpubuild(tmp_path, "init", ".").returncode == 0
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "toy.tfrecord").write_bytes(b"")
     (tmp_path / "exported" / "toy").mkdir(parents=True)  # what a recipe names must exist to render
@@ -209,30 +205,30 @@ def workspace(tmp_path: Path) -> Path:
 @pytest.mark.parametrize(("text", "fmt"), [(GUIDE_TEXT, "textproto"), (V2_TEXT, "textproto-v2")])
 def test_import_then_render_gives_the_imported_message_back(workspace: Path, text: str, fmt: str) -> None:
     (workspace / "tuned.pbtxt").write_text(text)
-    done = tpubuild("import", "tuned.pbtxt", "--saved-model", "exported/toy", cwd=workspace)
+    done = tpubuild(workspace, "import", "tuned.pbtxt", "--saved-model", "exported/toy")
     dialect = "ConverterOptions" if fmt == "textproto" else "ConverterOptionsV2"
     assert (done.returncode, done.stdout, done.stderr) == (
         0, f"wrote recipes/tuned.yaml from tuned.pbtxt ({dialect})\n", "")
     recipe = (workspace / "recipes" / "tuned.yaml").read_text()
     assert recipe.startswith(f"# Imported by `tpubuild import` from tuned.pbtxt (a {dialect} text proto).\n"
                              "name: tuned\nmodel:\n  saved_model: ../exported/toy\nconverter:\n")
-    rendered = tpubuild("render", "tuned", "--format", fmt, cwd=workspace)
+    rendered = tpubuild(workspace, "render", "tuned", "--format", fmt)
     assert (rendered.returncode, rendered.stderr) == (0, "")
     assert rendered.stdout == text
 
 
 def test_import_never_overwrites_and_refuses_in_one_line(workspace: Path) -> None:
     (workspace / "toy.pbtxt").write_text('tpu_functions { function_alias: "tpu_func" }\n')
-    assert tpubuild("import", "toy.pbtxt", cwd=workspace).returncode == 0
+    assert tpubuild(workspace, "import", "toy.pbtxt").returncode == 0
     assert "  saved_model: ../exported/toy   # the SavedModel to convert: edit (import --saved-model)\n" in \
         (workspace / "recipes" / "toy.yaml").read_text()
     before = (workspace / "recipes" / "toy.yaml").read_bytes()
-    again = tpubuild("import", "toy.pbtxt", cwd=workspace)
+    again = tpubuild(workspace, "import", "toy.pbtxt")
     assert (again.returncode, again.stderr) == (
         2, "error: recipes/toy.yaml: exists; give another --name (import never overwrites a recipe)\n")
     assert (workspace / "recipes" / "toy.yaml").read_bytes() == before
     (workspace / "gpu.pbtxt").write_text('xla_functions { device_type: GPU function_alias: "f" }\n')
-    refused = tpubuild("import", "gpu.pbtxt", "--name", "gpu", cwd=workspace)
+    refused = tpubuild(workspace, "import", "gpu.pbtxt", "--name", "gpu")
     assert (refused.returncode, refused.stderr) == (
         2, "gpu.pbtxt: xla_functions[0].device_type: refused: GPU: GPU only (tpubuild converts for the TPU)\n")
     assert not (workspace / "recipes" / "gpu.yaml").exists()
@@ -250,7 +246,7 @@ def test_import_and_render_do_not_import_tensorflow(workspace: Path) -> None:
 
 
 def test_the_migration_guide_shows_the_text_protos_it_imports() -> None:
-    repo = Path(__file__).resolve().parents[2]
+    repo = REPO
     page = (repo / "docs" / "migrating-from-the-converter.md").read_text()
     import re
 

@@ -19,13 +19,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.cli import REPO
 from tests.realmodels import jax_models
 from tests.tolerances import BFLOAT16, FLOAT32_REORDERED, assert_close
 
 # Not importorskip: that would import JAX here.
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed")
 
-REPO = Path(__file__).resolve().parents[2]
 MLP_X = {"n": 5, "seed": 2}
 
 # Everything these tests need from JAX, made in one process: the XlaCallModule NodeDefs

@@ -4,22 +4,17 @@ processes. One tiny SavedModel is made per session and copied into each workspac
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.cli import CLI, REPO, tpubuild  # noqa: F401 (CLI, REPO: test_trust_lookup.py and test_outputs.py import them from here)
 from tests.once import built_once_per_run, once_per_run
 from tpubuild.lock import MEASURED
-
-REPO = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-m", "tpubuild"]
 
 EXPORT_SCRIPT = textwrap.dedent(
     '''\
@@ -168,18 +163,6 @@ def built_workspace(built_once, tmp_path) -> Path:
     ws = tmp_path / "ws"
     shutil.copytree(built_once[0], ws, symlinks=True)
     return ws
-
-
-def tpubuild(ws: Path, *args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    """The CLI in a fresh process, run from the workspace."""
-    return subprocess.run(
-        [*CLI, *args],
-        cwd=ws,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
-    )
 
 
 def build_json(ws: Path, *args: str, expect: int = 0, env: dict | None = None, timeout: float = 300) -> dict:

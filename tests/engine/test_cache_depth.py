@@ -12,13 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli import tpubuild
 from tests.engine import users as shared
-from tests.engine.conftest import (  # noqa: F401 (fixtures)
-    built_once,
-    built_workspace,
-    tiny_saved_model,
-    tpubuild,
-)
+from tests.engine.conftest import built_once, built_workspace, tiny_saved_model  # noqa: F401 (fixtures)
 
 two_users = shared.two_users  # the fixture: two real users and a shared cache
 

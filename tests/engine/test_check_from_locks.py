@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli import REPO
 from tpubuild.keys import code
 from tpubuild.lock import MEASURED, lock_document, lock_text, read_lock, read_lock_keys
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _modules() -> list[tuple[Path, str]]:
@@ -77,7 +76,8 @@ def test_a_fresh_clone_is_checked_from_recorded_hashes_alone(built_workspace, mo
     """CI's fresh clone: no cache, no stat cache, no memo. quick_check proves every lock
     file current from the hashes it records (no recipe loaded, no key computed); anything
     that could change a key sends --check down the full path, which names it."""
-    from tests.engine.conftest import CLI, build_json, tpubuild
+    from tests.cli import CLI, tpubuild
+    from tests.engine.conftest import build_json
     from tpubuild.lock import quick_check
 
     ws = built_workspace

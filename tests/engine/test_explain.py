@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.engine.conftest import build_json, export_recipe, statuses, tpubuild
+from tests.cli import tpubuild
+from tests.engine.conftest import build_json, export_recipe, statuses
 from tests.engine.test_outputs import _modules_after
 
 CHANGED = r"content changed \([0-9a-f]{12} -> [0-9a-f]{12}\)"

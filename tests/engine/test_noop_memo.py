@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from tests.engine.conftest import REPO, build_json
+from tests.cli import REPO, tpubuild
+from tests.engine.conftest import build_json
 
 PROBE = """
 import contextlib, io, sys
@@ -59,9 +60,7 @@ def test_memo_proves_a_noop_and_any_change_takes_the_full_path(built_workspace):
     time.sleep(2.1)
     build_json(ws)
     assert probe(ws)[1] is False
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_ENABLE_ONEDNN_OPTS": "0"}
-    dry = subprocess.run([sys.executable, "-m", "tpubuild", "build", "--dry-run", "--json"], cwd=ws,
-                         capture_output=True, text=True, env=env, check=True)
+    dry = tpubuild(ws, "build", "--dry-run", "--json", env={"TF_ENABLE_ONEDNN_OPTS": "0"}, code=0)
     assert "pending" in {row["status"] for row in json.loads(dry.stdout)["rows"]}
     code, loaded, _ = probe(ws, TF_ENABLE_ONEDNN_OPTS="0")
     assert (code, loaded) == (0, True)

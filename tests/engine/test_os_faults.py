@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from tests.engine.conftest import REPO, export_recipe, source_recipe, statuses, tpubuild
+from tests.cli import REPO, tpubuild
+from tests.engine.conftest import export_recipe, source_recipe, statuses
 
 # Each step of the disk-full scenario, run in a mount namespace of its own (`unshare -rm`:
 # no root needed where user namespaces are allowed) on a real tmpfs: `fill` writes a

@@ -13,7 +13,8 @@ import struct
 import subprocess
 import termios
 
-from tests.engine.conftest import CLI, REPO, export_recipe, source_recipe, tpubuild
+from tests.cli import CLI, REPO, tpubuild
+from tests.engine.conftest import export_recipe, source_recipe
 
 ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 ERASE = "\r\x1b[K"  # back to the line's start, erase it: how the live line is redrawn

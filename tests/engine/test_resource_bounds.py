@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 
-from tests.engine.conftest import export_recipe, source_recipe, statuses, tpubuild
+from tests.cli import tpubuild
+from tests.engine.conftest import export_recipe, source_recipe, statuses
 
 # Address space, not memory: an untouched 6 GiB array costs nothing without a limit.
 GREEDY = "import numpy\n\n\ndef export(output_dir):\n    numpy.empty(6 << 30, dtype=numpy.uint8)\n"

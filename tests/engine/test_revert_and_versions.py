@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli import tpubuild
 from tests.engine.conftest import (
     as_another_machine_wrote_it,
     build_json,
     source_recipe,
     statuses,
-    tpubuild,
 )
 from tpubuild.digests import ENV_THREADS, key_env, worker_env
 

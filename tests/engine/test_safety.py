@@ -14,15 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.engine.conftest import (
-    CLI,
-    REPO,
-    build_json,
-    export_recipe,
-    lock_record,
-    statuses,
-    tpubuild,
-)
+from tests.cli import CLI, REPO, tpubuild
+from tests.engine.conftest import build_json, export_recipe, lock_record, statuses
 from tpubuild.digests import hash_file
 
 

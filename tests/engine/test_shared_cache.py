@@ -444,7 +444,7 @@ def test_a_fifo_special_files_and_directories_in_the_cache_are_damage_never_read
 
 def test_a_process_that_holds_a_session_is_waited_for_by_gc_naming_it(tmp_path):
     # gc's wait for running builds names them too (the holder of each session's flock).
-    from tests.engine.conftest import REPO
+    from tests.cli import REPO
     from tpubuild.errors import UsageError
     from tpubuild.store import Store
 
@@ -488,7 +488,7 @@ def _damage_cases(v1: Path) -> dict[str, tuple[Path, str, object]]:
 
 def test_finding_8_damage_in_the_place_of_a_lock_is_one_warning_in_build_gc_and_verify_cache(built_workspace,
                                                                                           tmp_path):
-    from tests.engine.conftest import tpubuild
+    from tests.cli import tpubuild
 
     ws = built_workspace
     v1 = ws / ".tpubuild" / "cache" / "v1"
@@ -509,7 +509,7 @@ def test_finding_8_damage_in_the_place_of_a_lock_is_one_warning_in_build_gc_and_
 
 
 def test_finding_8_gc_and_verify_cache_remove_damage_in_objects_and_count_only_what_they_removed(built_workspace):
-    from tests.engine.conftest import tpubuild
+    from tests.cli import tpubuild
 
     ws = built_workspace
     v1 = ws / ".tpubuild" / "cache" / "v1"

@@ -17,15 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.engine.conftest import (
-    CLI,
-    REPO,
-    build_json,
-    export_recipe,
-    export_variant,
-    statuses,
-    tpubuild,
-)
+from tests.cli import CLI, REPO, tpubuild
+from tests.engine.conftest import build_json, export_recipe, export_variant, statuses
 
 SLOW_EXPORT = '''\
 import time

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from tests.engine.conftest import CLI, REPO, export_recipe, statuses, tpubuild
+from tests.cli import CLI, REPO, tpubuild
+from tests.engine.conftest import export_recipe, statuses
 
 HANG = "import time\n\n\ndef export(output_dir):\n    open('STARTED', 'w').close()\n    time.sleep(3600)\n"
 

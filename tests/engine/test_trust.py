@@ -10,13 +10,8 @@ import shutil
 
 import pytest
 
-from tests.engine.conftest import (
-    build_json,
-    lock_record,
-    source_recipe,
-    statuses,
-    tpubuild,
-)
+from tests.cli import tpubuild
+from tests.engine.conftest import build_json, lock_record, source_recipe, statuses
 
 
 @pytest.mark.slow

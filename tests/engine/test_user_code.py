@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from tests.engine.conftest import tpubuild
+from tests.cli import tpubuild
 
 BESIDE = '''\
 import shutil

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.conftest import export_recipe, export_variant, tpubuild
+from tests.cli import tpubuild
+from tests.engine.conftest import export_recipe, export_variant
 
 
 def test_syntax_error_in_an_export_script_names_its_line(make_workspace):

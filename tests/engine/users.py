@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.conftest import REPO
+from tests.cli import REPO
 
 ROOT_ONLY = "two real users need root (to run processes as other uids)"
 

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli import REPO
 from tpubuild.config.recipe import Recipe, load_recipes
 from tpubuild.config.workspace import load_workspace
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def example_recipes() -> dict[str, Recipe]:

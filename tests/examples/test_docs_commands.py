@@ -17,10 +17,10 @@ from pathlib import Path
 import click
 import pytest
 
+from tests.cli import CLI, REPO
 from tests.example_workspace import copy_built_examples
 from tpubuild.cli import cli
 
-REPO = Path(__file__).resolve().parents[2]
 PAGES = [REPO / "README.md", REPO / "CHANGELOG.md", *sorted((REPO / "docs").rglob("*.md"))]
 # What a placeholder looks like in a usage line: RECIPE, [--json], <recipe>, a | b.
 PLACEHOLDER = re.compile(r"\b[A-Z][A-Z_.]{1,}\b|[\[\]<>|]")
@@ -143,7 +143,7 @@ def test_every_fenced_command_runs_in_the_built_example_workspace(built_examples
         for command in fenced_commands(page.read_text(), ("tpubuild ", "python ")):
             if any(word in command for word in NEEDS_A_CLUSTER):
                 continue  # accepted by the CLI: test_every_command_shown_is_one_the_cli_accepts
-            program = [sys.executable] if command.startswith("python ") else [sys.executable, "-m", "tpubuild"]
+            program = [sys.executable] if command.startswith("python ") else CLI
             done = subprocess.run([*program, *shlex.split(command)[1:]], cwd=ws,
                                   capture_output=True, text=True, timeout=600)
             assert done.returncode in (0, 1) and "Traceback" not in done.stderr, \

@@ -21,7 +21,8 @@ from pathlib import Path
 import click
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.cli import REPO
+
 PACKAGE = REPO / "tpubuild"
 
 

@@ -13,7 +13,8 @@ import yaml
 from tensorflow.compiler.mlir.quantization.tensorflow import quantization_options_pb2
 from tensorflow.core.protobuf import saved_model_pb2
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.cli import REPO
+
 SCENARIOS = {
     # converter-reference.md's scenarios, each shown by at least one example recipe.
     "function alias": lambda c: any("function_alias" in f for f in c["tpu_functions"]),

@@ -19,6 +19,7 @@ from pathlib import Path
 import click
 import pytest
 
+from tests.cli import tpubuild
 from tests.example_workspace import copy_built_examples
 from tpubuild.cli import VERBS, cli
 
@@ -112,8 +113,7 @@ def test_explain_error_takes_the_quantize_stage_of_an_int8_recipe_and_says_why(b
     """issue 42: quantized_tpu_func runs quantize and bfloat16; the default is the stage that
     changes numbers most, and the first line says which and why."""
     ws = copy_built_examples(built_examples, tmp_path / "ws")  # explain-error writes scratch under .tpubuild/
-    done = subprocess.run([sys.executable, "-m", "tpubuild", "explain-error", "quantized_tpu_func"], cwd=ws,
-                          capture_output=True, text=True, timeout=600)
+    done = tpubuild(ws, "explain-error", "quantized_tpu_func")
     assert (done.returncode, done.stderr) == (0, "")
     first = done.stdout.splitlines()[0]
     assert re.fullmatch(

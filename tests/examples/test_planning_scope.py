@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import tpubuild
+from tests.cli import CLI
 from tests.example_workspace import copy_built_examples
 from tpubuild.keys.code import (
     PACKAGE_ROOT,
@@ -106,7 +107,7 @@ def test_a_comment_edit_of_the_pool_and_the_loop_leaves_every_example_lock_file_
     comment and whose engine/, publish/ and commands/ gained a module: every lock file byte for byte (`.ci/run`'s own check of the lock files)."""
     ws = tmp_path / "ws"
     copy_built_examples(built_examples, ws)
-    relock = [sys.executable, "-m", "tpubuild", "build", "--relock"]
+    relock = [*CLI, "build", "--relock"]
     done = subprocess.run(relock, cwd=ws, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     before = {p.name: p.read_bytes() for p in sorted((ws / "recipes").glob("*.lock.yaml"))}

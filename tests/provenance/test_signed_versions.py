@@ -17,10 +17,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from tests.cli import tpubuild
 from tests.engine.conftest import (
     source_recipe,
     tiny_saved_model,  # noqa: F401 (a session fixture)
-    tpubuild,
     write_workspace,
 )
 

@@ -14,10 +14,10 @@ import sys
 import tempfile
 import threading
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Iterator
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.cli import REPO
+
 # `ray start` prints this line once the head node (GCS, raylet) accepts drivers.
 STARTED = "Ray runtime started"
 START_TIMEOUT = 180.0

@@ -17,14 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.conftest import (
-    CLI,
-    REPO,
-    export_recipe,
-    source_recipe,
-    tpubuild,
-    write_workspace,
-)
+from tests.cli import CLI, REPO, tpubuild
+from tests.engine.conftest import export_recipe, source_recipe, write_workspace
 
 # An export that copies a prebuilt SavedModel (byte-identical every run). While its flag
 # file exists it is the "first attempt": it says its pid and waits to be killed.

@@ -17,7 +17,8 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.cli import REPO
+
 KERAS = "tests/realmodels/keras_exports.py"
 JAX = "tests/realmodels/jax_models.py"
 PATHS = {
@@ -73,7 +74,7 @@ def main(out: Path, perturbed: bool) -> None:
         script, function = PATHS[name]
         output = out / name
         output.mkdir(parents=True)
-        export.run(None, output, {"script": script, "function": function}, StageContext(workspace=ROOT))
+        export.run(None, output, {"script": script, "function": function}, StageContext(workspace=REPO))
         found[name] = digests(output)
     print(json.dumps(found, sort_keys=True))
 

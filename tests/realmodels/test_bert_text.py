@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.conftest import build_json, statuses, tpubuild
+from tests.cli import tpubuild
+from tests.engine.conftest import build_json, statuses
 from tests.realmodels import bert_text
 
 RECIPE = """\

@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.engine.conftest import REPO, statuses, tpubuild
+from tests.cli import REPO, tpubuild
+from tests.engine.conftest import statuses
 from tests.realmodels import jax_models
 from tests.realmodels.workspaces import model_workspace
 from tests.tolerances import BFLOAT16, FLOAT32_REORDERED, assert_close

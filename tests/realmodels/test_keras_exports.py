@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.engine.conftest import statuses, tpubuild
+from tests.cli import tpubuild
+from tests.engine.conftest import statuses
 from tests.realmodels import keras_exports
 from tests.realmodels.test_keras_models import _session_run
 from tests.realmodels.workspaces import model_workspace

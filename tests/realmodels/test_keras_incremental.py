@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.conftest import build_json, statuses, tpubuild
+from tests.cli import tpubuild
+from tests.engine.conftest import build_json, statuses
 
 SCRIPT = '''\
 """A small CNN, exported the way Keras documents it."""

@@ -21,13 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.realmodels.export_every_path import ROOT, available
+from tests.cli import REPO
+from tests.realmodels.export_every_path import available
 
 
 def _export_all(out: Path, seed: int, perturbed: bool) -> dict[str, dict[str, str]]:
     env = {**os.environ, "PYTHONHASHSEED": str(seed), "TF_CPP_MIN_LOG_LEVEL": "3"}
     command = [sys.executable, "-m", "tests.realmodels.export_every_path", str(out)] + (["--perturb"] if perturbed else [])
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 

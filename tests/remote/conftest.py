@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
+from tests.cli import tpubuild
 from tests.engine.conftest import (
     BUILT_RECIPES,
     tiny_saved_model,  # noqa: F401 (a session fixture, shared with this directory)
-    tpubuild,
     write_workspace,
 )
 

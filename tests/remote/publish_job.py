@@ -1,5 +1,5 @@
 """A CI job that publishes tiny versions to a destination, one after another, through
-tpubuild's publish module (publish/to_destination.py): what tests/remote/test_publish_races.py
+tpubuild's publish module (publish/to_destination.py): what tests/publish/test_publish_races.py
 runs two of at once, killing one at random points.
 
     python -m tests.remote.publish_job URL RECIPE WORKDIR LOG MODEL...

@@ -14,7 +14,8 @@ import time
 import blake3
 import pytest
 
-from tests.engine.conftest import CLI, REPO, source_recipe, tpubuild
+from tests.cli import CLI, REPO, tpubuild
+from tests.engine.conftest import source_recipe
 from tests.remote.conftest import (
     BUCKET,
     RECIPES,

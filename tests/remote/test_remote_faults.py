@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.conftest import REPO
+from tests.cli import REPO
 from tests.remote.conftest import BUCKET, copy_tree, stage_keys
 
 RECORD = {"stage": "export", "inputs": {}}  # what a stage key is taken of (keys/stage.py)

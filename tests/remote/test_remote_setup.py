@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.conftest import REPO, source_recipe, tpubuild
+from tests.cli import REPO, tpubuild
+from tests.engine.conftest import source_recipe
 from tests.remote.conftest import (
     build_remote,
     copy_tree,

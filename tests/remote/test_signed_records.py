@@ -11,7 +11,8 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from tests.engine.conftest import source_recipe, tpubuild
+from tests.cli import tpubuild
+from tests.engine.conftest import source_recipe
 from tests.remote.conftest import BUCKET, build_remote, stage_keys
 from tpubuild.digests import key_id, sign
 

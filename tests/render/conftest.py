@@ -10,7 +10,8 @@ from types import ModuleType
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.cli import REPO
+
 PROTO = REPO / "schemas" / "converter_options.proto"
 
 

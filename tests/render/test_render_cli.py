@@ -10,20 +10,13 @@ from pathlib import Path
 
 import yaml
 
+from tests.cli import REPO, tpubuild
 from tpubuild.config.recipe import load_recipe_file
 from tpubuild.render import render
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def tpubuild(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tpubuild", *args], cwd=cwd, capture_output=True, text=True, timeout=60
-    )
-
 
 def test_render_toy_prints_its_text_proto() -> None:
-    result = tpubuild("render", "toy", cwd=REPO / "recipes" / "models")  # the workspace is found upward
+    result = tpubuild(REPO / "recipes" / "models", "render", "toy")  # the workspace is found upward
     assert (result.returncode, result.stderr) == (0, "")
     assert result.stdout == (
         "tpu_functions {\n"
@@ -42,7 +35,7 @@ def test_render_toy_prints_its_text_proto() -> None:
 
 
 def test_render_a_recipe_file_from_outside_the_workspace(tmp_path: Path) -> None:
-    result = tpubuild("render", str(REPO / "recipes" / "quantized.yaml"), "--path-prefix", "/ws", cwd=tmp_path)
+    result = tpubuild(tmp_path, "render", str(REPO / "recipes" / "quantized.yaml"), "--path-prefix", "/ws")
     assert (result.returncode, result.stderr) == (0, "")
     recipe = load_recipe_file(REPO / "recipes" / "quantized.yaml")
     assert result.stdout == render(recipe.canonical, path_prefix="/ws")
@@ -51,23 +44,23 @@ def test_render_a_recipe_file_from_outside_the_workspace(tmp_path: Path) -> None
 
 def test_json_and_yaml_formats(tmp_path: Path) -> None:
     recipe = load_recipe_file(REPO / "recipes" / "batch_function.yaml")
-    as_json = tpubuild("--workspace", str(REPO), "render", "batch_function", "--format", "json", cwd=tmp_path)
-    as_yaml = tpubuild("--workspace", str(REPO), "render", "batch_function", "--format", "yaml", cwd=tmp_path)
+    as_json = tpubuild(tmp_path, "--workspace", str(REPO), "render", "batch_function", "--format", "json")
+    as_yaml = tpubuild(tmp_path, "--workspace", str(REPO), "render", "batch_function", "--format", "yaml")
     assert (as_json.returncode, as_yaml.returncode) == (0, 0)
     assert json.loads(as_json.stdout) == recipe.canonical["converter"]
     assert yaml.safe_load(as_yaml.stdout) == recipe.canonical["converter"]
 
 
 def test_a_target_must_name_one_recipe() -> None:
-    several = tpubuild("render", "t*", cwd=REPO)
+    several = tpubuild(REPO, "render", "t*")
     assert (several.returncode, several.stdout) == (2, "")
     assert several.stderr == "error: render takes one recipe; 't*' matches 2: toy, two_tpu_functions\n"
-    unknown = tpubuild("render", "tyo", cwd=REPO)
+    unknown = tpubuild(REPO, "render", "tyo")
     assert (unknown.returncode, unknown.stderr) == (2, "error: no recipe matches 'tyo' (did you mean 'toy'?)\n")
 
 
 def test_unknown_format_is_a_usage_error() -> None:
-    result = tpubuild("render", "toy", "--format", "pbtxt", cwd=REPO)
+    result = tpubuild(REPO, "render", "toy", "--format", "pbtxt")
     assert result.returncode == 2
     assert result.stderr.splitlines()[-1] == (
         "Error: Invalid value for '--format': 'pbtxt' is not one of 'textproto', 'textproto-v2', 'json', 'yaml'."
@@ -86,14 +79,14 @@ def test_npz_dataset_cannot_be_rendered_for_the_converter(tmp_path: Path) -> Non
         "  quantization_options:\n"
         "    representative_datasets: {serving_default: {npz: q.npz}}\n"
     )
-    result = tpubuild("render", "q", cwd=tmp_path)
+    result = tpubuild(tmp_path, "render", "q")
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == (
         "recipes/q.yaml: converter.quantization_options.representative_datasets.serving_default: "
         "the converter reads only TFRecord datasets (tfrecord_file_path), not npz; "
         "write one with tf.quantization.experimental.TfRecordRepresentativeDatasetSaver\n"
     )
-    assert tpubuild("render", "q", "--format", "json", cwd=tmp_path).returncode == 0
+    assert tpubuild(tmp_path, "render", "q", "--format", "json").returncode == 0
 
 
 def test_render_never_imports_tensorflow() -> None:
@@ -110,7 +103,7 @@ def test_render_never_imports_tensorflow() -> None:
 
 
 def test_render_help_has_an_example() -> None:
-    result = tpubuild("render", "--help", cwd=REPO)
+    result = tpubuild(REPO, "render", "--help")
     assert result.returncode == 0
     assert "tpubuild render toy" in result.stdout
     assert '--converter_options_string="$(tpubuild render toy --path-prefix /ws)"' in result.stdout

@@ -3,16 +3,14 @@ schemas/converter_options.proto and holds exactly the recipe's converter options
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from google.protobuf import text_format
 
+from tests.cli import REPO
 from tpubuild.config.recipe import load_recipes
 from tpubuild.config.workspace import load_workspace
 from tpubuild.render import render
 
-REPO = Path(__file__).resolve().parents[2]
 ALL_RECIPES = {r.name: r for r in load_recipes(load_workspace(override=REPO))}
 
 

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from google.protobuf import descriptor_pb2, text_format
 
+from tests.cli import REPO
 from tpubuild.config.recipe import load_recipes
 from tpubuild.config.workspace import load_workspace
 from tpubuild.errors import ConfigError
 from tpubuild.render import render
 
-REPO = Path(__file__).resolve().parents[2]
 SCHEMAS = REPO / "schemas"
 RECIPES = {r.name: r for r in load_recipes(load_workspace(override=REPO))}
 QUANTIZED = sorted(name for name, r in RECIPES.items() if "quantization_options" in r.canonical["converter"])

@@ -10,8 +10,8 @@ import pytest
 import tensorflow as tf
 from sm_models import SIGNATURES, run_signature
 
+from tests.cli import REPO, run_cli
 from tests.tolerances import FLOAT32_REORDERED, assert_close
-from tpubuild.cli import main
 from tpubuild.config.recipe import discover, load_recipe_file
 from tpubuild.config.workspace import load_workspace
 from tpubuild.convert import RUNNABLE
@@ -23,17 +23,8 @@ from tpubuild.tpu.runtime_rules import check_tpu_runtime_rules
 from tpubuild.tpu.twin import make_cpu_twin
 from tpubuild.verify.compare import compare_models, default_tolerances
 
-REPO = Path(__file__).resolve().parents[2]
 # The workspace's own discovery: recipe globs, lock files excluded.
 EXAMPLES = discover(load_workspace(override=REPO / "tpubuild.yaml"))
-
-
-def tpubuild(capsys, *argv: str) -> tuple[int, str, str]:
-    """Run the CLI in-process (TensorFlow is already imported); (exit code, stdout, stderr)."""
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(argv))
-    out, err = capsys.readouterr()
-    return exit_info.value.code, out, err
 
 
 def write_options(tmp_path: Path, text: str) -> Path:
@@ -51,9 +42,9 @@ converter:
 """
 
 
-def test_options_file_places_and_twin_is_exact(zoo, tmp_path, capsys, inputs):
+def test_options_file_places_and_twin_is_exact(zoo, tmp_path, inputs):
     out = tmp_path / "out"
-    code, stdout, stderr = tpubuild(capsys, "convert", str(zoo), str(out), "--options-file", str(write_options(tmp_path, TPU_ONLY)))
+    code, stdout, stderr = run_cli("convert", str(zoo), str(out), "--options-file", str(write_options(tmp_path, TPU_ONLY)))
     assert code == 0, stderr
     assert stdout == f"converted {zoo} -> {out} (tpu)\n"
     model = SavedModel.load(out)
@@ -69,17 +60,17 @@ def test_options_file_places_and_twin_is_exact(zoo, tmp_path, capsys, inputs):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["options.yaml", "out", "twin"]
 
 
-def test_refuses_a_non_empty_output_directory(zoo, tmp_path, capsys):
+def test_refuses_a_non_empty_output_directory(zoo, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    code, _, stderr = tpubuild(capsys, "convert", str(zoo), str(out), "--options-file", str(write_options(tmp_path, TPU_ONLY)))
+    code, _, stderr = run_cli("convert", str(zoo), str(out), "--options-file", str(write_options(tmp_path, TPU_ONLY)))
     assert (code, stderr) == (2, f"error: {out}: output directory exists and is not empty\n")
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
 
 
-def test_needs_exactly_one_of_recipe_and_options_file(zoo, tmp_path, capsys):
-    code, _, stderr = tpubuild(capsys, "convert", str(zoo), str(tmp_path / "out"))
+def test_needs_exactly_one_of_recipe_and_options_file(zoo, tmp_path):
+    code, _, stderr = run_cli("convert", str(zoo), str(tmp_path / "out"))
     assert code == 2
     assert stderr == (
         "Usage: tpubuild convert [OPTIONS] [SRC_DIR] [OUT_DIR]\n"
@@ -88,12 +79,12 @@ def test_needs_exactly_one_of_recipe_and_options_file(zoo, tmp_path, capsys):
     )
 
 
-def test_converting_a_converted_model_says_so_in_one_line(zoo, tmp_path, capsys):
+def test_converting_a_converted_model_says_so_in_one_line(zoo, tmp_path):
     options = write_options(tmp_path, TPU_ONLY)
     once = tmp_path / "once"
-    code, _, stderr = tpubuild(capsys, "convert", str(zoo), str(once), "--options-file", str(options))
+    code, _, stderr = run_cli("convert", str(zoo), str(once), "--options-file", str(options))
     assert code == 0, stderr
-    code, stdout, stderr = tpubuild(capsys, "convert", str(once), str(tmp_path / "twice"), "--options-file", str(options))
+    code, stdout, stderr = run_cli("convert", str(once), str(tmp_path / "twice"), "--options-file", str(options))
     assert (code, stdout) == (1, "")
     [line] = stderr.splitlines()
     assert line.startswith(f"error: {once}: already converted for the TPU (") and "TPUPartitionedCall" in line, line
@@ -101,10 +92,10 @@ def test_converting_a_converted_model_says_so_in_one_line(zoo, tmp_path, capsys)
     assert not (tmp_path / "twice").exists()
 
 
-def test_conversion_error_leaves_nothing_behind(zoo, tmp_path, capsys):
+def test_conversion_error_leaves_nothing_behind(zoo, tmp_path):
     options = write_options(tmp_path, TPU_ONLY.replace("alias: tpu_func", "alias: tpu_fnc"))
     out = tmp_path / "out"
-    code, stdout, stderr = tpubuild(capsys, "convert", str(zoo), str(out), "--options-file", str(options))
+    code, stdout, stderr = run_cli("convert", str(zoo), str(out), "--options-file", str(options))
     assert code == 1, stderr
     assert stderr.splitlines()[-1].startswith(
         'error: tpu_functions[0]: unknown function alias "tpu_fnc" (did you mean "tpu_func"?); aliases: '
@@ -133,12 +124,12 @@ def samples_for(model: SavedModel, key: str) -> list[dict[str, np.ndarray]]:
 
 
 @pytest.mark.parametrize("recipe_file", EXAMPLES, ids=[p.stem for p in EXAMPLES])
-def test_every_example_recipe_converts(recipe_file, tmp_path, capsys):
+def test_every_example_recipe_converts(recipe_file, tmp_path):
     recipe = load_recipe_file(recipe_file)
     stages = [s for s in stage_names(recipe.canonical) if s in RUNNABLE]
     src, out, twin = tmp_path / "src", tmp_path / "out", tmp_path / "twin"
     export(recipe_file, src)
-    code, stdout, stderr = tpubuild(capsys, "convert", str(src), str(out), "--recipe", str(recipe_file))
+    code, stdout, stderr = run_cli("convert", str(src), str(out), "--recipe", str(recipe_file))
     assert code == 0, stderr
     assert stdout == f"converted {src} -> {out} ({', '.join(stages)})\n"
 
@@ -166,18 +157,18 @@ def test_every_example_recipe_converts(recipe_file, tmp_path, capsys):
     assert errors and [e.as_dict() for e in errors if not e.passed] == []  # within tolerances, no NaN
 
 
-def test_publishes_into_an_existing_empty_directory(zoo, tmp_path, capsys):
+def test_publishes_into_an_existing_empty_directory(zoo, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    code, _, stderr = tpubuild(capsys, "convert", str(zoo), str(out), "--options-file", str(write_options(tmp_path, TPU_ONLY)))
+    code, _, stderr = run_cli("convert", str(zoo), str(out), "--options-file", str(write_options(tmp_path, TPU_ONLY)))
     assert code == 0, stderr
     assert sorted(p.name for p in out.iterdir()) == ["assets", "fingerprint.pb", "saved_model.pb", "variables"]
 
 
-def test_nothing_to_do_publishes_an_unchanged_copy(zoo, tmp_path, capsys, inputs):
+def test_nothing_to_do_publishes_an_unchanged_copy(zoo, tmp_path, inputs):
     out = tmp_path / "out"
     options = write_options(tmp_path, "converter: {}\n")
-    code, stdout, stderr = tpubuild(capsys, "convert", str(zoo), str(out), "--options-file", str(options))
+    code, stdout, stderr = run_cli("convert", str(zoo), str(out), "--options-file", str(options))
     assert code == 0, stderr
     assert stdout == f"converted {zoo} -> {out} (no stage)\n"
     assert (out / "saved_model.pb").read_bytes() == SavedModel.load(zoo).proto.SerializeToString(deterministic=True)

@@ -3,14 +3,12 @@ replays them, and published into every SavedModel an example recipe that batches
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.cli import tpubuild
 from tests.example_workspace import copy_built_examples
 from tpubuild.serving import warmup
 
@@ -110,8 +108,7 @@ def examples(built_examples: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     root = tmp_path_factory.mktemp("warmup_examples") / "ws"
     copy_built_examples(built_examples, root)
     (root / "recipes" / "toy_targets.yaml").write_text(TOY_TARGETS)
-    done = subprocess.run([sys.executable, "-m", "tpubuild", "build", *BATCHING], cwd=root, capture_output=True,
-                          text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    done = tpubuild(root, "build", *BATCHING, env={"TF_CPP_MIN_LOG_LEVEL": "3"})
     assert done.returncode == 0, done.stdout + done.stderr
     return root
 
@@ -155,7 +152,7 @@ def test_a_savedmodel_target_gets_the_requests_and_inspect_lists_them(examples: 
     assert warmup.warmup_path(cpu).read_bytes() == main
     replayed = warmup.replay(cpu, ["serve"], warmup.read(cpu))  # the CPU SavedModel runs as published
     assert len(replayed) == len(warmup.read(cpu)) > 0
-    done = subprocess.run([sys.executable, "-m", "tpubuild", "inspect", str(cpu)], capture_output=True, text=True)
+    done = tpubuild(None, "inspect", str(cpu))
     assert done.returncode == 0, done.stderr
     listed = done.stdout.split("warmup requests (assets.extra):\n", 1)[1].splitlines()
     assert listed == [f"  {warmup.describe(log)}" for log in warmup.read(cpu)]

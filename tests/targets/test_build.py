@@ -9,7 +9,8 @@ import time
 
 import yaml
 
-from tests.engine.conftest import build_json, statuses, tpubuild
+from tests.cli import tpubuild
+from tests.engine.conftest import build_json, statuses
 from tests.engine.test_noop_memo import probe
 from tests.targets.conftest import RECIPE
 from tests.tolerances import FLOAT32_REORDERED, assert_close

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from tests.config.conftest import WorkspaceFactory, run_cli
+from tests.cli import run_cli
+from tests.config.conftest import WorkspaceFactory
 from tpubuild.config.canonical import canonicalize
 from tpubuild.config.recipe import load_recipes
 from tpubuild.config.workspace import load_workspace

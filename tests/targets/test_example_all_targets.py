@@ -5,22 +5,18 @@ rebuilds the LiteRT chain (and the publish step) only."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.cli import tpubuild
 from tests.example_workspace import copy_built_examples
 
-REPO = Path(__file__).resolve().parents[2]
 TARGET_DIRS = ("cpu_savedmodel", "litert", "xla_aot")
 
 
 def build(root: Path, *args: str) -> dict:
-    result = subprocess.run([sys.executable, "-m", "tpubuild", "build", "--json", *args, "all_targets"], cwd=root,
-                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    result = tpubuild(root, "build", "--json", *args, "all_targets")
     assert result.returncode == 0, result.stderr
     # No warning: the example's flatbuffer is stateless (its LSTM is not fused).
     assert not [line for line in result.stderr.splitlines() if "warning:" in line], result.stderr
@@ -94,7 +90,6 @@ def test_second_build_is_cached_and_a_litert_option_rebuilds_only_its_chain(exam
     manifest = json.loads((root / "out/all_targets/2/tpubuild-manifest.json").read_text())
     unfused = manifest["targets"]["litert"]["verify"]
     assert unfused["fused"] == [] and "UNIDIRECTIONAL_SEQUENCE_LSTM" not in unfused["ops"]
-    report = subprocess.run([sys.executable, "-m", "tpubuild", "report", "all_targets"], cwd=root, capture_output=True,
-                            text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    report = tpubuild(root, "report", "all_targets")
     assert report.returncode == 0, report.stderr
     assert "litert: composites: embedding_matmul not fused (not kept)" in report.stdout
