@@ -264,3 +264,15 @@ def test_the_remote_cache_never_touches_the_local_store():
     assert "tpubuild.remote.transfer" in graph["tpubuild.engine.cache"]
     source = MODULES["tpubuild.remote.cache"].read_text()
     assert "Store" not in source.replace("StageEntry", "")
+
+
+def test_no_empty_file_in_the_project():
+    """issue 49 item 8: every file the project ships says something (an empty `__init__.py`
+    gets a docstring saying why it is there; `py.typed` says what it marks)."""
+    repo = ROOT.parent
+    places = [repo / name for name in ("tpubuild", "tests", "recipes", "schemas", "docs", "scripts", "benchmarks")]
+    empty = [path.relative_to(repo).as_posix() for place in places if place.is_dir() for path in place.rglob("*")
+             if path.is_file() and "__pycache__" not in path.parts and ".tpubuild" not in path.parts
+             and path.stat().st_size == 0]
+    empty += [path.name for path in repo.iterdir() if path.is_file() and path.stat().st_size == 0]
+    assert empty == []

@@ -1,0 +1,1 @@
+"""Tests of tpubuild/targets/ (a package, so that test modules of one name in two folders stay apart)."""

@@ -22,7 +22,7 @@ It runs in its own process (xla_aot.run_compiler) because XLA reads XLA_FLAGS on
 process, tfcompile may abort the process on an internal check, and the generated code's
 order depends on address-seeded hashing, which that process runs with ASLR off, a fixed
 environment and working-directory name length. That makes graphs without control flow
-compile to the same bytes every time (tests/targets_xla_aot). Known limit: a graph with a
+compile to the same bytes every time (tests/targets/xla_aot). Known limit: a graph with a
 While loop still gets the arguments of the loop's kernel (`call_kernel` in the header) in an
 order that changes between runs (seen with tensorflow 2.21: two of three builds differed
 there, with ASLR off, one malloc arena or one codegen split); the code is correct either
