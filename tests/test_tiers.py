@@ -56,3 +56,29 @@ def test_the_tiers_are_read_from_marks_and_pytestmark(tmp_path: Path) -> None:
     assert tiers_of(module) == (["test_b"], ["test_a"])
     module.write_text("import pytest\npytestmark = [pytest.mark.slow]\n\ndef test_b(): pass\n")
     assert tiers_of(module) == ([], ["test_b"])
+
+
+def test_a_grouped_fixture_keeps_its_tests_on_one_worker(tmp_path: Path) -> None:
+    """issue 49 item 2: the tests using one of tests/conftest.py's GROUPED_FIXTURES run on one
+    xdist worker, which makes the fixture once (a real-model build: minutes). Run as the suite
+    runs (`-n 2 --dist loadgroup`, conftest.py's own hook) on six tests of one such fixture."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.cli import REPO
+
+    (tmp_path / "conftest.py").write_text("from tests.conftest import pytest_collection_modifyitems  # noqa: F401\n")
+    (tmp_path / "test_grouped.py").write_text(
+        "import os\nimport pytest\n\n\n@pytest.fixture(scope='session')\ndef jax_built():\n"
+        "    return os.environ['PYTEST_XDIST_WORKER']\n\n\n@pytest.mark.parametrize('i', range(6))\n"
+        "def test_one(jax_built, i, tmp_path_factory):\n"
+        "    (tmp_path_factory.getbasetemp().parent / f'{i}.worker').write_text(jax_built)\n")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", os.devnull,
+                           "--rootdir", str(tmp_path), "-n", "2", "--dist", "loadgroup",
+                           "--basetemp", str(tmp_path / "run"), str(tmp_path / "test_grouped.py")],
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    workers = {path.read_text() for path in (tmp_path / "run").glob("*.worker")}
+    assert len(list((tmp_path / "run").glob("*.worker"))) == 6 and len(workers) == 1, workers
