@@ -22,6 +22,7 @@ _FAST_TRIED = False  # the fast paths declined this process's command: the CLI n
 
 def main(argv: list[str] | None = None) -> None:
     global _FAST_TRIED
+    _FAST_TRIED = False
     args = sys.argv[1:] if argv is None else argv
     workspace = _check_command(args)
     if workspace is False:
@@ -30,6 +31,7 @@ def main(argv: list[str] | None = None) -> None:
             from pathlib import Path
 
             line = fast_noop(Path(workspace) if workspace is not None else None)
+            _FAST_TRIED = line is None  # the CLI's build need not try the memo again
             if line is not None:
                 try:
                     print(line, flush=True)
@@ -50,6 +52,12 @@ def main(argv: list[str] | None = None) -> None:
     from tpubuild.cli import main as cli_main
 
     cli_main(argv)
+
+
+def fast_paths_declined() -> bool:
+    """Whether the fast paths above declined this process's command line (the exact
+    `build` or `build --check`): the CLI then goes straight to the full path."""
+    return _FAST_TRIED
 
 
 def up_to_date_line(count: int) -> str:

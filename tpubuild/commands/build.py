@@ -175,7 +175,11 @@ def _noop_fast_path(ctx: click.Context, recipe_patterns: tuple[str, ...], as_jso
     import fnmatch
     from pathlib import Path
 
+    from tpubuild.entry import fast_paths_declined
     from tpubuild.lock import memo_entries, quick
+
+    if fast_paths_declined():  # `tpubuild build`, which the executable asked the memo already
+        return None
 
     override = ctx.obj.workspace if ctx.obj else None
     # --check needs the files that decide lock files; a build, its outputs' too.
