@@ -72,7 +72,7 @@ def lay_out(root: Path, model: Path, count: int) -> None:
 
 
 def run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=ENV)
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=ENV, check=False)
 
 
 def paired(runs: int, a: list[str], b: list[str], cwd: Path, expect: str) -> tuple[float, float, float]:

@@ -188,13 +188,13 @@ def _summary(entries: dict[str, dict[str, Any]], recipe_files: list[str], root: 
     inputs: list[tuple[str, list[int]]] = []
     outputs: list[tuple[str, list[int]]] = []
     for path, stat in sorted(remembered.items()):
-        short = path[len(prefix):] if path.startswith(prefix) else path
+        short = path.removeprefix(prefix)
         (outputs if os.path.normpath(path).startswith(owned) else inputs).append((short, stat))
 
     def digest(pairs: list[tuple[str, list[int]]]) -> str:
         return _digest([v for _, stat in pairs for v in stat])
 
-    return {"root": str(root), "recipe_files": [p[len(prefix):] if p.startswith(prefix) else p for p in recipe_files],
+    return {"root": str(root), "recipe_files": [p.removeprefix(prefix) for p in recipe_files],
             "rows": sum(len(entries[f]["rows"]) for f in recipe_files),
             "inputs": [p for p, _ in inputs], "inputs_digest": digest(inputs),
             "outputs": [p for p, _ in outputs], "outputs_digest": digest(outputs)}
@@ -284,7 +284,7 @@ def quick(start: Path, override: Path | None, outputs: bool = True) -> tuple[Pat
     if dirs is None or not _same_dirs(dirs):  # the set of recipe files, found by globbing
         prefix = os.path.join(str(root), "")
         files = [str(p) for p in discover_files(root, seen.get("recipes", []), ws_file)]
-        if [p[len(prefix):] if p.startswith(prefix) else p for p in files] != head.get("recipe_files"):
+        if [p.removeprefix(prefix) for p in files] != head.get("recipe_files"):
             return None
     try:
         root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
