@@ -177,15 +177,30 @@ def _noop_fast_path(ctx: click.Context, recipe_patterns: tuple[str, ...], as_jso
     import fnmatch
     from pathlib import Path
 
-    from tpubuild.lock import quick
+    from tpubuild.entry import fast_paths_declined
+    from tpubuild.lock import memo_entries, quick
+
+    if fast_paths_declined():  # `tpubuild build`, which the executable asked the memo already
+        return None
 
     override = ctx.obj.workspace if ctx.obj else None
-    found = quick(Path.cwd(), Path(override) if override else None)
+    # --check needs the files that decide lock files; a build, its outputs' too.
+    found = quick(Path.cwd(), Path(override) if override else None, outputs=not check)
     if found is None:
         return None
-    _, entries = found
-    if not entries:
+    root, head = found
+    if not head["recipe_files"]:
         return None  # the full path says why there is no recipe
+    if not recipe_patterns and not as_json and verbosity < VERBOSE:  # counts only: the memo's first line
+        if check:
+            _say_up_to_date(len(head["recipe_files"]))
+        else:
+            click.echo(summary_line(len(head["recipe_files"]), {"cached": head["rows"]}, ("cached",),
+                                    wants_colour(sys.stdout)))
+        return 0
+    entries = memo_entries(root, head)
+    if entries is None:
+        return None
     if recipe_patterns:
         names = [e["name"] for e in entries]
         wanted = set()

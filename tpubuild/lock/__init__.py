@@ -15,6 +15,7 @@ _FACE = {
     "defect": "shape",
     "lock_document": "lockfile",
     "lock_text": "lockfile",
+    "memo_entries": "memo",
     "older_layout": "lockfile",
     "parse_lock_keys": "lockfile",
     "planning_digest": "quickcheck",

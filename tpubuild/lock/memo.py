@@ -16,24 +16,42 @@ build that checked it (minus a margin for coarse file system clocks), so the con
 the full check read is the content whose stat is remembered; a file changed since then
 changes its ctime. Recipes whose inputs are globs are never memoized (a new matching
 file in a subdirectory would not change any remembered stat).
+
+Cost (issue 48: 2,000 recipes in about a quarter of a second). The file has two lines.
+The first, all a no-op reads, holds the guard, every remembered path once (relative to
+the workspace root where it is below it) split in two lists, each with one digest of
+all their stats: the files that decide the lock files (recipes, lock files, inputs; what
+`build --check` needs, as lock/quickcheck.py proves from hashes) and those that only the
+build's outputs are (published versions, stage records: what `build` needs besides).
+It also holds the stat of every directory whose listing decides the set of recipe files
+(each directory a `recipes:` glob lists or looks into): while they are the same, so is
+the set, and no glob runs. The second line, each recipe's own entry (its rows, version
+and files with their stats), is parsed only to print rows (-v, --json), to pick recipes
+by name, or by the full path to remember more. Directories are remembered under the
+same rule as files (their ctime older than the build), or not at all: then the no-op
+globs the recipes as before.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
+from array import array
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tpubuild.atomic import write_text_atomic
 from tpubuild.digests import hash_bytes, key_env, toolchain
-from tpubuild.keys import canonical_dumps, package_fingerprint
+from tpubuild.keys import PACKAGE_ROOT, canonical_dumps, package_fingerprint
 
 if TYPE_CHECKING:
     from tpubuild.config.workspace import Workspace
 
-SCHEMA = 1
+SCHEMA = 2
 MARGIN_NS = 2_000_000_000  # coarse timestamps: ext4 ctime ticks with the kernel's jiffies, FAT/SMB with seconds
+MEMO_FILE = "noop-memo.json"
 
 
 def _stat(path: str) -> list[int] | None:
@@ -44,32 +62,64 @@ def _stat(path: str) -> list[int] | None:
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
-def guard(ws: Workspace | _Seen, recipe_files: list[Path]) -> str:
-    """What every memo entry depends on besides its own files."""
+def guard(ws: Workspace | _Seen) -> str:
+    """What every memo entry depends on besides its own files (the set of recipe files is
+    checked beside it: by directory stats, or by globbing)."""
     return hash_bytes(canonical_dumps({
         "schema": SCHEMA,
         "code": package_fingerprint(),
         "toolchain": toolchain(),
         "env": key_env(),
         "workspace": _stat(str(ws.file)),
-        "recipes": [str(p) for p in recipe_files],
         "output_dir": str(ws.output_dir),
         "cache_dir": str(ws.cache_dir),
     }).encode())
 
 
+def stats_digest(paths: list[str], root_fd: int | None) -> str | None:
+    """One digest of the stat (device, inode, size, mtime_ns, ctime_ns) of every path, in
+    order, relative ones below `root_fd`; None when one cannot be stat'ed. The stats are
+    the whole cost of a large no-op (20 a recipe): nothing else is done per path. (Two
+    threads, as Bazel checks files in parallel, measured no faster here: the GIL.)"""
+    values = _stats(paths, root_fd)
+    return None if values is None else _digest(values)
+
+
+def _stats(paths: list[str], root_fd: int | None) -> list[int] | None:
+    values: list[int] = []
+    extend = values.extend
+    try:
+        for st in map(partial(os.stat, dir_fd=root_fd), paths):
+            extend((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    except (OSError, ValueError):
+        return None
+    return values
+
+
+def _digest(values: list[int]) -> str:
+    """The digest of a list of stat fields: as 64-bit integers (a repr costs 10 times as
+    much), as text when one does not fit (an mtime before 1970 and an inode above 2**63)."""
+    try:
+        data = array("q", values).tobytes()
+    except OverflowError:
+        data = repr(values).encode()
+    return hash_bytes(data)
+
+
 class NoopMemo:
     def __init__(self, ws: Workspace, recipe_files: list[Path]):
-        self.path = Path(ws.state_dir) / "noop-memo.json"
-        self.guard = guard(ws, recipe_files)
+        self.path = Path(ws.state_dir) / MEMO_FILE
+        self.guard = guard(ws)
+        self.recipe_files = [str(p) for p in recipe_files]
         self.entries: dict[str, dict[str, Any]] = {}
         self.dirty = False
+        self.since_ns: int | None = None
         try:
-            data = json.loads(self.path.read_text())
-        except (OSError, ValueError):
+            head, _, rest = self.path.read_text().partition("\n")
+            if json.loads(head).get("guard") == self.guard:
+                self.entries = json.loads(rest)
+        except (OSError, ValueError, AttributeError):
             return
-        if data.get("guard") == self.guard:
-            self.entries = data.get("recipes", {})
 
     def check(self, recipe_file: Path) -> dict[str, Any] | None:
         """The remembered result (name, rows, version) when every file is unchanged."""
@@ -84,11 +134,12 @@ class NoopMemo:
     def remember(self, recipe_file: Path, name: str, rows: list[list[str]], version: int | None,
                  files: list[str], since_ns: int) -> bool:
         """Remember a recipe found up to date by the full check that began at `since_ns`."""
+        self.since_ns = since_ns if self.since_ns is None else min(self.since_ns, since_ns)
         stats = []
         for path in sorted(set(files)):
             stat = _stat(path)
             if stat is None or stat[4] >= since_ns - MARGIN_NS:
-                self.entries.pop(str(recipe_file), None)
+                self.forget(recipe_file)
                 return False
             stats.append([path, stat])
         self.entries[str(recipe_file)] = {"name": name, "rows": rows, "version": version, "files": stats}
@@ -102,42 +153,166 @@ class NoopMemo:
     def save(self, ws: Workspace) -> None:
         if not self.dirty:
             return
+        root = Path(ws.root).resolve()
         seen = {"file": str(Path(ws.file).resolve()), "stat": _stat(str(ws.file)), "recipes": list(ws.recipe_globs),
                 "output_dir": str(ws.output_dir), "cache_dir": str(ws.cache_dir)}
+        head: dict[str, Any] = {"schema": SCHEMA, "guard": self.guard, "workspace": seen, "complete": False}
+        summary = _summary(self.entries, self.recipe_files, root, ws)
+        if summary is not None and self.since_ns is not None \
+                and _settled([str(ws.file)], self.since_ns) and _settled(_code_files(), self.since_ns):
+            head.update(summary, complete=True,
+                        dirs=_listing_dirs(root, list(ws.recipe_globs), self.since_ns))
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(self.path, json.dumps({"guard": self.guard, "workspace": seen, "recipes": self.entries}))
+            write_text_atomic(self.path, json.dumps(head) + "\n" + json.dumps(self.entries))
         except OSError:
             pass  # only a memo: the next build does the full check
 
 
-def quick(start: Path, override: Path | None) -> tuple[Path, list[dict[str, Any]]] | None:
-    """(workspace root, remembered entries of every recipe) when the whole workspace is
-    provably up to date from stats alone; None sends the build down the full path."""
-    from tpubuild.config.finding import discover_files, workspace_file_for
+def _summary(entries: dict[str, dict[str, Any]], recipe_files: list[str], root: Path,
+             ws: Workspace) -> dict[str, Any] | None:
+    """The first line's proof for exactly `recipe_files`: every remembered path once,
+    inputs and outputs apart, each list with the digest of the stats remembered; None
+    when a recipe has no entry or two entries remember one path with different stats
+    (one of them is out of date: the full path decides)."""
+    remembered: dict[str, list[int]] = {}
+    for recipe_file in recipe_files:
+        entry = entries.get(recipe_file)
+        if entry is None:
+            return None
+        for path, stat in entry["files"]:
+            if remembered.setdefault(path, stat) != stat:
+                return None
+    owned = tuple(os.path.join(os.path.normpath(os.path.abspath(d)), "") for d in (ws.output_dir, ws.cache_dir))
+    prefix = os.path.join(str(root), "")
+    inputs: list[tuple[str, list[int]]] = []
+    outputs: list[tuple[str, list[int]]] = []
+    for path, stat in sorted(remembered.items()):
+        short = path.removeprefix(prefix)
+        (outputs if os.path.normpath(path).startswith(owned) else inputs).append((short, stat))
+
+    def digest(pairs: list[tuple[str, list[int]]]) -> str:
+        return _digest([v for _, stat in pairs for v in stat])
+
+    return {"root": str(root), "recipe_files": [p.removeprefix(prefix) for p in recipe_files],
+            "rows": sum(len(entries[f]["rows"]) for f in recipe_files),
+            "inputs": [p for p, _ in inputs], "inputs_digest": digest(inputs),
+            "outputs": [p for p, _ in outputs], "outputs_digest": digest(outputs)}
+
+
+def _code_files() -> list[str]:
+    """Every file of tpubuild's package (package_fingerprint's are among them)."""
+    return [os.path.join(d, n) for d, _, names in os.walk(PACKAGE_ROOT) for n in names]
+
+
+def _settled(paths: list[str], since_ns: int) -> bool:
+    """Whether every path exists and last changed MARGIN_NS before `since_ns` (racy git's
+    rule: a file changed within a timestamp's granularity of the stat that remembers it
+    could change again without changing its stat). The guard remembers the workspace
+    file's stat and the code's: a build that began just after an edit remembers nothing."""
+    for path in paths:
+        stat = _stat(path)
+        if stat is None or stat[4] >= since_ns - MARGIN_NS:
+            return False
+    return True
+
+
+def _listing_dirs(root: Path, patterns: list[str], since_ns: int | None) -> list[list[Any]] | None:
+    """[path, stat] of every directory whose listing the globs `patterns` read, as this
+    memo's entries were checked (each older than `since_ns` by MARGIN_NS); None when a
+    pattern has `**` or a directory changed too recently: the no-op then globs."""
+    if since_ns is None:
+        return None
+    found: dict[str, list[int]] = {}
+    for pattern in patterns:
+        if "**" in pattern or os.path.isabs(pattern):
+            return None
+        parts = [p for p in pattern.split("/") if p not in ("", ".")]
+        if not parts or ".." in parts:
+            return None
+        level = [str(root)]
+        for i, part in enumerate(parts):
+            following = []
+            for directory in level:
+                stat = _stat(directory)
+                if stat is None or stat[4] >= since_ns - MARGIN_NS:
+                    return None
+                found[directory] = stat
+                if i == len(parts) - 1:
+                    continue
+                if any(c in part for c in "*?["):  # listed (hidden names too: more directories, never fewer)
+                    try:
+                        names = os.listdir(directory)
+                    except OSError:
+                        return None
+                    following += [os.path.join(directory, n) for n in sorted(fnmatch.filter(names, part))
+                                  if os.path.isdir(os.path.join(directory, n))]
+                elif os.path.isdir(os.path.join(directory, part)):
+                    following.append(os.path.join(directory, part))
+            level = following
+    return [[path, stat] for path, stat in sorted(found.items())]
+
+
+def _same_dirs(dirs: list[list[Any]]) -> bool:
+    return all(_stat(path) == stat for path, stat in dirs)
+
+
+def quick(start: Path, override: Path | None, outputs: bool = True) -> tuple[Path, dict[str, Any]] | None:
+    """(workspace root, the memo's first line) when the whole workspace is provably up to
+    date from stats alone: its lock files (the inputs' stats), and with `outputs` its
+    published versions and stage records too; None sends the command down the full path."""
+    from tpubuild.config.finding import STATE_DIR, discover_files, workspace_file_for
 
     ws_file = workspace_file_for(start, override)
     if ws_file is None:
         return None
     root = ws_file.parent.resolve()
     try:
-        data = json.loads((root / ".tpubuild" / "noop-memo.json").read_text())
+        with open(root / STATE_DIR / MEMO_FILE, "rb") as f:
+            head = json.loads(f.readline())
     except (OSError, ValueError):
         return None
-    seen = data.get("workspace") or {}
+    if not isinstance(head, dict) or head.get("schema") != SCHEMA or not head.get("complete") \
+            or head.get("root") != str(root):
+        return None
+    seen = head.get("workspace") or {}
     if seen.get("file") != str(ws_file.resolve()) or seen.get("stat") != _stat(str(ws_file)):
         return None
-    files = discover_files(root, seen.get("recipes", []), ws_file)
-    ws = _Seen(ws_file.resolve(), seen)
-    if data.get("guard") != guard(ws, files):
+    if head.get("guard") != guard(_Seen(ws_file.resolve(), seen)):
         return None
-    entries = []
-    for recipe_file in files:
-        entry = data.get("recipes", {}).get(str(recipe_file))
-        if entry is None or any(_stat(path) != stat for path, stat in entry["files"]):
+    dirs = head.get("dirs")
+    if dirs is None or not _same_dirs(dirs):  # the set of recipe files, found by globbing
+        prefix = os.path.join(str(root), "")
+        files = [str(p) for p in discover_files(root, seen.get("recipes", []), ws_file)]
+        if [p.removeprefix(prefix) for p in files] != head.get("recipe_files"):
             return None
-        entries.append(entry)
-    return root, entries
+    try:
+        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        if stats_digest(head["inputs"], root_fd) != head.get("inputs_digest"):
+            return None
+        if outputs and stats_digest(head["outputs"], root_fd) != head.get("outputs_digest"):
+            return None
+    finally:
+        os.close(root_fd)
+    return root, head
+
+
+def memo_entries(root: Path, head: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """Each recipe's remembered entry (name, rows, version), in recipe-file order, from the
+    memo's second line (what quick proved with its first); None when it cannot be read."""
+    from tpubuild.config.finding import STATE_DIR
+
+    try:
+        with open(root / STATE_DIR / MEMO_FILE, "rb") as f:
+            if json.loads(f.readline()) != head:
+                return None
+            recipes = json.loads(f.readline())
+        return [recipes[p if os.path.isabs(p) else str(root / p)] for p in head["recipe_files"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 class _Seen:

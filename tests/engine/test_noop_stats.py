@@ -1,0 +1,149 @@
+"""The no-op memo's stat proof (lock/memo.py), as `tpubuild build` and `build --check`
+use it before click is imported (tpubuild/entry.py): every kind of change that can change
+an output or a lock file sends the command down the full path, and only the lock files'
+inputs decide `--check`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.engine.conftest import REPO, build_json, tpubuild
+from tpubuild.lock import quick
+from tpubuild.lock.memo import MARGIN_NS, _listing_dirs
+
+STALE = "recipes/{0}.yaml: building would change recipes/{0}.lock.yaml: stage "
+
+
+@pytest.fixture
+def settled(built_workspace) -> Path:
+    """A built workspace whose memo proves every recipe up to date (its files older than
+    the build that checked them, by the margin the memo asks for)."""
+    time.sleep(MARGIN_NS / 1e9 + 0.1)
+    build_json(built_workspace)  # the full check, which writes the memo
+    assert quick(built_workspace, None) is not None
+    assert quick(built_workspace, None, outputs=False) is not None
+    return built_workspace
+
+
+def assert_stale(ws: Path, *recipes: str) -> None:
+    """`build --check` (fast paths declined) names each recipe as stale, exit 1."""
+    check = tpubuild(ws, "build", "--check")
+    assert check.returncode == 1, check.stdout + check.stderr
+    lines = check.stdout.splitlines()
+    for recipe in recipes:
+        assert any(line.startswith(STALE.format(recipe)) for line in lines), check.stdout
+
+
+def test_the_executable_answers_a_noop_from_stats_without_click(settled):
+    for argv, line in ((["build"], "3 recipes: 16 cached\n"), (["build", "--check"], "3 lock files up to date\n")):
+        done = tpubuild(settled, *argv, env={"PYTHONPROFILEIMPORTTIME": "1"})
+        assert (done.returncode, done.stdout) == (0, line), done.stderr
+        imported = {e.split("|")[-1].strip() for e in done.stderr.splitlines() if e.startswith("import time:")}
+        assert "tpubuild.lock.memo" in imported and not {"click", "yaml", "tensorflow"} & imported
+
+
+def test_a_same_size_content_edit_with_its_mtime_put_back_is_seen(settled):
+    variables = settled / "recipes" / "models" / "tiny" / "variables" / "variables.data-00000-of-00001"
+    st = variables.stat()
+    data = bytearray(variables.read_bytes())
+    data[-1] ^= 0x40  # another weight, the same size
+    variables.write_bytes(bytes(data))
+    os.utime(variables, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert variables.stat().st_size == st.st_size and variables.stat().st_mtime_ns == st.st_mtime_ns
+    assert quick(settled, None) is None and quick(settled, None, outputs=False) is None
+    assert_stale(settled, "toy", "other")
+
+
+def test_a_new_file_in_a_saved_model_directory_is_seen(settled):
+    assets = settled / "recipes" / "models" / "tiny" / "assets"
+    assets.mkdir(exist_ok=True)
+    (assets / "vocab.txt").write_text("a\n")
+    assert quick(settled, None) is None and quick(settled, None, outputs=False) is None
+    assert_stale(settled, "toy", "other")
+
+
+def test_an_allow_listed_variable_is_seen(settled, monkeypatch):
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+    assert quick(settled, None) is None and quick(settled, None, outputs=False) is None
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS")
+    assert quick(settled, None) is not None
+
+
+def test_tpubuild_code_is_seen(settled, tmp_path):
+    """Other code (here a copy of the package: the same bytes in other files) is not the
+    code the memo remembered; an edit of the package with its size and mtime put back
+    changes what the memo's guard reads."""
+    copy = tmp_path / "code"
+    shutil.copytree(REPO / "tpubuild", copy / "tpubuild", ignore=shutil.ignore_patterns("__pycache__"))
+    probe = "from pathlib import Path; from tpubuild.lock import quick; print(quick(Path('.'), None) is not None)"
+
+    def proven(pythonpath: Path) -> str:
+        return subprocess.run([sys.executable, "-c", probe], cwd=settled, capture_output=True, text=True, check=True,
+                              env={**os.environ, "PYTHONPATH": str(pythonpath)}).stdout
+
+    assert proven(REPO) == "True\n"
+    assert proven(copy) == "False\n"
+    fingerprint = "from tpubuild.keys import package_fingerprint; print(package_fingerprint())"
+
+    def digest() -> str:
+        return subprocess.run([sys.executable, "-c", fingerprint], cwd=tmp_path, capture_output=True, text=True,
+                              check=True,
+                              env={**os.environ, "PYTHONPATH": str(copy)}).stdout
+
+    before = digest()
+    stage = copy / "tpubuild" / "stages" / "verify.py"
+    st = stage.stat()
+    text = stage.read_text()
+    stage.write_text(text[:-1] + "#")  # the last newline becomes a comment mark
+    os.utime(stage, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert stage.stat().st_size == st.st_size
+    assert digest() != before
+
+
+def test_a_new_recipe_file_is_seen_without_globbing(settled):
+    """The memo remembers the listing of every directory the recipe globs read; a new
+    recipe changes one (and `tpubuild build` then builds it)."""
+    assert quick(settled, None)[1]["dirs"] == [[str(settled), _stat_of(settled)],
+                                                [str(settled / "recipes"), _stat_of(settled / "recipes")]]
+    (settled / "recipes" / "more.yaml").write_text((settled / "recipes" / "toy.yaml").read_text()
+                                                   .replace("name: toy", "name: more"))
+    assert quick(settled, None) is None and quick(settled, None, outputs=False) is None
+    check = tpubuild(settled, "build", "--check")
+    assert (check.returncode, check.stdout) == (
+        1, "recipes/more.yaml: building would change recipes/more.lock.yaml: no lock file\n"), check.stderr
+
+
+def test_a_damaged_output_sends_build_down_the_full_path_but_not_check(settled):
+    published = next((settled / "out" / "toy").glob("*/saved_model.pb"))
+    st = published.stat()
+    data = bytearray(published.read_bytes())
+    data[-1] ^= 0x01
+    published.write_bytes(bytes(data))
+    os.utime(published, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert quick(settled, None) is None  # the build repairs it
+    assert quick(settled, None, outputs=False) is not None  # no lock file would change
+    check = tpubuild(settled, "build", "--check")
+    assert (check.returncode, check.stdout) == (0, "3 lock files up to date\n"), check.stderr
+
+
+def test_directories_changed_within_the_margin_are_not_remembered(tmp_path):
+    """A listing remembered by stat must not change again within a timestamp's grain."""
+    for team in ("a", "b"):
+        (tmp_path / "teams" / team).mkdir(parents=True)
+    (tmp_path / "teams" / ".hidden").mkdir()
+    assert _listing_dirs(tmp_path, ["teams/*/*.yaml"], time.time_ns()) is None
+    dirs = _listing_dirs(tmp_path, ["teams/*/*.yaml"], time.time_ns() + MARGIN_NS + 10**9)
+    assert [path for path, _ in dirs] == [str(tmp_path), *(str(tmp_path / "teams" / t) for t in ("", ".hidden", "a", "b"))]
+    assert _listing_dirs(tmp_path, ["teams/**/*.yaml"], time.time_ns() + MARGIN_NS + 10**9) is None
+
+
+def _stat_of(path: Path) -> list[int]:
+    st = os.stat(path)
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
