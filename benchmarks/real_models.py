@@ -19,7 +19,7 @@ less; each beside the floor's same figure and its ratio.
 Asserts nothing.
 
 Run: pip install -e '.[bench]' && python benchmarks/real_models.py [--only resnet50_bf16,...]
-     [--calibration 32] [--keep DIR]
+     [--calibration 32] [--keep DIR] [--runs 3]
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+from statistics import median
 
 EXPORTS = textwrap.dedent('''\
     """Exports for benchmarks/real_models.py (random weights)."""
@@ -390,6 +391,7 @@ def main() -> None:
     parser.add_argument("--only", default=",".join(RECIPES), help="comma-separated recipes")
     parser.add_argument("--calibration", type=int, default=32, help="int8 calibration samples (converter: 200+)")
     parser.add_argument("--keep", type=Path, help="build in this directory and keep it")
+    parser.add_argument("--runs", type=int, default=3, help="floor and cold build, in turn, this many times (medians)")
     args = parser.parse_args()
     wanted = [r for r in args.only.split(",") if r]
     ws = args.keep or Path(tempfile.mkdtemp(prefix="tpubuild-real-models-"))
@@ -419,22 +421,32 @@ def main() -> None:
         model = RECIPES[name][0]
         source = ws / "sources" / model
         floor_dir = ws / "floor" / model
-        shutil.rmtree(floor_dir, ignore_errors=True)
-        floor_s, floor_cpu, floor_rss, floor = _measured_cpu(
-            [sys.executable, "-c", "import sys, tensorflow as tf\n"
-             + ("import tensorflow_text\n" if model == "bert_base" else "")
-             + "tf.saved_model.save(tf.saved_model.load(sys.argv[1]), sys.argv[2])", str(source), str(floor_dir)],
-            ws)
-        if floor.returncode:
-            print(f"  floor failed: {floor.stderr.strip().splitlines()[-1]}")
-        # Cold: nothing of an earlier run (--keep) or recipe in the cache. Only this script's
-        # own workspace state goes: the exported sources and data stay.
-        shutil.rmtree(ws / ".tpubuild", ignore_errors=True)
-        shutil.rmtree(ws / "out" / name, ignore_errors=True)
-        shutil.rmtree(ws / "out-hardlink" / name, ignore_errors=True)  # _disk_row's, of an earlier run
         runtime_cache = ws / ".tpubuild" / "xla_aot_runtime"
-        runtime_before = len(list(runtime_cache.glob("*.o"))) if runtime_cache.is_dir() else 0
-        seconds, cpu, rss, result = _measured_cpu([sys.executable, "-m", "tpubuild", "build", "--json", name], ws)
+        # Floor and cold build in turn, `--runs` times: on a shared machine one run says
+        # little; the medians, and the median of each pair's ratio, are printed.
+        floors, builds = [], []
+        for _ in range(max(1, args.runs)):
+            shutil.rmtree(floor_dir, ignore_errors=True)
+            floor_s, floor_cpu, floor_rss, floor = _measured_cpu(
+                [sys.executable, "-c", "import sys, tensorflow as tf\n"
+                 + ("import tensorflow_text\n" if model == "bert_base" else "")
+                 + "tf.saved_model.save(tf.saved_model.load(sys.argv[1]), sys.argv[2])", str(source), str(floor_dir)],
+                ws)
+            if floor.returncode:
+                print(f"  floor failed: {floor.stderr.strip().splitlines()[-1]}")
+            floors.append((floor_s, floor_cpu, floor_rss))
+            # Cold: nothing of an earlier run (--keep) or recipe in the cache. Only this script's
+            # own workspace state goes: the exported sources and data stay.
+            shutil.rmtree(ws / ".tpubuild", ignore_errors=True)
+            shutil.rmtree(ws / "out" / name, ignore_errors=True)
+            shutil.rmtree(ws / "out-hardlink" / name, ignore_errors=True)  # _disk_row's, of an earlier run
+            runtime_before = len(list(runtime_cache.glob("*.o"))) if runtime_cache.is_dir() else 0
+            seconds, cpu, rss, result = _measured_cpu([sys.executable, "-m", "tpubuild", "build", "--json", name], ws)
+            try:
+                peaks = [(row.get("peak_rss_bytes") or 0) / 2**20 for row in json.loads(result.stdout)["rows"]]
+            except ValueError:
+                peaks = []
+            builds.append((seconds, cpu, max([rss, *peaks])))  # the largest process's peak: see below
         runtime_compiled = (len(list(runtime_cache.glob("*.o"))) if runtime_cache.is_dir() else 0) - runtime_before
         print(f"\n{name}: build {'ok' if result.returncode == 0 else f'FAILED (exit {result.returncode})'}")
         if result.returncode:
@@ -460,10 +472,15 @@ def main() -> None:
         own = sum(row["seconds"] for row in rows if row["status"] == "built")
         waited = sum(row.get("worker_startup_seconds") or 0.0 for row in rows)
         print(f"  stages' own seconds {own:.2f} s, worker start-up waited for {waited:.2f} s")
-        print(f"  total (cold `tpubuild build`)   {seconds:8.2f} s wall {cpu:8.2f} s CPU   peak RSS {rss:,.0f} MiB")
-        print(f"  floor (load + save, fresh proc) {floor_s:8.2f} s wall {floor_cpu:8.2f} s CPU   "
-              f"peak RSS {floor_rss:,.0f} MiB")
-        print(f"  -> build / floor: {seconds / floor_s:.2f}x wall, {cpu / floor_cpu:.2f}x CPU (goal <= 2x)")
+        runs = f"median of {len(builds)} run{'s' if len(builds) > 1 else ''}"
+        b_s, b_cpu, b_rss = (median(b[i] for b in builds) for i in range(3))
+        f_s, f_cpu, f_rss = (median(f[i] for f in floors) for i in range(3))
+        print(f"  total (cold `tpubuild build`)   {b_s:8.2f} s wall {b_cpu:8.2f} s CPU   peak RSS {b_rss:,.0f} MiB  ({runs})")
+        print(f"  floor (load + save, fresh proc) {f_s:8.2f} s wall {f_cpu:8.2f} s CPU   "
+              f"peak RSS {f_rss:,.0f} MiB  ({runs})")
+        wall_x = median(b[0] / f[0] for b, f in zip(builds, floors))
+        cpu_x = median(b[1] / f[1] for b, f in zip(builds, floors))
+        print(f"  -> build / floor, median of each pair's ratio: {wall_x:.2f}x wall, {cpu_x:.2f}x CPU (goal <= 2x)")
         print(f"  source {_mib(_size(source))}, artifact {_mib(artifact)} ({artifact / max(_size(source), 1):.2f}x)")
         _references(ws, name, model, source, rows, rss, quiet, runtime_compiled, args.calibration)
     if not args.keep:

@@ -15,6 +15,7 @@ quiet._QuietImport, which may wrap the same import).
 
 from __future__ import annotations
 
+import gc
 import importlib.abc
 import importlib.util
 import sys
@@ -59,6 +60,14 @@ class _TimedLoader(importlib.abc.Loader):
         started = time.monotonic()
         try:
             self.loader.exec_module(module)
+            # What TensorFlow's import created lives as long as the worker: out of every
+            # later collection's scan (gc.freeze), which otherwise walks its ~340,000
+            # objects in each full collection, the automatic ones while a model loads and
+            # release_memory's after it. ResNet50's load + 8 runs + the collection after it:
+            # 3.2 s of CPU instead of 3.9 (load 1.7 s instead of 2.1, collection 0.1 instead
+            # of 0.3). Frozen is only what exists now (modules, and the few objects a first
+            # stage made before it imported TensorFlow): what stages make later is collected.
+            gc.freeze()
         finally:
             self.clock.counted += time.monotonic() - started
 
