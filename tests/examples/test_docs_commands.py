@@ -133,6 +133,7 @@ def test_every_command_shown_is_one_the_cli_accepts() -> None:
 NEEDS_A_CLUSTER = ("--ray-address",)
 
 
+@pytest.mark.slow  # builds the example workspace (tests/example_workspace.py, ~90 s): the slow tier
 def test_every_fenced_command_runs_in_the_built_example_workspace(built_examples: Path, tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     copy_built_examples(built_examples, ws)

@@ -14,6 +14,10 @@ import tensorflow as tf
 
 from tests.cli import tpubuild
 
+# Every test here reads the built example workspace (tests/example_workspace.py, a build
+# of ~90 s): the slow tier, which .ci/run runs after the README's command.
+pytestmark = pytest.mark.slow
+
 QUANTIZED = ["dynamic_range", "weight_only", "static_range_generator", "quantized"]
 # toy and batch_function serve an argmax (`class_id`) beside their scores.
 RECIPES = [*QUANTIZED, "two_tpu_functions", "toy", "batch_function"]

@@ -90,6 +90,7 @@ def test_every_verb_has_examples_and_each_line_is_a_command() -> None:
     assert "tpubuild build -j 2 'quantized*'" in example_lines(help_text("build"))
 
 
+@pytest.mark.slow  # builds the example workspace (tests/example_workspace.py, ~90 s): the slow tier
 @pytest.mark.parametrize("verb", list(VERBS))
 def test_each_help_example_runs_in_the_built_example_workspace(verb: str, built_examples: Path, bin_dir: Path,
                                                                tmp_path: Path) -> None:
@@ -108,6 +109,7 @@ def test_each_help_example_runs_in_the_built_example_workspace(verb: str, built_
             assert "Traceback" not in done.stderr, done.stderr
 
 
+@pytest.mark.slow  # builds the example workspace (tests/example_workspace.py, ~90 s): the slow tier
 def test_explain_error_takes_the_quantize_stage_of_an_int8_recipe_and_says_why(built_examples: Path,
                                                                              tmp_path: Path) -> None:
     """issue 42: quantized_tpu_func runs quantize and bfloat16; the default is the stage that

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import tpubuild
 from tests.cli import CLI
 from tests.example_workspace import copy_built_examples
@@ -102,6 +104,7 @@ def test_a_module_added_to_engine_publish_and_commands_changes_no_digest(tmp_pat
     assert _digests(parent)["planning"] != original["planning"]
 
 
+@pytest.mark.slow  # builds the example workspace (tests/example_workspace.py, ~90 s): the slow tier
 def test_a_comment_edit_of_the_pool_and_the_loop_leaves_every_example_lock_file_unchanged(built_examples, tmp_path):
     """The example workspace, built, relocked by a tpubuild whose pool and build loop gained a
     comment and whose engine/, publish/ and commands/ gained a module: every lock file byte for byte (`.ci/run`'s own check of the lock files)."""

@@ -9,6 +9,10 @@ import tensorflow as tf
 
 from tpubuild.savedmodel.model import SavedModel
 
+# Every test here reads the built example workspace (tests/example_workspace.py, a build
+# of ~90 s): the slow tier, which .ci/run runs after the README's command.
+pytestmark = pytest.mark.slow
+
 NAME = "quantized_tpu_func"
 
 

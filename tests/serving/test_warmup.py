@@ -122,6 +122,7 @@ def allowed_sizes(root: Path, name: str) -> list[int]:
     return batch_sizes(recipe.canonical)
 
 
+@pytest.mark.slow  # builds the example workspace (tests/example_workspace.py, ~90 s): the slow tier
 @pytest.mark.parametrize("name", BATCHING)
 def test_every_batching_example_publishes_requests_tf_serving_can_replay(examples: Path, name: str,
                                                                          tmp_path: Path) -> None:
@@ -146,6 +147,7 @@ def test_every_batching_example_publishes_requests_tf_serving_can_replay(example
         assert all(shape[0] == size for shape in shapes.values() if shape), (name, shapes, size)
 
 
+@pytest.mark.slow  # builds the example workspace (tests/example_workspace.py, ~90 s): the slow tier
 def test_a_savedmodel_target_gets_the_requests_and_inspect_lists_them(examples: Path) -> None:
     main = warmup.warmup_path(examples / "out" / "toy_targets" / "1").read_bytes()
     cpu = examples / "out" / "toy_targets" / "cpu_savedmodel" / "1"

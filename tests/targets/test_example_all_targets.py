@@ -38,6 +38,7 @@ def example(built_examples_run, tmp_path_factory: pytest.TempPathFactory) -> tup
     return root, {"rows": [row for row in built_examples_run.document["rows"] if row["recipe"] == "all_targets"]}
 
 
+@pytest.mark.slow  # builds the example workspace (tests/example_workspace.py, ~90 s): the slow tier
 def test_every_target_is_built_verified_and_published(example) -> None:
     root, first = example
     assert set(statuses(first).values()) == {"built"}
@@ -58,6 +59,7 @@ def test_every_target_is_built_verified_and_published(example) -> None:
     assert (root / "out/all_targets/xla_aot/1/xla_aot.cmake").is_file()
 
 
+@pytest.mark.slow  # builds the example workspace (tests/example_workspace.py, ~90 s): the slow tier
 def test_the_cpu_savedmodel_computes_in_bfloat16_like_the_tpu_artifact(example) -> None:
     """docs/targets/cpu_savedmodel.md: the CPU twin of a recipe whose bfloat16 stage ran
     serves what the TPU artifact computes, in bfloat16, verified at the bfloat16 tolerances."""
