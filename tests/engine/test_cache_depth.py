@@ -6,6 +6,7 @@ with one line, never a RecursionError."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from pathlib import Path
@@ -21,9 +22,10 @@ two_users = shared.two_users  # the fixture: two real users and a shared cache
 DEPTH = 5000
 
 
-def plant(parent: Path, name: str, depth: int = DEPTH) -> Path:
+def plant(parent: Path, name: str, depth: int = DEPTH, locked: bool = False) -> Path:
     """`parent/name/d/d/.../d/f`, `depth` directories deep, made by descriptor (its path is
-    longer than PATH_MAX)."""
+    longer than PATH_MAX); `locked`: its bottom directory writable by its owner alone. The
+    co-user's script (PLANT) runs this same function."""
     fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
     os.mkdir(name, dir_fd=fd)
     current = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
@@ -34,6 +36,8 @@ def plant(parent: Path, name: str, depth: int = DEPTH) -> Path:
         os.close(current)
         current = child
     os.close(os.open("f", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=current))
+    if locked:
+        os.fchmod(current, 0o755)
     os.close(current)
     return parent / name
 
@@ -110,28 +114,17 @@ print("done")
 
 # What the co-user plants: deep directories under tmp/, trees/ and objects/zz/ (group-
 # writable, umask 002), and one under objects/zz/ whose bottom the victim cannot write.
-PLANT = """
+PLANT = f"""
+from __future__ import annotations
 import os, sys
-def plant(parent, name, depth, locked=False):
-    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
-    os.makedirs(parent, exist_ok=True)
-    os.mkdir(name, dir_fd=fd)
-    current = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
-    os.close(fd)
-    for _ in range(depth - 1):
-        os.mkdir("d", dir_fd=current)
-        child = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=current)
-        os.close(current)
-        current = child
-    os.close(os.open("f", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=current))
-    if locked:
-        os.fchmod(current, 0o755)
-    os.close(current)
-v1 = sys.argv[1] + "/v1"
-os.makedirs(v1 + "/objects/zz", exist_ok=True)
+from pathlib import Path
+DEPTH = {DEPTH}
+{inspect.getsource(plant)}
+v1 = Path(sys.argv[1]) / "v1"
+os.makedirs(v1 / "objects" / "zz", exist_ok=True)
 for parent, name in (("tmp", "deep"), ("trees", "deep"), ("objects/zz", "deep")):
-    plant(f"{v1}/{parent}", name, 5000)
-plant(f"{v1}/objects/zz", "locked", 5000, locked=True)
+    plant(v1 / parent, name)
+plant(v1 / "objects" / "zz", "locked", locked=True)
 print("planted")
 """
 
