@@ -24,31 +24,21 @@ def main(argv: list[str] | None = None) -> None:
     global _FAST_TRIED
     _FAST_TRIED = False
     args = sys.argv[1:] if argv is None else argv
-    workspace = _check_command(args)
-    if workspace is False:
-        workspace = _check_command(args, "build")
-        if workspace is not False:
-            from pathlib import Path
-
-            line = fast_noop(Path(workspace) if workspace is not None else None)
-            _FAST_TRIED = line is None  # the CLI's build need not try the memo again
-            if line is not None:
-                try:
-                    print(line, flush=True)
-                    sys.exit(0)
-                except OSError:
-                    pass  # stdout on a full disk, a closed pipe: the CLI says so in its one line
-    elif workspace is not False:
+    for command, answer in _FAST_PATHS:
+        workspace = _check_command(args, command)
+        if workspace is False:
+            continue
         from pathlib import Path
 
-        count = fast_check(Path(workspace) if workspace is not None else None)
-        _FAST_TRIED = count is None  # this process ends in the CLI: it need not try them again
-        if count is not None:
+        line = answer(Path(workspace) if workspace is not None else None)
+        _FAST_TRIED = line is None  # this process ends in the CLI: it need not try them again
+        if line is not None:
             try:
-                print(up_to_date_line(count), flush=True)
+                print(line, flush=True)
                 sys.exit(0)
             except OSError:
                 pass  # stdout on a full disk, a closed pipe: the CLI says so in its one line
+        break
     from tpubuild.cli import main as cli_main
 
     cli_main(argv)
@@ -107,9 +97,9 @@ def fast_noop(workspace: Path | None) -> str | None:
     return summary_line(len(head["recipe_files"]), {"cached": head["rows"]}, ("cached",), wants_colour(sys.stdout))
 
 
-def _check_command(args: list[str], command: str = "build --check") -> str | None | Literal[False]:
-    """The `--workspace` of `[-w DIR | --workspace DIR | --workspace=DIR] COMMAND`
-    (`build --check` unless told; None: no option), or False for any other command line."""
+def _check_command(args: list[str], command: str) -> str | None | Literal[False]:
+    """The `--workspace` of `[-w DIR | --workspace DIR | --workspace=DIR] COMMAND` (None: no
+    option), or False for any other command line."""
     workspace: str | None = None
     if args[:1] in (["-w"], ["--workspace"]) and len(args) >= 2:
         workspace, args = args[1], args[2:]
@@ -118,3 +108,12 @@ def _check_command(args: list[str], command: str = "build --check") -> str | Non
     if args != command.split() or workspace == "":
         return False
     return workspace
+
+
+def _fast_check_line(workspace: Path | None) -> str | None:
+    count = fast_check(workspace)
+    return None if count is None else up_to_date_line(count)
+
+
+# The exact command lines answered here, each with what proves it has nothing to do.
+_FAST_PATHS = (("build --check", _fast_check_line), ("build", fast_noop))
