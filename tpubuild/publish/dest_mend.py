@@ -37,40 +37,24 @@ class DestinationMending(DestinationReading, DestinationWriting):
         done = []
         recipe = survey.recipe
         for number in sorted(survey.sealed):
-            seal = self.read_json(f"{recipe}/{SEALED}/{number}")
-            if seal is None:
-                continue  # finished and removed meanwhile
-            try:
-                # Every name in it is checked: a seal is data anyone who can write the destination wrote.
-                if seal.get("recipe") != recipe or seal.get("number") != number:
-                    raise ValueError(f"it is not the seal of {recipe} version {number}")
-                if not isinstance(seal.get("trees"), list) or not seal["trees"]:
-                    raise ValueError("its trees are not a list of trees")
-                trees = [Tree.of(t, recipe, number) for t in seal["trees"]]
-            except (TypeError, ValueError) as exc:
-                self.warn(f"{recipe}/{SEALED}/{number} is not a seal tpubuild wrote ({exc}); left in place")
-                continue
-            whole = all(self._tree_whole(survey, t) for t in trees)
-            if not whole:
-                try:
-                    self.promote(trees)
-                except FileNotFoundError:
-                    continue  # its job finished and removed the staging meanwhile
-                except DestinationError as exc:
-                    if exc.unreachable:
-                        raise
-                    # A directory tpubuild did not make at `<N>/`, say: never fatal to this build.
-                    self.warn(f"{recipe}/{SEALED}/{number}: cannot complete it ({str(exc).split(': ', 1)[-1]}); "
-                              "left in place")
-                    continue
-                done.append(f"completed {self.base_path(recipe)}/{number} (a publish that stopped before it was)")
-            self.unstage(recipe, number)
+            line = self._finish_seal(survey, number)
+            if line:
+                done.append(line)
         now = time.time()
         for number, newest in sorted(survey.staged.items()):
             if number in survey.sealed:
                 continue
             claim = self.read_json(f"{recipe}/{CLAIMS}/{number}") if number in survey.claims else None
             if job_gone(claim, survey.claims.get(number), newest, now):
+                # The survey is one listing taken earlier: the job may have sealed after it and
+                # then died (the race test saw it on S3: its staging removed, its seal left with
+                # nothing to complete). A job taken for gone writes nothing more, so its seal,
+                # looked for now, is final: a sealed staging is finished, never removed.
+                if self._seal_present(recipe, number):
+                    line = self._finish_seal(survey, number)
+                    if line:
+                        done.append(line)
+                    continue
                 self.call(f"cannot remove {recipe}/{STAGING}/{number}",
                           lambda n=number: self.io.remove_tree(f"{recipe}/{STAGING}/{n}"))
                 done.append(f"removed {self.base_path(recipe)}/{STAGING}/{number} (a publish that stopped before it "
@@ -89,6 +73,70 @@ class DestinationMending(DestinationReading, DestinationWriting):
             self.call(f"cannot remove {aside}", lambda a=aside: self.io.remove_tree(a))
         self.say_left()
         return done
+
+    def _finish_seal(self, survey: Survey, number: int) -> str | None:
+        """Complete the sealed version `number` (its bytes were checked when staged; copying
+        them again is harmless), then remove its staging and seal. Returns the line to say
+        when it completed a version; a seal that is not tpubuild's, or whose version cannot
+        be completed, is said in one warning line and left (an orphan seal, whose staging is
+        gone and whose version was never completed, is removed)."""
+        recipe = survey.recipe
+        seal = self.read_json(f"{recipe}/{SEALED}/{number}")
+        if seal is None:
+            return None  # finished and removed meanwhile
+        try:
+            # Every name in it is checked: a seal is data anyone who can write the destination wrote.
+            if seal.get("recipe") != recipe or seal.get("number") != number:
+                raise ValueError(f"it is not the seal of {recipe} version {number}")
+            if not isinstance(seal.get("trees"), list) or not seal["trees"]:
+                raise ValueError("its trees are not a list of trees")
+            trees = [Tree.of(t, recipe, number) for t in seal["trees"]]
+        except (TypeError, ValueError) as exc:
+            self.warn(f"{recipe}/{SEALED}/{number} is not a seal tpubuild wrote ({exc}); left in place")
+            return None
+        line = None
+        if not all(self._tree_whole(survey, t) for t in trees):
+            try:
+                self.promote(trees)
+            except FileNotFoundError:
+                return None  # its job finished and removed the staging meanwhile
+            except DestinationError as exc:
+                if exc.unreachable:
+                    raise
+                if self._orphan(recipe, number, trees):
+                    self.call(f"cannot remove {recipe}/{SEALED}/{number}",
+                              lambda: self.io.delete([f"{recipe}/{SEALED}/{number}"]))
+                    return (f"removed {self.base_path(recipe)}/{SEALED}/{number} (its staging is gone and version "
+                            f"{number} was never completed; number {number} stays unused)")
+                # A directory tpubuild did not make at `<N>/`, say: never fatal to this build.
+                self.warn(f"{recipe}/{SEALED}/{number}: cannot complete it ({str(exc).split(': ', 1)[-1]}); "
+                          "left in place")
+                return None
+            line = f"completed {self.base_path(recipe)}/{number} (a publish that stopped before it was)"
+        self.unstage(recipe, number)
+        return line
+
+    def _seal_present(self, recipe: str, number: int) -> bool:
+        try:
+            self.call(f"cannot read {recipe}/{SEALED}/{number}", lambda: self.io.size(f"{recipe}/{SEALED}/{number}"))
+        except FileNotFoundError:
+            return False
+        return True
+
+    def _orphan(self, recipe: str, number: int, trees: list[Tree]) -> bool:
+        """Whether a seal can never be completed, looked at now: nothing of its staging is
+        left and none of its versions holds its commit file (the one a job that finished it
+        copies last, before it removes the staging). Such a seal is what a staging removed
+        under a job that sealed after the remover's listing left (before that was fixed)."""
+        staging = self.call(f"cannot list {recipe}/{STAGING}/{number}/",
+                            lambda: self.io.list(f"{recipe}/{STAGING}/{number}/"))
+        if any(rel.startswith(f"{recipe}/{STAGING}/{number}/") for rel, _size, _mtime in staging):
+            return False
+        for tree in trees:
+            listed = self.call(f"cannot list {tree.final}/", lambda t=tree: self.io.list(f"{t.final}/"))
+            if any(rel in (f"{tree.final}/{name}" for name in tree.commit) for rel, _size, _mtime in listed):
+                return False
+        return True
 
     def _tree_whole(self, survey: Survey, tree: Tree) -> bool:
         """Whether the listing shows every file of `tree` (checked by Tree.of) whole."""
