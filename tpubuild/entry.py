@@ -91,7 +91,7 @@ def fast_noop(workspace: Path | None) -> str | None:
         return None
     if found is None or not found[1]["recipe_files"]:
         return None
-    from tpubuild.commands.build_output import summary_line, wants_colour
+    from tpubuild.build_words import summary_line, wants_colour
 
     head = found[1]
     return summary_line(len(head["recipe_files"]), {"cached": head["rows"]}, ("cached",), wants_colour(sys.stdout))
