@@ -50,13 +50,15 @@ from collections import deque
 from itertools import starmap
 from operator import attrgetter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from tpubuild.atomic import write_atomic
 from tpubuild.digests import hash_bytes, key_env, toolchain
 from tpubuild.keys import PACKAGE_ROOT, canonical_dumps, package_fingerprint
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+
     from tpubuild.config.workspace import Workspace
 
 SCHEMA = 3
@@ -113,7 +115,7 @@ def _digest(stats: Iterable[Sequence[int]]) -> str:
     as it is made (deque(maxlen=0) runs the chain in C), not kept for a join."""
     packed = bytearray()
     deque(map(packed.extend, starmap(_PACK, stats)), maxlen=0)
-    return hash_bytes(packed)
+    return hash_bytes(bytes(packed))
 
 
 class NoopMemo:
