@@ -16,7 +16,15 @@ import pytest
 
 from tests.engine.conftest import REPO, build_json, lock_record, tpubuild
 from tpubuild.lock import quick
-from tpubuild.lock.memo import MARGIN_NS, MEMO_FILE, _listing_dirs
+from tpubuild.lock.memo import (
+    MARGIN_NS,
+    MEMO_FILE,
+    SEP,
+    _chunks,
+    _digest,
+    _listing_dirs,
+    stats_digest,
+)
 
 STALE = "recipes/{0}.yaml: building would change recipes/{0}.lock.yaml: stage "
 
@@ -171,6 +179,25 @@ def test_a_memo_cut_short_proves_nothing(settled):
     assert quick(settled, None) is None and quick(settled, None, outputs=False) is None
     done = tpubuild(settled, "build")
     assert (done.returncode, done.stdout) == (0, "3 recipes: 16 cached\n"), done.stderr
+
+
+def test_every_path_of_a_list_is_stated_once_in_order_whatever_the_pieces(tmp_path, monkeypatch):
+    """The no-op stats a list a piece at a time: no path is lost or doubled at a cut, and
+    the digest is the one the memo computed from the stats it remembered, in one piece."""
+    names = [f"d{i % 7}/{'x' * (i % 13)}f{i}" for i in range(500)]
+    for name in names:
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(name)
+    blob = b"".join(os.fsencode(n) + SEP for n in names)
+    for size in (1, 9, 100, 1 << 16):
+        assert [p for piece in _chunks(blob, size) for p in piece] == [os.fsencode(n) for n in names]
+    monkeypatch.chdir(tmp_path)
+    remembered = [[st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns] for st in map(os.stat, names)]
+    assert stats_digest(blob) == _digest([remembered])
+    (tmp_path / names[-1]).write_text("changed")  # the last path of the list
+    assert stats_digest(blob) != _digest([remembered])
+    (tmp_path / names[0]).unlink()
+    assert stats_digest(blob) is None
 
 
 def test_directories_changed_within_the_margin_are_not_remembered(tmp_path):
