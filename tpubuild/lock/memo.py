@@ -35,9 +35,11 @@ build), or not at all: then the no-op globs the recipes as before.
 A no-op's cost is the stats: about 21 a recipe (the recipe, its lock file, the model's
 files and directories, the published version's, a stage record), each a different
 inode, each deciding an output. So nothing else is done per path in Python: the stats
-run as one chain of C calls (`os.stat`, the five fields, packed as 64-bit integers)
-joined into one buffer for one digest, from the workspace root as working directory
-(a `dir_fd` keyword through functools.partial costs a quarter of a stat).
+run as one chain of C calls (`os.stat`, the five fields, packed as 64-bit integers) a
+piece of the list at a time into one hasher, from the workspace root as working
+directory (a `dir_fd` keyword through functools.partial costs a quarter of a stat).
+Measured here (issue 48), a bare `os.stat` is ~2.2 us, the chain's own work ~0.3 us
+more: what is left per recipe is the kernel's path walk and CPython's stat_result.
 """
 
 from __future__ import annotations
