@@ -39,7 +39,7 @@ def test_memo_proves_a_noop_and_any_change_takes_the_full_path(built_workspace):
     ws = built_workspace
     time.sleep(2.1)  # the memo remembers only files older than the build that checks them
     build_json(ws)  # the full check, which writes the memo
-    assert (ws / ".tpubuild" / "noop-memo.json").is_file()
+    assert (ws / ".tpubuild" / "noop-memo").is_file()
     assert probe(ws) == (0, False, 16)  # 3 recipes, every stage cached, no recipe loaded
     # A comment-only edit: the full path runs (the recipe is loaded) and finds nothing to do.
     recipe = ws / "recipes" / "toy.yaml"

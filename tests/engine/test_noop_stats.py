@@ -14,9 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.conftest import REPO, build_json, tpubuild
+from tests.engine.conftest import REPO, build_json, lock_record, tpubuild
 from tpubuild.lock import quick
-from tpubuild.lock.memo import MARGIN_NS, _listing_dirs
+from tpubuild.lock.memo import (
+    MARGIN_NS,
+    MEMO_FILE,
+    SEP,
+    _chunks,
+    _digest,
+    _listing_dirs,
+    stats_digest,
+)
 
 STALE = "recipes/{0}.yaml: building would change recipes/{0}.lock.yaml: stage "
 
@@ -131,6 +139,65 @@ def test_a_damaged_output_sends_build_down_the_full_path_but_not_check(settled):
     assert quick(settled, None, outputs=False) is not None  # no lock file would change
     check = tpubuild(settled, "build", "--check")
     assert (check.returncode, check.stdout) == (0, "3 lock files up to date\n"), check.stderr
+
+
+def test_the_stats_run_from_the_root_and_the_working_directory_is_put_back(settled, tmp_path, monkeypatch):
+    """quick stats the memo's paths from the workspace root as working directory (no
+    dir_fd per stat): from a subdirectory, from outside with the workspace named, proven
+    or not, the caller's working directory is the same afterwards."""
+    below = settled / "recipes" / "models"
+    monkeypatch.chdir(below)
+    assert quick(below, None) is not None and os.getcwd() == str(below)
+    monkeypatch.chdir(tmp_path)
+    assert quick(tmp_path, settled) is not None and os.getcwd() == str(tmp_path)
+    weights = settled / "recipes" / "models" / "tiny" / "variables" / "variables.index"
+    st = weights.stat()
+    weights.write_bytes(weights.read_bytes())  # the same bytes: only its ctime tells
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert quick(tmp_path, settled) is None and os.getcwd() == str(tmp_path)
+    monkeypatch.chdir(below)
+    assert quick(below, None, outputs=False) is None and os.getcwd() == str(below)
+
+
+def test_a_rewritten_stage_record_sends_build_down_the_full_path_but_not_check(settled):
+    """Stage records are outputs (in the store, not deciding a lock file): one rewritten
+    in place with its mtime put back is seen by `build`'s proof, not asked by --check's."""
+    record = lock_record(settled, "toy")
+    st = record.stat()
+    record.write_bytes(record.read_bytes())
+    os.utime(record, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert quick(settled, None) is None
+    assert quick(settled, None, outputs=False) is not None
+
+
+def test_a_memo_cut_short_proves_nothing(settled):
+    """The path lists are read by the sizes the header gives: a memo cut inside them (a
+    disk full on another writer's copy) is not a proof; the full path writes a new one."""
+    memo = settled / ".tpubuild" / MEMO_FILE
+    data = memo.read_bytes()
+    memo.write_bytes(data[:data.index(b"\n") + 100])
+    assert quick(settled, None) is None and quick(settled, None, outputs=False) is None
+    done = tpubuild(settled, "build")
+    assert (done.returncode, done.stdout) == (0, "3 recipes: 16 cached\n"), done.stderr
+
+
+def test_every_path_of_a_list_is_stated_once_in_order_whatever_the_pieces(tmp_path, monkeypatch):
+    """The no-op stats a list a piece at a time: no path is lost or doubled at a cut, and
+    the digest is the one the memo computed from the stats it remembered, in one piece."""
+    names = [f"d{i % 7}/{'x' * (i % 13)}f{i}" for i in range(500)]
+    for name in names:
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(name)
+    blob = b"".join(os.fsencode(n) + SEP for n in names)
+    for size in (1, 9, 100, 1 << 16):
+        assert [p for piece in _chunks(blob, size) for p in piece] == [os.fsencode(n) for n in names]
+    monkeypatch.chdir(tmp_path)
+    remembered = [[st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns] for st in map(os.stat, names)]
+    assert stats_digest(blob) == _digest([remembered])
+    (tmp_path / names[-1]).write_text("changed")  # the last path of the list
+    assert stats_digest(blob) != _digest([remembered])
+    (tmp_path / names[0]).unlink()
+    assert stats_digest(blob) is None
 
 
 def test_directories_changed_within_the_margin_are_not_remembered(tmp_path):
