@@ -19,6 +19,7 @@ from tpubuild.lock import quick
 from tpubuild.lock.memo import (
     MARGIN_NS,
     MEMO_FILE,
+    OLD_MEMO_FILE,
     SEP,
     _chunks,
     _digest,
@@ -179,6 +180,16 @@ def test_a_memo_cut_short_proves_nothing(settled):
     assert quick(settled, None) is None and quick(settled, None, outputs=False) is None
     done = tpubuild(settled, "build")
     assert (done.returncode, done.stdout) == (0, "3 recipes: 16 cached\n"), done.stderr
+
+
+def test_the_memo_of_the_schema_before_is_removed_by_the_next_full_check(settled):
+    """The JSON memo an older tpubuild wrote (nothing reads it now) does not stay behind."""
+    old = settled / ".tpubuild" / OLD_MEMO_FILE
+    old.write_text('{"schema": 2}\n{}\n')
+    (settled / "recipes" / "toy.yaml").touch()  # the next build takes the full path, which saves the memo
+    done = tpubuild(settled, "build")
+    assert done.returncode == 0, done.stderr
+    assert not old.exists() and (settled / ".tpubuild" / MEMO_FILE).is_file()
 
 
 def test_every_path_of_a_list_is_stated_once_in_order_whatever_the_pieces(tmp_path, monkeypatch):

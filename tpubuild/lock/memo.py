@@ -68,6 +68,8 @@ if TYPE_CHECKING:
 SCHEMA = 3
 MARGIN_NS = 2_000_000_000  # coarse timestamps: ext4 ctime ticks with the kernel's jiffies, FAT/SMB with seconds
 MEMO_FILE = "noop-memo"
+# The memo of schema 2, in JSON: nothing reads it since; the next save removes it (up to 9 MB at 2,000 recipes).
+OLD_MEMO_FILE = "noop-memo.json"
 SEP = b"\0"  # ends each path in the lists: the one byte no path holds
 
 _FIELDS = attrgetter("st_dev", "st_ino", "st_size", "st_mtime_ns", "st_ctime_ns")
@@ -203,6 +205,7 @@ class NoopMemo:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(self.path, b"".join([json.dumps(head).encode(), b"\n", *lists,
                                                json.dumps(self.entries).encode(), b"\n"]))
+            (self.path.parent / OLD_MEMO_FILE).unlink(missing_ok=True)
         except OSError:
             pass  # only a memo: the next build does the full check
 
