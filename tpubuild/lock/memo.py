@@ -253,11 +253,13 @@ def _settled(paths: list[str], since_ns: int) -> bool:
     rule: a file changed within a timestamp's granularity of the stat that remembers it
     could change again without changing its stat). The guard remembers the workspace
     file's stat and the code's: a build that began just after an edit remembers nothing."""
-    for path in paths:
-        stat = _stat(path)
-        if stat is None or stat[4] >= since_ns - MARGIN_NS:
-            return False
-    return True
+    return all(_settled_stat(path, since_ns) is not None for path in paths)
+
+
+def _settled_stat(path: str, since_ns: int) -> list[int] | None:
+    """The stat of `path` when it exists and is settled (`_settled`'s rule), else None."""
+    stat = _stat(path)
+    return None if stat is None or stat[4] >= since_ns - MARGIN_NS else stat
 
 
 def _listing_dirs(root: Path, patterns: list[str], since_ns: int | None) -> list[list[Any]] | None:
@@ -277,8 +279,8 @@ def _listing_dirs(root: Path, patterns: list[str], since_ns: int | None) -> list
         for i, part in enumerate(parts):
             following = []
             for directory in level:
-                stat = _stat(directory)
-                if stat is None or stat[4] >= since_ns - MARGIN_NS:
+                stat = _settled_stat(directory, since_ns)
+                if stat is None:
                     return None
                 found[directory] = stat
                 if i == len(parts) - 1:
