@@ -42,12 +42,14 @@ if TYPE_CHECKING:
 quiet_tensorflow()
 
 # Session fixtures that the tests of one module share, each minutes of work or a live
-# process: real-model builds, a Ray cluster. Under `--dist loadgroup` (pyproject.toml's
+# process: real-model builds, a Ray cluster, two TensorFlow processes exporting (one CI run
+# saw them take 145 s on each worker, where 10-12 s is usual). Under `--dist loadgroup` (pyproject.toml's
 # addopts) the tests using one of them run on one xdist worker, which makes it once, while
 # the other worker runs other tests, rather than each worker making its own. (What tests of
 # many modules read, the example workspace and the engine's built workspace, is made once per
 # run under a file lock instead, tests/once.py: grouped, those modules would share a worker.)
-GROUPED_FIXTURES = ("keras_built", "keras_exported", "keras_repo", "jax_built", "bert_workspace", "ray_address")
+GROUPED_FIXTURES = ("keras_built", "keras_exported", "keras_repo", "jax_built", "bert_workspace", "ray_address",
+                    "reproducible_exports")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks

@@ -40,7 +40,7 @@ def _export(out: Path, seed: str, *flags: str) -> Path:
 
 
 @pytest.fixture(scope="session")
-def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def reproducible_exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Raw exports from a clean process and a warmed-up one, and canonical copies of both."""
     root = tmp_path_factory.mktemp("reproducible")
     raw = {"clean": _export(root / "clean", "1"), "warm": _export(root / "warm", "4242", "--warm-up")}
@@ -57,23 +57,24 @@ def _files(directory: Path) -> dict[str, bytes]:
     return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
-def test_two_processes_give_byte_identical_saved_models(exports: dict[str, Path]) -> None:
+def test_two_processes_give_byte_identical_saved_models(reproducible_exports: dict[str, Path]) -> None:
     # Without the rewrite the two exports differ (else this test would prove nothing).
-    assert (exports["clean"] / SAVED_MODEL_PB).read_bytes() != (exports["warm"] / SAVED_MODEL_PB).read_bytes()
-    clean, warm = _files(exports["clean-canonical"]), _files(exports["warm-canonical"])
+    raw = reproducible_exports
+    assert (raw["clean"] / SAVED_MODEL_PB).read_bytes() != (raw["warm"] / SAVED_MODEL_PB).read_bytes()
+    clean, warm = _files(reproducible_exports["clean-canonical"]), _files(reproducible_exports["warm-canonical"])
     assert sorted(clean) == sorted(warm)
     assert [name for name in clean if clean[name] != warm[name]] == []
 
 
-def test_is_idempotent(exports: dict[str, Path], tmp_path: Path) -> None:
+def test_is_idempotent(reproducible_exports: dict[str, Path], tmp_path: Path) -> None:
     again = tmp_path / "again"
-    shutil.copytree(exports["clean-canonical"], again)
+    shutil.copytree(reproducible_exports["clean-canonical"], again)
     make_reproducible(again)
-    assert _files(again) == _files(exports["clean-canonical"])
+    assert _files(again) == _files(reproducible_exports["clean-canonical"])
 
 
-def test_every_function_reference_resolves(exports: dict[str, Path]) -> None:
-    model = SavedModel.load(exports["warm-canonical"])
+def test_every_function_reference_resolves(reproducible_exports: dict[str, Path]) -> None:
+    model = SavedModel.load(reproducible_exports["warm-canonical"])
     library = set(model.functions)
     assert all(CANONICAL_NAME.search(name) for name in library), sorted(library)
     referenced = set().union(*(node_functions(node) for node in model.meta_graph.graph_def.node))
@@ -101,11 +102,11 @@ def test_every_function_reference_resolves(exports: dict[str, Path]) -> None:
     assert used and used <= op_types
 
 
-def test_the_renamed_model_loads_and_runs_like_the_export(exports: dict[str, Path]) -> None:
+def test_the_renamed_model_loads_and_runs_like_the_export(reproducible_exports: dict[str, Path]) -> None:
     x = np.random.default_rng(0).normal(size=(5, reproducible_export.FEATURES)).astype("float32")
     options = tf.saved_model.LoadOptions(experimental_load_function_aliases=True)
-    raw = tf.saved_model.load(str(exports["clean"]), options=options)
-    canonical = tf.saved_model.load(str(exports["warm-canonical"]), options=options)
+    raw = tf.saved_model.load(str(reproducible_exports["clean"]), options=options)
+    canonical = tf.saved_model.load(str(reproducible_exports["warm-canonical"]), options=options)
     # The same ops and weights, but never compared bit for bit: the two loads are separate
     # function instantiations, and oneDNN/Grappler may choose kernels or fusions per
     # instantiation and thread count, which can reorder float additions.
