@@ -6,13 +6,8 @@ import time
 
 import click
 
-from tpubuild.commands.build_output import (
-    NORMAL,
-    QUIET,
-    VERBOSE,
-    summary_line,
-    wants_colour,
-)
+from tpubuild.build_words import summary_line, wants_colour
+from tpubuild.commands.build_output import NORMAL, QUIET, VERBOSE
 
 
 @click.command(

@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Any, Callable, TextIO
 
-from tpubuild.build_words import paint, summary_line, wants_colour  # noqa: F401 (summary_line, wants_colour: the CLI's names)
+from tpubuild.build_words import paint, summary_line
 
 # How much a build prints: -q, default, -v.
 QUIET, NORMAL, VERBOSE = 0, 1, 2

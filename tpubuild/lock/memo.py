@@ -85,7 +85,7 @@ def _stat(path: str) -> list[int] | None:
         st = os.stat(path)
     except OSError:
         return None
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    return list(_FIELDS(st))  # the fields the no-op's stats digest: remembered and checked alike
 
 
 def guard(ws: Workspace | _Seen) -> str:
