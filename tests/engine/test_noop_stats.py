@@ -225,3 +225,81 @@ def test_directories_changed_within_the_margin_are_not_remembered(tmp_path):
 def _stat_of(path: Path) -> list[int]:
     st = os.stat(path)
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+FORKED = """
+import os, sys
+from tpubuild.lock import memo
+forks = []
+real_fork = os.fork
+def counting_fork():
+    forks.append(1)
+    return real_fork()
+os.fork = counting_fork  # counted, then the real fork: the child stats for real
+memo.PARALLEL_MIN_PATHS = int(sys.argv[1])
+from tpubuild.entry import fast_noop
+line = fast_noop(None)
+print(repr(line), len(forks), os.getpid())
+"""
+
+
+def _fast_noop_in_a_process(ws: Path, min_paths: int) -> tuple[str, int]:
+    """(the executable's no-op line or 'None', how many forks) in a fresh single-threaded
+    process, the outputs list checked by a child whenever it holds `min_paths` paths."""
+    out = subprocess.run([sys.executable, "-c", FORKED, str(min_paths)], cwd=ws, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, check=True).stdout.split()
+    return out[0] if out[0] == "None" else " ".join(out[:-2]), int(out[-2])
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+
+
+def test_a_child_checks_the_outputs_and_its_no_is_heard(settled):
+    """With two CPUs the outputs list is stat'ed by a forked child while the process stats
+    the inputs (lock/memo.py _lists_hold): its yes proves the no-op, a damaged published
+    file is its no, and the full path decides."""
+    forks = 1 if _cpus() >= 2 else 0
+    assert _fast_noop_in_a_process(settled, 1) == ("'3 recipes: 16 cached'", forks)
+    assert _fast_noop_in_a_process(settled, 10**9) == ("'3 recipes: 16 cached'", 0)  # too short to fork for
+    published = next((settled / "out" / "toy").glob("*/saved_model.pb"))
+    st = published.stat()
+    published.write_bytes(published.read_bytes())  # the same bytes: only its ctime tells
+    os.utime(published, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert _fast_noop_in_a_process(settled, 1) == ("None", forks)
+    assert _fast_noop_in_a_process(settled, 10**9) == ("None", 0)
+
+
+HOLD = """
+import os, sys
+from tpubuild.lock import memo
+os.chdir(sys.argv[1])
+lists = [(open(name, "rb").read(), digest) for name, digest in zip(("first.list", "second.list"), sys.argv[2:])]
+print(memo._fork_is_safe(), memo._hold_in_two(*lists), memo._lists_hold(lists))
+"""
+
+
+@pytest.mark.parametrize("change", [None, "first", "second", "second-gone", "first-gone"])
+def test_two_processes_answer_what_one_does(tmp_path, change):
+    """_hold_in_two, whichever list changed (the child's or this process's), says what
+    the one-process check says; a path gone is a no from either side."""
+    root = tmp_path / "ws"
+    lists = {}
+    for side in ("first", "second"):
+        names = [f"{side}/d{i % 5}/f{i}" for i in range(1200)]
+        for name in names:
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / name).write_text(name)
+        lists[side] = (b"".join(os.fsencode(n) + SEP for n in names), _digest([[_stat_of(root / n) for n in names]]))
+        (root / f"{side}.list").write_bytes(lists[side][0])  # not in either list
+    if change is not None:
+        victim = root / change.split("-")[0] / "d4" / "f1199"
+        if change.endswith("gone"):
+            victim.unlink()
+        else:
+            victim.write_text("changed")
+    out = subprocess.run([sys.executable, "-c", HOLD, str(root), lists["first"][1], lists["second"][1]],
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+                         check=True).stdout.split()
+    same = "True" if change is None else "False"
+    assert out == [str(_cpus() >= 2), same, same]

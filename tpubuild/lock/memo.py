@@ -39,7 +39,9 @@ run as one chain of C calls (`os.stat`, the five fields, packed as 64-bit intege
 piece of the list at a time into one hasher, from the workspace root as working
 directory (a `dir_fd` keyword through functools.partial costs a quarter of a stat).
 Measured here (issue 48), a bare `os.stat` is ~2.2 us, the chain's own work ~0.3 us
-more: what is left per recipe is the kernel's path walk and CPython's stat_result.
+more: what is left per recipe is the kernel's path walk and CPython's stat_result. With
+a second CPU, `build` checks its two lists at once, the outputs' in a forked child
+(_lists_hold): 2,000 recipes' no-op went from 0.16 s to 0.12 s here.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import fnmatch
 import json
 import os
 import struct
+import sys
 from collections import deque
 from itertools import starmap
 from operator import attrgetter
@@ -113,6 +116,61 @@ def stats_digest(paths: bytes) -> str | None:
         return _digest(map(_FIELDS, map(os.stat, chunk)) for chunk in _chunks(paths))
     except (OSError, ValueError, struct.error):
         return None
+
+
+def _lists_hold(lists: list[tuple[bytes, str | None]]) -> bool:
+    """Whether each list's stats digest is the one remembered. With a second CPU free and a
+    second list long enough to pay for a fork (~0.6 ms here, the cost of ~270 stats), a
+    forked child checks the second list while this process checks the first: the stats are
+    independent, and one process's stats are bound by the GIL (threads measured no faster),
+    as git's preload-index and Bazel check files on every core. The child answers one byte
+    and ends with os._exit (nothing of this process's is flushed or run twice); a child that
+    dies or cannot be forked is a "no" or the one-process check: never a wrong "yes"."""
+    if len(lists) == 2 and lists[1][0].count(SEP) >= PARALLEL_MIN_PATHS and _fork_is_safe():
+        return _hold_in_two(lists[0], lists[1])
+    return all(stats_digest(blob) == digest for blob, digest in lists)
+
+
+PARALLEL_MIN_PATHS = 1024  # a second list shorter than this is checked here: the fork would cost what it saves
+
+
+def _fork_is_safe() -> bool:
+    """Two CPUs for this process, and no other thread (a fork copies only the calling
+    thread: a lock another held would stay held in the child)."""
+    if not hasattr(os, "fork") or len(getattr(os, "sched_getaffinity", lambda _: ())(0)) < 2:
+        return False
+    threading = sys.modules.get("threading")
+    return threading is None or threading.active_count() == 1
+
+
+def _hold_in_two(first: tuple[bytes, str | None], second: tuple[bytes, str | None]) -> bool:
+    try:
+        read_end, write_end = os.pipe()
+    except OSError:
+        return all(stats_digest(blob) == digest for blob, digest in (first, second))
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(read_end)
+        os.close(write_end)
+        return all(stats_digest(blob) == digest for blob, digest in (first, second))
+    if pid == 0:  # the child: one byte, then gone, whatever happens
+        try:
+            os.close(read_end)
+            os.write(write_end, b"1" if stats_digest(second[0]) == second[1] else b"0")
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    try:
+        same = stats_digest(first[0]) == first[1]
+        if not same:  # the full path decides: the child's answer is not needed
+            import signal
+
+            os.kill(pid, signal.SIGKILL)
+        return same and os.read(read_end, 1) == b"1"
+    finally:
+        os.close(read_end)
+        os.waitpid(pid, 0)
 
 
 def _chunks(paths: bytes, size: int = 1 << 16) -> Iterator[list[bytes]]:
@@ -343,9 +401,8 @@ def quick(start: Path, override: Path | None, outputs: bool = True) -> tuple[Pat
         return None
     try:
         os.chdir(root)
-        for blob, digest in zip(lists, (head.get("inputs_digest"), head.get("outputs_digest"))):
-            if stats_digest(blob) != digest:
-                return None
+        if not _lists_hold(list(zip(lists, (head.get("inputs_digest"), head.get("outputs_digest"))))):
+            return None
     except OSError:
         return None
     finally:
