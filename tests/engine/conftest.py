@@ -96,6 +96,30 @@ def tiny_saved_model(tmp_path_factory) -> Path:
     return once_per_run(tmp_path_factory, "tiny_saved_model", save) / "tiny"
 
 
+def save_placed_model(path: Path, strings: bool = False) -> Path:
+    """`y = x @ w` behind a serving signature that calls it under the alias `tpu_func`
+    (the converter guide's shape of a TPU model); with `strings`, a string output too."""
+    import tensorflow as tf
+
+    class Placed(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = tf.Variable([[1.0], [2.0]])
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32)])
+        def tpu_func(self, x):
+            return tf.matmul(x, self.w)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32, name="x")])
+        def serve(self, x):
+            return {"y": self.tpu_func(x), **({"label": tf.strings.as_string(tf.round(x))} if strings else {})}
+
+    model = Placed()
+    tf.saved_model.save(model, str(path), signatures={"serving_default": model.serve},
+                        options=tf.saved_model.SaveOptions(function_aliases={"tpu_func": model.tpu_func}))
+    return path
+
+
 def source_recipe(name: str, timeout: int = 100, samples: int = 4, comment: str = "") -> str:
     return f"# {comment}\nname: {name}\nmodel: {{saved_model: models/tiny}}\n" + BATCH.format(
         timeout=timeout

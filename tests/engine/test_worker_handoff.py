@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.engine.conftest import build_json, lock_record, statuses, write_workspace
+from tests.engine.conftest import (
+    build_json,
+    lock_record,
+    save_placed_model,
+    statuses,
+    write_workspace,
+)
 
 RECIPE = """\
 name: placed
@@ -23,26 +29,7 @@ verify: {samples: 4}
 @pytest.fixture(scope="module")
 def tpu_saved_model(tmp_path_factory) -> Path:
     """`y = x @ w` behind a serving signature that calls it under the alias `tpu_func`."""
-    import tensorflow as tf
-
-    class Placed(tf.Module):
-        def __init__(self):
-            super().__init__()
-            self.w = tf.Variable([[1.0], [2.0]])
-
-        @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32)])
-        def tpu_func(self, x):
-            return tf.matmul(x, self.w)
-
-        @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32, name="x")])
-        def serve(self, x):
-            return {"y": self.tpu_func(x)}
-
-    path = tmp_path_factory.mktemp("models") / "placed"
-    model = Placed()
-    tf.saved_model.save(model, str(path), signatures={"serving_default": model.serve},
-                        options=tf.saved_model.SaveOptions(function_aliases={"tpu_func": model.tpu_func}))
-    return path
+    return save_placed_model(tmp_path_factory.mktemp("models") / "placed")
 
 
 def _stages_per_worker(logs: list[Path]) -> list[list[str]]:

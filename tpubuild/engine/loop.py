@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tpubuild.digests import StatCache, worker_env
+from tpubuild.engine.beside import ReferenceBeside
 from tpubuild.engine.cache import LayeredCache, LocalLayer, RemoteLayer
 from tpubuild.engine.events import BuildEvents, Row, WorkerTime
 from tpubuild.engine.lockdoc import memo_files, up_to_date, write_run_lock
@@ -92,6 +93,8 @@ class Engine(RunVersion):
         self.remote: RemoteCache | None = None  # when the build has one
         # Where stage records are looked up, and built ones recorded (engine/cache.py).
         self.cache = LayeredCache([LocalLayer(self.resolver, self.state_lock)])
+        # verify's source side, started beside the stages before it (engine/beside.py).
+        self.beside = ReferenceBeside(self.store, self.jobs, self.executor, self.timeout)
         # The thread that computes the source's standard digests (_digests_ahead).
         self._ahead: ThreadPoolExecutor | None = None
         self.ahead_futures: dict[str, Future[None]] = {}  # recipe name -> its source's
@@ -177,6 +180,8 @@ class Engine(RunVersion):
                     self._prestart_worker(run)
                 return False
             self.store.touch(entry.key)
+        if planned.name == "verify":
+            self.beside.finish(run.name, self.pool)  # a prefetch for it, if one was started: not needed
         if self.pool is not None:  # a worker kept for this stage (HANDOFF, _hands_on): not needed
             from tpubuild.workers import WorkerPool
 
@@ -303,6 +308,8 @@ class Engine(RunVersion):
         it, its time). A StageError raised after the worker replied carries the time too."""
         stage = spec(planned.name)
         key, record = _keyed(pending)
+        if planned.name != "verify":
+            self.beside.start(run, planned, self.workers())
         work = self.store.new_workdir(planned.name)
         out_dir = work / "out"
         out_dir.mkdir()
@@ -330,6 +337,9 @@ class Engine(RunVersion):
             request["keep_for"] = _handoff_token(run, upcoming)
         if handing:  # a worker handed on to this stage, if one was (WorkerPool.run: else as before)
             request["take"] = _handoff_token(run, planned.name)
+        reference_dir = self.beside.directory(run) if planned.name == "verify" else None
+        if reference_dir is not None:
+            request["reference_dir"] = str(reference_dir)
         # A stage that will be handed a worker needs no spare.
         wanting = [name for name in wanting if not self._handed_a_worker(run, name)]
         spare = big and bool(wanting)
@@ -363,6 +373,8 @@ class Engine(RunVersion):
             return stored, reply.get("peak_rss_bytes"), timing
         finally:
             self.store.remove_workdir(work)  # by descriptor, from the session's own
+            if planned.name == "verify":
+                self.beside.finish(run.name, self.pool)
 
     def workers(self) -> WorkerPool | RayExecutor:
         with self.pool_lock:
@@ -425,6 +437,7 @@ def build(ws: Workspace, recipes: list[Recipe], options: BuildOptions | None = N
                 run_tasks(engine, todo, options.jobs)
                 clean = True
             finally:
+                engine.beside.close(engine.pool)  # prefetches whose verify was cached or never ran
                 if engine.pool is not None:
                     engine.pool.close(kill=not clean)  # Ctrl-C: stop the stages now, not in 10 s
                 engine.cache.finish(wait=clean)

@@ -87,6 +87,9 @@ class StageContext:
     # StageResult.summary of the consumed earlier stages, by stage name.
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
     log: Callable[[str], None] = lambda message: None
+    # verify only: where the source's outputs are being computed beside the earlier stages
+    # (verify/reference.py), or None. Which process computes them changes no output.
+    reference_dir: Path | None = None
 
     @property
     def source_dir(self) -> Path | None:

@@ -101,7 +101,15 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
         # (memory.py), and this load set the stage's peak when it came after the two others
         # (ResNet50 bf16, in-process: stage peak 901 MiB with it last, 831 MiB with it
         # first; the load + save floor is 814).
-        source_run = beside.submit(compare.signature_outputs, source_dir, tags, sample_sets) if side_by_side else None
+        # Or its outputs are being computed beside the earlier stages (verify/reference.py):
+        # the thread waits for them, and runs the source itself if they are not these samples'.
+        if context.reference_dir is not None:
+            source_run = beside.submit(_prefetched_or_run, context.reference_dir, source_dir, tags, sample_sets,
+                                       context.log)
+        elif side_by_side:
+            source_run = beside.submit(compare.signature_outputs, source_dir, tags, sample_sets)
+        else:
+            source_run = None
         # What is published must load where it is served, not only in TF2's loader.
         check_serving_load(input_dir, tags, "the TPU SavedModel")
         runnable = _runnable(input_dir, Path(scratch), tags, tpu_placed)
@@ -155,6 +163,40 @@ def dropped_warning(key: str, applied: list[str]) -> str:
         why = "a conversion stage dropped it"
     return (f"signature {key!r} of the source is not in the artifact: {why}; the published model cannot serve "
             "it, and it was not verified")
+
+
+def prefetch_reference(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
+    """verify's source side, run beside the stages before verify (engine/beside.py) with
+    verify's options and inputs but no model: the source's outputs on the samples verify will
+    draw for every signature of the source (verify takes those of the signatures the artifact
+    kept) and on the random-input check's, written for verify/reference.py take."""
+    from tpubuild.memory import release_memory
+    from tpubuild.savedmodel.model import INIT_OP_KEY, SavedModel
+    from tpubuild.verify import compare, reference
+
+    tags = options["tags"]
+    source_dir = context.inputs[SOURCE]
+    source = SavedModel.load(source_dir, tags)
+    keys = sorted(k for k in source.meta_graph.signature_def if k != INIT_OP_KEY)
+    samples_by_key, origin = verification_samples(source, keys, options, context)
+    random_samples, _ = random_check_samples(source, origin, options)
+    del source
+    release_memory()
+    sample_sets = [samples_by_key, *([random_samples] if random_samples else [])]
+    try:
+        reference.write(output_dir, source_dir, tags, sample_sets, compare.signature_outputs(source_dir, tags, sample_sets))
+    except ValueError as exc:  # verify runs the source itself, and says what it finds
+        raise StageError(str(exc)) from None
+    context.log(f"the source's outputs on {sum(len(s) for s in samples_by_key.values())} samples, for verify")
+    return StageResult()
+
+
+def _prefetched_or_run(directory: Path, source_dir: Path, tags: list[str], sample_sets: list[dict[str, list[Any]]],
+                       log: Callable[[str], None]) -> list[Any]:
+    from tpubuild.verify import compare, reference
+
+    taken = reference.take(directory, source_dir, tags, sample_sets, log)
+    return taken if taken is not None else compare.signature_outputs(source_dir, tags, sample_sets)
 
 
 def _outputs(runnable: Path, source_dir: Path, tags: list[str], tpu_placed: bool,

@@ -13,6 +13,7 @@ from tpubuild.face import lazy
 _FACE = {
     "RayExecutor": "ray",
     "WorkerPool": "pool",
+    "bytes_knob": "pool",
     "handle": "process",
     "loaded_libraries": "pool",
     "next_index": "logs",

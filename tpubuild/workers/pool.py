@@ -78,16 +78,20 @@ OWN_WORKER_ENV = "TPUBUILD_OWN_WORKER_MIN_BYTES"
 
 def own_worker_min_bytes() -> int:
     """OWN_WORKER_MIN_BYTES, or TPUBUILD_OWN_WORKER_MIN_BYTES (a scheduling knob: which
-    worker runs a stage changes no output); a value that is not a whole number of bytes is
-    an error, not a silent default."""
-    value = os.environ.get(OWN_WORKER_ENV, "").strip()
+    worker runs a stage changes no output)."""
+    return bytes_knob(OWN_WORKER_ENV, OWN_WORKER_MIN_BYTES)
+
+
+def bytes_knob(name: str, default: int) -> int:
+    """A scheduling knob in bytes from the environment variable `name`, else `default`; a
+    value that is not a whole number of bytes is an error, not a silent default."""
+    value = os.environ.get(name, "").strip()
     if not value:
-        return OWN_WORKER_MIN_BYTES
+        return default
     if not value.isdigit():
         from tpubuild.errors import UsageError
 
-        raise UsageError(f"{OWN_WORKER_ENV}={value!r}: expected a whole number of bytes (default "
-                         f"{OWN_WORKER_MIN_BYTES})")
+        raise UsageError(f"{name}={value!r}: expected a whole number of bytes (default {default})")
     return int(value)
 
 
@@ -124,6 +128,7 @@ class WorkerPool:
         # stage that takes it (request `take`); closed with the pool if none does.
         self.kept: dict[str, Worker] = {}
         self.spare_lock = threading.Lock()
+        self.beside: dict[str, Worker] = {}  # run_beside's workers, by token
 
     def run(self, request: dict[str, Any], timeout: float | None, fresh_in: Path | None = None,
             spare: bool = False) -> dict[str, Any]:
@@ -255,6 +260,32 @@ class WorkerPool:
         beside that work. _acquire and own workers take it; a build that then needs no
         worker kills it at close."""
         self._start_spare()
+
+    def run_beside(self, request: dict[str, Any], timeout: float | None, token: str) -> dict[str, Any]:
+        """Run one request in a new worker of its own, outside the `size` slots (work a
+        later stage will want, done on a core the stages leave idle: engine/beside.py),
+        closed after it; `stop_beside(token)` kills it sooner."""
+        worker = self._new(self.env)
+        with self.lock:
+            self.beside[token] = worker
+        try:
+            reply = worker.call(request, timeout)
+            reply["log"] = str(worker.log_path)
+            return reply
+        except BaseException:
+            worker.kill()
+            raise
+        finally:
+            with self.lock:
+                self.beside.pop(token, None)
+            worker.close()
+
+    def stop_beside(self, token: str) -> None:
+        """Kill the worker of run_beside(token) if it still runs: its work is not wanted."""
+        with self.lock:
+            worker = self.beside.get(token)
+        if worker is not None:
+            worker.kill()
 
     def close(self, kill: bool = False) -> None:
         for worker in self.all:

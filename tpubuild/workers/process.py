@@ -111,6 +111,7 @@ def handle(request: dict[str, Any]) -> dict[str, Any]:
         inputs={k: Path(v) for k, v in request["inputs"].items()},
         results=request["results"],
         log=lambda message: print(f"[{request['stage']}] {message}", file=sys.stderr),
+        reference_dir=Path(request["reference_dir"]) if request.get("reference_dir") else None,
     )
     from tpubuild import op_libraries
 

@@ -1,0 +1,143 @@
+"""verify's source side computed beside the stages before it (engine/beside.py,
+verify/reference.py): verify takes those outputs only for exactly its own samples, its
+verdict and every key are the ones of a build that ran the source in verify, and a
+prefetch that fails or holds other samples is never used."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from tests.engine.conftest import (
+    build_json,
+    save_placed_model,
+    statuses,
+    write_workspace,
+)
+from tpubuild.verify import reference
+
+RECIPE = """\
+name: placed
+model: {saved_model: models/tiny}
+converter:
+  tpu_functions: [{function_alias: tpu_func}]
+  bfloat16_optimization_options: {scope: ALL}
+verify: {samples: 5, rtol: 0.05}
+"""
+BESIDE = {"TPUBUILD_REFERENCE_BESIDE_MIN_BYTES": "0"}  # the tiny model as a large one
+TAKEN = "[verify] the source's outputs were computed beside the earlier stages"
+
+
+def _two_cpus() -> bool:
+    return len(os.sched_getaffinity(0)) >= 2 if hasattr(os, "sched_getaffinity") else False
+
+
+def _logs(ws: Path) -> str:
+    return "".join(log.read_text() for log in sorted((ws / ".tpubuild" / "logs").glob("worker-*.log")))
+
+
+def _verify_json(ws: Path) -> dict:
+    """verify's summary, as the published report holds it."""
+    return json.loads((ws / "out" / "placed" / "1" / "tpubuild-report.json").read_text())["verify"]
+
+
+@pytest.mark.parametrize("strings", [False, True])
+def test_verify_takes_the_outputs_computed_beside_and_says_the_same(tmp_path, strings):
+    model = save_placed_model(tmp_path / "model", strings)
+    beside = write_workspace(tmp_path / "beside", model, {"placed": RECIPE})
+    alone = write_workspace(tmp_path / "alone", model, {"placed": RECIPE})
+    done = build_json(beside, env=BESIDE)
+    assert statuses(done, "placed")["verify"] == "built", done
+    build_json(alone)
+    logs = _logs(beside)
+    if not _two_cpus():  # one CPU: nothing runs beside
+        assert "computed beside" not in logs
+        return
+    # The prefetch ran in a worker of its own, with verify's options.
+    assert "[verify] the source's outputs on 5 samples, for verify" in logs or strings, logs
+    if strings:  # a string output is not handed on (np.load would unpickle it): verify runs the source
+        assert ("are not used (it failed: string outputs are not handed on (np.load would have to unpickle them)): "
+                "the source runs here") in logs, logs
+        assert TAKEN not in logs
+    else:
+        assert TAKEN in logs, logs
+    assert "computed beside" not in _logs(alone)
+    # The same keys (where the source ran is no input), and the same verdict and figures.
+    lock = [yaml.safe_load((ws / "recipes" / "placed.lock.yaml").read_text()) for ws in (beside, alone)]
+    assert [s["key"] for s in lock[0]["stages"]] == [s["key"] for s in lock[1]["stages"]]
+    measured = [_verify_json(ws) for ws in (beside, alone)]
+    assert measured[0]["passed"] is measured[1]["passed"] is True
+    for ours, theirs in zip(measured[0]["outputs"], measured[1]["outputs"]):
+        assert (ours["signature"], ours["output"]) == (theirs["signature"], theirs["output"])
+        # One CPU, one code, the same samples: only the process differs. Within 1e-6 of
+        # bfloat16's error figure, not bit for bit (no two runs are promised to be).
+        assert ours["max_abs_error"] == pytest.approx(theirs["max_abs_error"], rel=1e-6, abs=1e-9)
+    # No work directory of a prefetch is left in the cache.
+    assert not list((beside / ".tpubuild" / "cache").rglob("verify-reference-*"))
+
+
+def _prefetched(directory: Path, source: Path, samples: dict[str, list[dict]]) -> None:
+    """A prefetch's directory as verify/reference.py prefetch writes it, for `samples`."""
+    arrays, sets = {}, [{}]
+    for key, drawn in samples.items():
+        arrays[json.dumps([0, key, "y"])] = np.stack([s["x"] * 2 for s in drawn])
+        sets[0][key] = {"samples": reference.samples_digest(drawn), "outputs": ["y"]}
+    with open(directory / reference.ARRAYS, "wb") as f:
+        np.savez(f, **arrays)
+    (directory / reference.DONE).write_text(json.dumps({"source": str(source), "tags": ["serve"], "sets": sets}))
+
+
+def test_take_uses_only_outputs_for_exactly_verifys_samples(tmp_path):
+    source = tmp_path / "source"
+    drawn = {"serving_default": [{"x": np.array([[1.0, 2.0]], np.float32)}, {"x": np.array([[3.0, 4.0]], np.float32)}]}
+    lines: list[str] = []
+    _prefetched(tmp_path, source, drawn)
+    [taken] = reference.take(tmp_path, source, ["serve"], [drawn], lines.append)
+    np.testing.assert_array_equal(taken["serving_default"]["y"], [[[2.0, 4.0]], [[6.0, 8.0]]])
+    assert lines == ["the source's outputs were computed beside the earlier stages"]
+    # One value of one sample differs (a dataset edited between the prefetch and verify).
+    other = {"serving_default": [drawn["serving_default"][0], {"x": np.array([[3.0, 4.5]], np.float32)}]}
+    assert reference.take(tmp_path, source, ["serve"], [other], lines.append) is None
+    assert lines[-1].endswith("(other samples for signature 'serving_default'): the source runs here")
+    # Another source directory, other tags, a set it does not hold (the random-input check's).
+    assert reference.take(tmp_path, tmp_path / "other", ["serve"], [drawn], lines.append) is None
+    assert reference.take(tmp_path, source, ["serve", "tpu"], [drawn], lines.append) is None
+    assert reference.take(tmp_path, source, ["serve"], [drawn, drawn], lines.append) is None
+    # A prefetch that ended without its result: FAILED, written by the engine.
+    (tmp_path / reference.DONE).unlink()
+    (tmp_path / reference.FAILED).write_text("out of memory")
+    assert reference.take(tmp_path, source, ["serve"], [drawn], lines.append) is None
+    assert lines[-1].startswith("the source's outputs computed beside the earlier stages are not used (it failed: out of memory)")
+
+
+def test_samples_digest_tells_dtype_shape_and_every_string_apart():
+    base = [{"text": np.array([b"a", b"bc"], dtype=object)}]
+    variants = [
+        [{"text": np.array([b"ab", b"c"], dtype=object)}],  # the same bytes, cut elsewhere
+        [{"text": np.array([[b"a", b"bc"]], dtype=object)}],
+        [{"text": np.array([b"a", b"bc"], dtype=object)}, {"text": np.array([b"a"], dtype=object)}],
+        [{"other": np.array([b"a", b"bc"], dtype=object)}],
+    ]
+    digests = {reference.samples_digest(s) for s in [base, *variants]}
+    assert len(digests) == 1 + len(variants)
+    assert reference.samples_digest(base) == reference.samples_digest([{"text": np.array([b"a", b"bc"], dtype=object)}])
+    numbers = [{"x": np.array([1, 2], np.int32)}]
+    assert reference.samples_digest(numbers) != reference.samples_digest([{"x": np.array([1, 2], np.int64)}])
+
+
+def test_a_threshold_that_is_not_a_number_stops_the_build_before_it_starts(make_workspace):
+    """As TPUBUILD_OWN_WORKER_MIN_BYTES (workers/pool.py bytes_knob): one line, exit 2, nothing built."""
+    from tests.cli import tpubuild
+    from tests.engine.conftest import source_recipe
+
+    ws = make_workspace({"toy": source_recipe("toy")})
+    for command in (("build",), ("build", "--dry-run")):
+        result = tpubuild(ws, *command, env={"TPUBUILD_REFERENCE_BESIDE_MIN_BYTES": "256M"})
+        expected = "error: TPUBUILD_REFERENCE_BESIDE_MIN_BYTES='256M': expected a whole number of bytes (default 268435456)\n"
+        assert (result.returncode, result.stderr) == (2, expected), result.stderr
+    assert not (ws / "out").exists()

@@ -1,0 +1,143 @@
+"""verify's source side, started beside the stages before verify (verify/reference.py).
+
+With the local executor and `-j 1`, a recipe's stages run one at a time, and the transforms
+before verify (tpu, bfloat16, io_shape) are graph edits that keep one core busy. verify then
+loads and runs two models, the source and the artifact, on every sample: for a large model
+most of the build (BERT-base with tensorflow_text, issue 48: 9.2 s of 20.7). The source's
+half needs only the source and verify's samples, both there before the first transform:
+so when the first stage after the source starts, a worker of its own (outside `-j`'s
+slots) loads the source and runs it on verify's samples, on the core the transforms leave
+idle, and verify is handed the directory it writes (`reference_dir`).
+
+Only where it pays and fits: a second CPU; a source of REFERENCE_BESIDE_MIN_BYTES or more
+(verify runs source and artifact side by side from that size on anyway, its
+SIDE_BY_SIDE_MIN_BYTES: two loaded models at once is the price either way); `-j 1` (with
+more jobs, the other cores run stages). The knob TPUBUILD_REFERENCE_BESIDE_MIN_BYTES moves
+the size (tests set 0); it changes no output, so no key: verify uses the outputs only when
+they are for exactly its own samples, and runs the source itself otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tpubuild.pipeline import ENGINE_STEPS, PlannedStage
+from tpubuild.stages.base import MODEL, SOURCE
+
+if TYPE_CHECKING:
+    from tpubuild.engine.resolver import RecipeRun
+    from tpubuild.store import Store
+    from tpubuild.workers import RayExecutor, WorkerPool
+
+VERIFY = "verify"
+ENTRY = "tpubuild.stages.verify:prefetch_reference"
+REFERENCE_BESIDE_MIN_BYTES = 256 * 2**20  # stages/verify.py SIDE_BY_SIDE_MIN_BYTES
+REFERENCE_BESIDE_ENV = "TPUBUILD_REFERENCE_BESIDE_MIN_BYTES"
+
+
+@dataclass
+class _Started:
+    workdir: Path
+    future: Future[None]
+    token: str
+
+    @property
+    def directory(self) -> Path:
+        return self.workdir / "out"
+
+
+class ReferenceBeside:
+    """The prefetches of one build, by recipe name."""
+
+    def __init__(self, store: Store, jobs: int, executor: str, timeout: float | None):
+        from tpubuild.workers import bytes_knob
+
+        self.store = store
+        self.timeout = timeout
+        self.min_bytes = bytes_knob(REFERENCE_BESIDE_ENV, REFERENCE_BESIDE_MIN_BYTES)  # a bad value: said at start
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        self.enabled = executor == "local" and jobs == 1 and cpus >= 2
+        self.started: dict[str, _Started] = {}
+        self.lock = threading.Lock()
+        self.threads: ThreadPoolExecutor | None = None
+
+    def start(self, run: RecipeRun, planned: PlannedStage, pool: WorkerPool | RayExecutor) -> None:
+        """Start the prefetch for `run` if `planned` is a stage before its verify, verify is
+        still to come, and its source and the other inputs verify reads besides the model
+        are there (a dataset stage's output)."""
+        if not self.enabled or run.name in self.started:
+            return
+        verify = next((p for p in run.plan if p.name == VERIFY), None)
+        if verify is None or VERIFY in run.outputs or planned.name in ENGINE_STEPS or planned.name == VERIFY \
+                or run.plan.index(planned) > run.plan.index(verify):
+            return
+        roles = {role: name for role, name in verify.consumes.items() if role != MODEL}
+        if SOURCE not in roles or any(name not in run.outputs for name in roles.values()):
+            return
+        if sum(f.size for f in run.outputs[roles[SOURCE]].files) < self.min_bytes:
+            return
+        from tpubuild.workers import WorkerPool, stage_request
+
+        if not isinstance(pool, WorkerPool):
+            return
+        workdir = self.store.new_workdir("verify-reference")
+        (workdir / "out").mkdir()
+        request = stage_request(ENTRY, VERIFY, str(run.recipe.root), str(workdir / "out"), verify.options,
+                                {role: str(run.outputs[name].directory) for role, name in roles.items()}, {})
+        token = f"{run.name}:{VERIFY}:reference"
+        with self.lock:
+            if self.threads is None:
+                self.threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tpubuild-reference")
+            future = self.threads.submit(self._prefetch, pool, request, workdir / "out", token)
+            self.started[run.name] = _Started(workdir, future, token)
+
+    def _prefetch(self, pool: WorkerPool, request: dict[str, Any], directory: Path, token: str) -> None:
+        """Run the prefetch; whatever ends it without its result, FAILED says so, for verify
+        waits for one or the other (verify/reference.py take)."""
+        from tpubuild.atomic import write_atomic
+        from tpubuild.verify.reference import DONE, FAILED
+
+        why = "stopped"
+        try:
+            reply = pool.run_beside(request, self.timeout, token)
+            why = "" if reply.get("ok") else str(reply.get("error"))
+        except BaseException as exc:  # noqa: BLE001 - verify runs the source itself; the worker's log says why
+            why = f"{type(exc).__name__}: {exc}"
+        finally:
+            if not (directory / DONE).exists():
+                try:
+                    write_atomic(directory / FAILED, (why or "no result").encode())
+                except OSError:
+                    pass  # the directory is gone: its verify has ended
+
+    def directory(self, run: RecipeRun) -> Path | None:
+        """The directory handed to verify (request `reference_dir`), when one was started."""
+        started = self.started.get(run.name)
+        return None if started is None else started.directory
+
+    def finish(self, run_name: str, pool: WorkerPool | RayExecutor | None) -> None:
+        """verify ended, or will not run: stop the prefetch if it still runs, remove its directory."""
+        started = self.started.pop(run_name, None)
+        if started is None:
+            return
+        from tpubuild.workers import WorkerPool
+
+        if isinstance(pool, WorkerPool):
+            pool.stop_beside(started.token)
+        started.future.result()  # it never raises (_prefetch); FAILED is written by now
+        try:
+            self.store.remove_workdir(started.workdir)
+        except OSError:
+            pass  # the session's directory goes with the session (store/sessions.py)
+
+    def close(self, pool: WorkerPool | RayExecutor | None) -> None:
+        """The build ends: every prefetch whose verify was cached or never ran."""
+        for name in list(self.started):
+            self.finish(name, pool)
+        if self.threads is not None:
+            self.threads.shutdown(wait=True)
