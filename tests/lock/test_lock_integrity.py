@@ -32,7 +32,7 @@ def _tampered(text: str) -> dict[str, tuple[str, str]]:
         "stage listed twice": ("\n".join(lines[:version] + lines[stages + 1:version] + lines[version:]),
                                f"malformed: recipes/cut.lock.yaml:{version + 1}:3: stage export is listed twice"),
         "unknown stage": (text.replace("- stage: report", "- stage: reprot"),
-                          f"malformed: recipes/cut.lock.yaml:{report}:3: 'reprot' is not a stage of this recipe"),
+                          f"malformed: recipes/cut.lock.yaml:{report}:3: 'reprot' is not a stage tpubuild has"),
         "unknown field": ("\n".join(lines[:version] + ["flavour: 3"] + lines[version:]),
                           f"malformed: recipes/cut.lock.yaml:{version + 1}:1: unknown field 'flavour'"),
         "a stage's unknown field": (text.replace(export.group(0), export.group(0) + "\n  flavour: 3"),
@@ -68,3 +68,25 @@ def test_the_lock_file_reader_refuses_a_key_given_twice(tmp_path):
     assert read_lock_keys(lock) is None
     lock.write_text(text.replace('  "file:a": ' + "c" * 64 + "\n", ""))
     assert read_lock_keys(lock)["inputs"] == {"file:a": "b" * 64}
+
+
+def test_a_stage_the_edited_recipe_no_longer_runs_is_stale_not_malformed(built_workspace):
+    """Dropping batch_options from a recipe leaves its lock file listing the batch stage:
+    that file records the build before the edit. `--check` says the build would change it,
+    not that it is malformed, and the build rewrites it without a word about it."""
+    from tests.engine.conftest import BATCH
+
+    ws = built_workspace
+    recipe = ws / "recipes" / "toy.yaml"
+    batch = BATCH.format(timeout=100)
+    assert batch in recipe.read_text() and "- stage: batch" in (ws / "recipes" / "toy.lock.yaml").read_text()
+    recipe.write_text(recipe.read_text().replace(batch, ""))
+    check = tpubuild(ws, "build", "--check")
+    assert check.returncode == 1, check.stdout + check.stderr
+    [line] = check.stdout.splitlines()
+    assert line.startswith("recipes/toy.yaml: building would change recipes/toy.lock.yaml: ") and "malformed" not in line
+    build = tpubuild(ws, "build", "toy")
+    assert build.returncode == 0, build.stderr
+    assert "rewrote" not in build.stderr and "malformed" not in build.stderr, build.stderr
+    assert "- stage: batch" not in (ws / "recipes" / "toy.lock.yaml").read_text()
+    assert tpubuild(ws, "build", "--check").returncode == 0

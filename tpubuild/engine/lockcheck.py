@@ -48,7 +48,7 @@ from tpubuild.lock import (
     stale_output,
     well_formed,
 )
-from tpubuild.pipeline import ENGINE_STEPS, spec
+from tpubuild.pipeline import ENGINE_STEPS, STAGE_ORDER, spec
 
 if TYPE_CHECKING:
     from tpubuild.config.recipe import Recipe
@@ -86,8 +86,8 @@ class LockCheck:
         """None when building would leave the recipe's lock file as it is, else one line
         saying why not (or why it cannot be told)."""
         lock = read_lock_keys(run.recipe.lock_file)
-        stages = [planned.name for planned in run.plan]
-        malformed = self._malformed(run, stages) if lock is None or not well_formed(lock, stages) else None
+        # A stage the recipe no longer runs is stale, not malformed: only one tpubuild does not have is.
+        malformed = self._malformed(run) if lock is None or not well_formed(lock, STAGE_ORDER) else None
         problem: str | None
         if malformed is not None:
             problem = f"malformed: {malformed}"
@@ -106,13 +106,13 @@ class LockCheck:
             return None
         return f"{run.recipe.rel_file}: building would change {self.ws.display(run.recipe.lock_file)}: {problem}"
 
-    def _malformed(self, run: RecipeRun, stages: list[str]) -> str | None:
+    def _malformed(self, run: RecipeRun) -> str | None:
         """Where the lock file is one no build wrote (lock/shape.py), or None."""
         try:
             text = run.recipe.lock_file.read_text()
         except OSError:
             return None
-        return defect(text, self.ws.display(run.recipe.lock_file), stages)
+        return defect(text, self.ws.display(run.recipe.lock_file), STAGE_ORDER)
 
     def _cached_output(self, key: str | None) -> str | None:
         """The output the cache records for `key` (a record of this user's), or None: a

@@ -22,6 +22,7 @@ from tpubuild.engine.resolver import (
     run_inputs,
 )
 from tpubuild.lock import lock_document, planning_digest, rewrite_reason, write_lock
+from tpubuild.pipeline import STAGE_ORDER
 from tpubuild.report.formats import human_bytes
 from tpubuild.store import Store
 
@@ -49,7 +50,7 @@ def write_run_lock(engine: LockEngine, run: RecipeRun) -> None:
     """Write the lock file of a run that built (rewritten when --relock or it is stale)."""
     path, document = run.recipe.lock_file, lock_for(run, engine.stat, engine.ws.file)
     # Keys the build's but a malformed or stale file (lock/shape.py): rewritten, said once.
-    why = None if engine.relock else rewrite_reason(path, engine.ws.display, document)
+    why = None if engine.relock else rewrite_reason(path, engine.ws.display, document, STAGE_ORDER)
     history = Path(engine.ws.state_dir) / "lock-history" / f"{run.name}.json"
     if write_lock(path, document, force=engine.relock or why is not None, history=history) and why is not None:
         engine.errors(f"{run.recipe.rel_file}: rewrote {engine.ws.display(path)}: {why}")
@@ -136,7 +137,7 @@ def lock_problem(engine: LockEngine, run: RecipeRun, states: list[Resolved]) -> 
         return None if current == lock_text(document) else "the lock file does not record this machine's build"
     if not same_keys(parse_lock_keys(current), document):
         return "the lock file does not record the current build"
-    return rewrite_reason(run.recipe.lock_file, engine.ws.display, document)
+    return rewrite_reason(run.recipe.lock_file, engine.ws.display, document, STAGE_ORDER)
 
 
 def up_to_date(engine: LockEngine, run: RecipeRun) -> bool:

@@ -11,6 +11,7 @@ layout, lockfile.older_layout: not malformed, and rewritten by the next build.)
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Callable
 
@@ -20,11 +21,13 @@ FIELDS = frozenset({"schema", "recipe", "recipe_digest", "toolchain", "planning"
 STAGE_FIELDS = frozenset({"stage", "key", "output", "measured", "key_measured", "discovered"})
 
 
-def defect(text: str, display: str, stages: list[str] | None = None) -> str | None:
+def defect(text: str, display: str, stages: Collection[str] | None = None) -> str | None:
     """What makes the lock file `text` (named `display`) one no build wrote, as
     `file:line:col: what`: YAML with a key given twice, a field lock_text does not write,
-    a stage listed twice or, given the recipe's `stages`, one it does not run. None when
-    there is none: its keys and outputs are `build --check`'s to compare."""
+    a stage listed twice or, given every stage tpubuild has (`stages`: pipeline.STAGE_ORDER),
+    one that is none of them. None when there is none: its keys and outputs are `build
+    --check`'s to compare. A stage tpubuild has that the recipe no longer runs is no defect:
+    the file records the build before the recipe was edited (stale, not malformed)."""
     from tpubuild.config.yamlload import load_yaml
     from tpubuild.errors import ConfigError
 
@@ -47,15 +50,15 @@ def defect(text: str, display: str, stages: list[str] | None = None) -> str | No
         if name in seen:
             return f"{marks.value(('stages', index))}: stage {name} is listed twice"
         if stages is not None and name not in stages:
-            return f"{marks.value(('stages', index))}: {name!r} is not a stage of this recipe"
+            return f"{marks.value(('stages', index))}: {name!r} is not a stage tpubuild has"
         seen.add(name)
     return None
 
 
-def well_formed(document: dict[str, Any], stages: list[str]) -> bool:
+def well_formed(document: dict[str, Any], stages: Collection[str]) -> bool:
     """Whether a lock document as read (lockfile.read_lock_keys) has only what a build
-    writes, for a recipe that runs `stages`: the test before `defect` parses the text to
-    say where it does not (a key given twice makes read_lock_keys return None)."""
+    writes, `stages` being every stage tpubuild has: the test before `defect` parses the
+    text to say where it does not (a key given twice makes read_lock_keys return None)."""
     listed = document.get("stages")
     if set(document) - FIELDS or not isinstance(listed, list) or not all(isinstance(s, dict) for s in listed):
         return False
@@ -80,11 +83,12 @@ def stale_outputs(recorded: dict[str, Any], document: dict[str, Any]) -> list[st
             and old[s["stage"]].get("output") != s["output"]]
 
 
-def rewrite_reason(path: Path, display: Callable[[Path], str], document: dict[str, Any]) -> str | None:
+def rewrite_reason(path: Path, display: Callable[[Path], str], document: dict[str, Any],
+                   stages: Collection[str]) -> str | None:
     """Why the build must rewrite the lock file at `path` (paths named by `display`) although it may
-    record the build's keys (lockfile.same_keys): malformed, or an output its key did not
-    make. None when neither (or when it is the build's, byte for byte, or absent: written
-    anyway)."""
+    record the build's keys (lockfile.same_keys): malformed (`stages`: every stage tpubuild
+    has), or an output its key did not make. None when neither (or when it is the build's,
+    byte for byte, or absent: written anyway)."""
     from tpubuild.lock.lockfile import lock_text, parse_lock_keys
 
     try:
@@ -93,7 +97,7 @@ def rewrite_reason(path: Path, display: Callable[[Path], str], document: dict[st
         return None
     if text == lock_text(document):
         return None
-    problem = defect(text, display(path), [s["stage"] for s in document["stages"]])
+    problem = defect(text, display(path), stages)
     if problem is not None:
         return f"malformed: {problem}"
     recorded = parse_lock_keys(text) or {}
