@@ -9,9 +9,9 @@ so when the first stage after the source starts, a worker of its own (outside `-
 slots) loads the source and runs it on verify's samples, on the core the transforms leave
 idle, and verify is handed the directory it writes (`reference_dir`).
 
-Only where it pays and fits: a second CPU; a source of REFERENCE_BESIDE_MIN_BYTES or more
-(verify runs source and artifact side by side from that size on anyway, its
-SIDE_BY_SIDE_MIN_BYTES: two loaded models at once is the price either way); `-j 1` (with
+Only where it pays and fits: a second CPU; a source of stages/verify.py
+SIDE_BY_SIDE_MIN_BYTES or more (verify runs source and artifact side by side from that size
+on anyway: two loaded models at once is the price either way); `-j 1` (with
 more jobs, the other cores run stages). The knob TPUBUILD_REFERENCE_BESIDE_MIN_BYTES moves
 the size (tests set 0); it changes no output, so no key: verify uses the outputs only when
 they are for exactly its own samples, and runs the source itself otherwise.
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 
 VERIFY = "verify"
 ENTRY = "tpubuild.stages.verify:prefetch_reference"
-REFERENCE_BESIDE_MIN_BYTES = 256 * 2**20  # stages/verify.py SIDE_BY_SIDE_MIN_BYTES
 REFERENCE_BESIDE_ENV = "TPUBUILD_REFERENCE_BESIDE_MIN_BYTES"
 
 
@@ -55,11 +54,12 @@ class ReferenceBeside:
     """The prefetches of one build, by recipe name."""
 
     def __init__(self, store: Store, jobs: int, executor: str, timeout: float | None):
+        from tpubuild.stages.verify import SIDE_BY_SIDE_MIN_BYTES
         from tpubuild.workers import bytes_knob
 
         self.store = store
         self.timeout = timeout
-        self.min_bytes = bytes_knob(REFERENCE_BESIDE_ENV, REFERENCE_BESIDE_MIN_BYTES)  # a bad value: said at start
+        self.min_bytes = bytes_knob(REFERENCE_BESIDE_ENV, SIDE_BY_SIDE_MIN_BYTES)  # a bad value: said at start
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         self.enabled = executor == "local" and jobs == 1 and cpus >= 2
         self.started: dict[str, _Started] = {}
@@ -73,8 +73,8 @@ class ReferenceBeside:
         if not self.enabled or run.name in self.started:
             return
         verify = next((p for p in run.plan if p.name == VERIFY), None)
-        if verify is None or VERIFY in run.outputs or planned.name in ENGINE_STEPS or planned.name == VERIFY \
-                or run.plan.index(planned) > run.plan.index(verify):
+        if verify is None or VERIFY in run.outputs or planned.name in ENGINE_STEPS \
+                or run.plan.index(planned) >= run.plan.index(verify):
             return
         roles = {role: name for role, name in verify.consumes.items() if role != MODEL}
         if SOURCE not in roles or any(name not in run.outputs for name in roles.values()):
@@ -86,14 +86,15 @@ class ReferenceBeside:
         if not isinstance(pool, WorkerPool):
             return
         workdir = self.store.new_workdir("verify-reference")
-        (workdir / "out").mkdir()
-        request = stage_request(ENTRY, VERIFY, str(run.recipe.root), str(workdir / "out"), verify.options,
+        directory = workdir / "out"
+        directory.mkdir()
+        request = stage_request(ENTRY, VERIFY, str(run.recipe.root), str(directory), verify.options,
                                 {role: str(run.outputs[name].directory) for role, name in roles.items()}, {})
         token = f"{run.name}:{VERIFY}:reference"
         with self.lock:
             if self.threads is None:
                 self.threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tpubuild-reference")
-            future = self.threads.submit(self._prefetch, pool, request, workdir / "out", token)
+            future = self.threads.submit(self._prefetch, pool, request, directory, token)
             self.started[run.name] = _Started(workdir, future, token)
 
     def _prefetch(self, pool: WorkerPool, request: dict[str, Any], directory: Path, token: str) -> None:

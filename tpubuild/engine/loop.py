@@ -308,8 +308,7 @@ class Engine(RunVersion):
         it, its time). A StageError raised after the worker replied carries the time too."""
         stage = spec(planned.name)
         key, record = _keyed(pending)
-        if planned.name != "verify":
-            self.beside.start(run, planned, self.workers())
+        self.beside.start(run, planned, self.workers())  # verify's source side, if this stage comes before it
         work = self.store.new_workdir(planned.name)
         out_dir = work / "out"
         out_dir.mkdir()

@@ -118,6 +118,9 @@ def stats_digest(paths: bytes) -> str | None:
         return None
 
 
+PARALLEL_MIN_PATHS = 1024  # a second list shorter than this is checked here: the fork would cost what it saves
+
+
 def _lists_hold(lists: list[tuple[bytes, str | None]]) -> bool:
     """Whether each list's stats digest is the one remembered. With a second CPU free and a
     second list long enough to pay for a fork (~0.6 ms here, the cost of ~270 stats), a
@@ -128,10 +131,12 @@ def _lists_hold(lists: list[tuple[bytes, str | None]]) -> bool:
     dies or cannot be forked is a "no" or the one-process check: never a wrong "yes"."""
     if len(lists) == 2 and lists[1][0].count(SEP) >= PARALLEL_MIN_PATHS and _fork_is_safe():
         return _hold_in_two(lists[0], lists[1])
+    return _hold_here(lists)
+
+
+def _hold_here(lists: Iterable[tuple[bytes, str | None]]) -> bool:
+    """The one-process check: each list's stats digest, in turn."""
     return all(stats_digest(blob) == digest for blob, digest in lists)
-
-
-PARALLEL_MIN_PATHS = 1024  # a second list shorter than this is checked here: the fork would cost what it saves
 
 
 def _fork_is_safe() -> bool:
@@ -147,13 +152,13 @@ def _hold_in_two(first: tuple[bytes, str | None], second: tuple[bytes, str | Non
     try:
         read_end, write_end = os.pipe()
     except OSError:
-        return all(stats_digest(blob) == digest for blob, digest in (first, second))
+        return _hold_here((first, second))
     try:
         pid = os.fork()
     except OSError:
         os.close(read_end)
         os.close(write_end)
-        return all(stats_digest(blob) == digest for blob, digest in (first, second))
+        return _hold_here((first, second))
     if pid == 0:  # the child: one byte, then gone, whatever happens
         try:
             os.close(read_end)

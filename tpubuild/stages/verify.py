@@ -85,10 +85,10 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     artifact = SavedModel.load(input_dir, tags)
     keys = sorted(k for k in source.meta_graph.signature_def if k != INIT_OP_KEY)
     dropped = [k for k in keys if k not in artifact.meta_graph.signature_def]
-    samples_by_key, origin = verification_samples(source, [k for k in keys if k not in dropped], options, context)
+    samples_by_key, origin, random_samples, skipped = _drawn(source, [k for k in keys if k not in dropped], options,
+                                                             context)
     if not samples_by_key:
         raise StageError("nothing to verify: no signature of the source is in the artifact")
-    random_samples, skipped = random_check_samples(source, origin, options)
     sample_sets = [samples_by_key, *([random_samples] if random_samples else [])]
     del source, artifact  # the protos: only the loaded models below are needed now
     tpu_placed = "tpu" in applied
@@ -178,8 +178,7 @@ def prefetch_reference(input_dir: Path, output_dir: Path, options: dict[str, Any
     source_dir = context.inputs[SOURCE]
     source = SavedModel.load(source_dir, tags)
     keys = sorted(k for k in source.meta_graph.signature_def if k != INIT_OP_KEY)
-    samples_by_key, origin = verification_samples(source, keys, options, context)
-    random_samples, _ = random_check_samples(source, origin, options)
+    samples_by_key, _, random_samples, _ = _drawn(source, keys, options, context)
     del source
     release_memory()
     sample_sets = [samples_by_key, *([random_samples] if random_samples else [])]
@@ -189,6 +188,16 @@ def prefetch_reference(input_dir: Path, output_dir: Path, options: dict[str, Any
         raise StageError(str(exc)) from None
     context.log(f"the source's outputs on {sum(len(s) for s in samples_by_key.values())} samples, for verify")
     return StageResult()
+
+
+def _drawn(source: Any, keys: list[str], options: dict[str, Any],
+           context: StageContext) -> tuple[dict[str, list[Any]], dict[str, str], dict[str, list[Any]], str | None]:
+    """The samples of signatures `keys` of the source (its proto) and those of the random-input
+    check: (samples by key, origin by key, random samples by key, why the random check is
+    skipped). One drawing for verify and for its prefetch, which must draw the same."""
+    samples_by_key, origin = verification_samples(source, keys, options, context)
+    random_samples, skipped = random_check_samples(source, origin, options)
+    return samples_by_key, origin, random_samples, skipped
 
 
 def _prefetched_or_run(directory: Path, source_dir: Path, tags: list[str], sample_sets: list[dict[str, list[Any]]],

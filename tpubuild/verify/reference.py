@@ -62,39 +62,40 @@ def take(directory: Path, source_dir: Path, tags: list[str], sample_sets: list[d
     prefetch is done; None, said in the log, when it failed or holds anything else."""
     while not (directory / DONE).exists() and not (directory / FAILED).exists():
         time.sleep(POLL_SECONDS)  # the engine writes FAILED whenever the prefetch ends without DONE
-    why = _mismatch(directory, source_dir, tags, sample_sets)
-    if why is not None:
+    meta, why = _description(directory, source_dir, tags, sample_sets)
+    if meta is None:
         log(f"the source's outputs computed beside the earlier stages are not used ({why}): the source runs here")
         return None
     with np.load(directory / ARRAYS, allow_pickle=False) as arrays:
-        meta = json.loads((directory / DONE).read_bytes())
         taken = [{key: {name: arrays[_array_name(i, key, name)] for name in meta["sets"][i][key]["outputs"]}
                   for key in samples} for i, samples in enumerate(sample_sets)]
     log("the source's outputs were computed beside the earlier stages")
     return taken
 
 
-def _mismatch(directory: Path, source_dir: Path, tags: list[str],
-              sample_sets: list[dict[str, list[Sample]]]) -> str | None:
+def _description(directory: Path, source_dir: Path, tags: list[str],
+                 sample_sets: list[dict[str, list[Sample]]]) -> tuple[dict[str, Any] | None, str]:
+    """(the prefetch's description, "") when it holds outputs for exactly `sample_sets` from
+    `source_dir` with `tags`; else (None, why not)."""
     if (directory / FAILED).exists() or not (directory / DONE).exists():
         try:
             said = (directory / FAILED).read_text(errors="replace").strip().splitlines()[0][:300]
         except (OSError, IndexError):
             said = ""
-        return f"it failed: {said}" if said else "it failed"
+        return None, f"it failed: {said}" if said else "it failed"
     try:
         meta = json.loads((directory / DONE).read_bytes())
     except (OSError, ValueError):
-        return "its description cannot be read"
+        return None, "its description cannot be read"
     if meta.get("source") != str(source_dir) or meta.get("tags") != list(tags):
-        return "another source or other tags"
+        return None, "another source or other tags"
     sets = meta.get("sets") or []
     for i, samples in enumerate(sample_sets):
         for key, drawn in samples.items():
             done = sets[i].get(key) if i < len(sets) else None
             if done is None or done.get("samples") != samples_digest(drawn):
-                return f"other samples for signature {key!r}"
-    return None
+                return None, f"other samples for signature {key!r}"
+    return meta, ""
 
 
 def samples_digest(samples: list[Sample]) -> str:

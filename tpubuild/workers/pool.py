@@ -269,9 +269,7 @@ class WorkerPool:
         with self.lock:
             self.beside[token] = worker
         try:
-            reply = worker.call(request, timeout)
-            reply["log"] = str(worker.log_path)
-            return reply
+            return worker.call(request, timeout)
         except BaseException:
             worker.kill()
             raise
