@@ -78,13 +78,15 @@ class Checker:
         return self.problems
 
     def check_publish_to(self, url: Any) -> None:
-        """A recipe's publish destination, as the workspace's (config/remote_url.py)."""
-        if isinstance(url, str):
-            from tpubuild.config.remote_url import url_problem
+        """A recipe's publish destination and `oci:`, as the workspace's (config/remote_url.py)."""
+        from tpubuild.config.remote_url import oci_settings_problems, url_problem
 
-            problem = url_problem(url)
-            if problem:
-                self.error(("publish_to",), problem)
+        for path, problem in oci_settings_problems(self.data.get("oci")):
+            self.error(path, problem)
+        if isinstance(url, str):
+            wrong = url_problem(url, oci=True)
+            if wrong:
+                self.error(("publish_to",), wrong)
 
     def check_model(self) -> None:
         model = self.data.get("model")

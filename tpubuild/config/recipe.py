@@ -53,6 +53,9 @@ class Recipe:
     # None: out/ only), and `serving.version_labels`: neither is part of what is built.
     publish_to: str | None = field(default=None, repr=False)
     version_labels: dict[str, int] = field(default_factory=dict, repr=False)
+    # How versions are pushed to an oci:// destination (`oci:`, the recipe's keys over the
+    # workspace's): format, base_image, insecure. Not part of what is built either.
+    oci: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @cached_property
     def canonical_json(self) -> str:
@@ -401,12 +404,21 @@ def _finish(data: dict, marks: Marks, path: Path, display: str, ws: Workspace, d
     data.pop("$schema", None)
     # Where the versions go and how a server labels them: nothing a stage reads, so not
     # in the canonical form (a new destination rebuilds nothing).
-    publish_to = data.pop("publish_to") if "publish_to" in data else getattr(ws, "publish_to", None)
+    own_destination = "publish_to" in data
+    publish_to = data.pop("publish_to") if own_destination else getattr(ws, "publish_to", None)
+    oci = {**(getattr(ws, "oci", None) or {}), **(data.pop("oci", None) or {})}  # the recipe's keys win
     labels = dict((data.pop("serving", None) or {}).get("version_labels") or {})
     name = data.get("name") or _stem(path)
     name_loc = marks.key(("name",)) if "name" in data else Location(display)
+    if isinstance(publish_to, str) and publish_to.startswith("oci://"):
+        from tpubuild.config.remote_url import oci_recipe_problem
+
+        problem = oci_recipe_problem(publish_to, name)
+        if problem:
+            where = marks.value(("publish_to",)) if own_destination else name_loc
+            raise ConfigError([Diagnostic(where, "publish_to" if own_destination else "name", problem)])
     return Recipe(name, path, display, ws.root, canonicalize(data, name, ws.root), name_loc=name_loc,
-                  globs=_has_glob(data), publish_to=publish_to, version_labels=labels)
+                  globs=_has_glob(data), publish_to=publish_to, version_labels=labels, oci=oci)
 
 
 def _has_glob(value: Any) -> bool:

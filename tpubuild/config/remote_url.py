@@ -1,4 +1,5 @@
-"""Which URLs may name a remote cache (remote/cache.py). Import-light: the workspace
+"""Which URLs may name a remote cache (remote/cache.py) or a publish destination
+(publish/), and what an `oci://` one names (`OciAddress`). Import-light: the workspace
 file's check uses it, and planning commands load the workspace."""
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ EXTRA = "tpubuild[remote]"
 _SECRET_PARAMS = re.compile(r"key|secret|token|signature|credential|password|sig", re.IGNORECASE)
 CREDENTIALS_FROM = ("credentials come only from the backend's environment (AWS_*, GOOGLE_APPLICATION_CREDENTIALS) "
                     "or its config files (~/.aws)")
+OCI_CREDENTIALS_FROM = ("a registry's credentials come only from docker's config ($DOCKER_CONFIG/config.json, else "
+                        "~/.docker/config.json: `docker login`) and the credential helpers it names")
 
 
 @dataclass(frozen=True)
@@ -54,11 +57,12 @@ _BUCKET = re.compile(r"[A-Za-z0-9._-]{1,222}")
 _KERNEL_DIRS = ("/proc", "/sys", "/dev")
 
 
-def url_problem(url: str) -> str | None:
-    """Why `url` cannot name a remote cache or a publish destination, or None: the one
-    check `validate` (config/workspace.py, config/checks.py), `build` (transport/backends.py
-    open_backend) and `verify` make, so validate refuses what build refuses. Credentials
-    in it are refused (and never echoed): they would be committed with the workspace file."""
+def url_problem(url: str, oci: bool = False) -> str | None:
+    """Why `url` cannot name a remote cache (or, with `oci`, a publish destination, which
+    may also be an OCI registry's repository), or None: the one check `validate`
+    (config/workspace.py, config/checks.py), `build` (transport/backends.py open_backend)
+    and `verify` make, so validate refuses what build refuses. Credentials in it are
+    refused (and never echoed): they would be committed with the workspace file."""
     if not isinstance(url, str):
         return "not a URL"
     try:
@@ -67,7 +71,8 @@ def url_problem(url: str) -> str | None:
     except ValueError as exc:
         return f"not a URL ({exc})"
     if "@" in parts.netloc:
-        return f"the URL holds credentials (user:password@); remove them: {CREDENTIALS_FROM}"
+        source = OCI_CREDENTIALS_FROM if oci and url.startswith("oci://") else CREDENTIALS_FROM
+        return f"the URL holds credentials (user:password@); remove them: {source}"
     for name, _ in query:
         if _SECRET_PARAMS.search(name):
             return f"the URL holds key material (query parameter {name!r}); remove it: {CREDENTIALS_FROM}"
@@ -76,10 +81,14 @@ def url_problem(url: str) -> str | None:
     if not parts.scheme or "://" not in url:
         return f"{url!r} is not a URL like s3://bucket/prefix, gs://bucket/prefix or file:///shared/dir"
     written = url.split("://", 1)[0]
-    if parts.scheme not in BACKENDS:
-        return f"{url!r}: the {parts.scheme}:// scheme is not supported (s3://, gs://, file://)"
+    registry = oci and parts.scheme == "oci"
+    if parts.scheme not in BACKENDS and not registry:
+        also = ", oci://" if oci else ""
+        return f"{url!r}: the {parts.scheme}:// scheme is not supported (s3://, gs://, file://{also})"
     if written != parts.scheme:
         return f"{url!r}: write the scheme in lower case ({parts.scheme}://)"
+    if registry:
+        return oci_problem(url)
     if parts.query or parts.fragment or url.endswith(("?", "#")):
         return f"{url!r}: a query or a fragment (?...#...) names nothing here"
     path = parts.path.rstrip("/")
@@ -105,3 +114,127 @@ def _unclean(rel: str) -> bool:
     from tpubuild.fs import clean_relative
 
     return bool(rel) and clean_relative(rel) is None
+
+
+# --- OCI registries (`publish_to: oci://HOST[:PORT]/REPO`) ---------------------------------
+# A repository name as the distribution spec defines it (opencontainers/distribution-spec
+# spec.md "<name>"; distribution's reference/regexp.go): path components of lower-case
+# letters and digits, joined by one '.', one or two '_', or any number of '-', separated by '/'.
+OCI_COMPONENT = re.compile(r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*")
+# A tag (the same spec's "<reference>" as a tag): what a version number and a claim are.
+OCI_TAG = re.compile(r"[a-zA-Z0-9_][a-zA-Z0-9._-]{0,127}")
+# distribution's NameTotalLengthMax (reference/reference.go): `<host>/<repository>` at most this long.
+OCI_NAME_MAX = 255
+# A registry host: a DNS name or an IPv4 address (an IPv6 one in brackets), and a port.
+_OCI_HOST = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}"
+                       r"[A-Za-z0-9])?)*|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?")
+# The hosts a registry may be spoken to in plain HTTP without `oci: {insecure: true}`: this machine.
+LOOPBACK = ("localhost", "127.0.0.1", "[::1]")
+
+
+@dataclass(frozen=True)
+class OciAddress:
+    """Where an `oci://HOST[:PORT]/REPO` destination is: the registry (`host`, with its
+    port when the URL gives one) and the repository below which each recipe is one
+    (`REPO/<recipe>`, and `REPO/<recipe>/<target>` for a target's versions)."""
+
+    host: str
+    repository: str
+
+    @property
+    def hostname(self) -> str:
+        """The host without its port (`[::1]` keeps its brackets)."""
+        return self.host.rsplit(":", 1)[0] if self.host.count(":") == 1 or "]:" in self.host else self.host
+
+    @property
+    def loopback(self) -> bool:
+        return self.hostname.lower() in LOOPBACK
+
+    def url(self, repository: str | None = None) -> str:
+        return f"oci://{self.host}/{repository or self.repository}"
+
+
+def oci_problem(url: str) -> str | None:
+    """Why `url` is not `oci://HOST[:PORT]/REPO` (a registry and a repository below which
+    tpubuild makes one per recipe: no tag, no digest), or None."""
+    rest = url[len("oci://"):].rstrip("/")
+    host, _, repository = rest.partition("/")
+    if not _OCI_HOST.fullmatch(host) or (":" in host.rsplit("]", 1)[-1]
+                                         and not 0 < int(host.rsplit(":", 1)[1]) < 65536):
+        return f"{url!r}: {host!r} is not a registry host (a name or an address, and a port: oci://HOST[:PORT]/REPO)"
+    if not repository:
+        return f"{url!r} names no repository (oci://HOST[:PORT]/REPO)"
+    if "@" in repository or ":" in repository:
+        return (f"{url!r}: a publish destination is a repository, without a tag or a digest (each version is "
+                "REPO/<recipe>:<N>)")
+    bad = next((part for part in repository.split("/") if not OCI_COMPONENT.fullmatch(part)), None)
+    if bad is not None:
+        return (f"{url!r}: {bad!r} is not a repository name component (lower-case letters and digits, joined by "
+                "'.', '_', '__' or '-')")
+    if len(f"{host}/{repository}") > OCI_NAME_MAX:
+        return f"{url!r}: longer than the {OCI_NAME_MAX} characters a registry takes"
+    return None
+
+
+def oci_address(url: str) -> OciAddress:
+    """The address of an `oci://` URL that oci_problem passed."""
+    host, _, repository = url[len("oci://"):].rstrip("/").partition("/")
+    return OciAddress(host, repository)
+
+
+def oci_recipe_problem(url: str, name: str) -> str | None:
+    """Why recipe `name` cannot be a repository below the destination `url`, or None: a
+    recipe name may hold capitals, '.' runs or a trailing '-', which no repository name takes."""
+    if not OCI_COMPONENT.fullmatch(name):
+        return (f"the recipe name {name!r} cannot name a repository below publish_to {url} (lower-case letters "
+                "and digits, joined by '.', '_', '__' or '-'): set `name:`")
+    if len(f"{url[len('oci://'):].rstrip('/')}/{name}") > OCI_NAME_MAX - 40:
+        return f"publish_to {url}/{name} is too long for a registry (with room for a target's name)"
+    return None
+
+
+def oci_version_reference(url: str) -> tuple[OciAddress, str, str] | None:
+    """`oci://HOST[:PORT]/REPO/<recipe>[/<target>]:<tag>` as (the registry's address of the
+    repository that holds the tag, the repository, the tag); None when it is not that."""
+    head, sep, tag = url.rpartition(":")
+    if not sep or "/" in tag or not head.startswith("oci://") or head.count("/") < 4:
+        return None
+    if oci_problem(head) is not None or not OCI_TAG.fullmatch(tag):
+        return None
+    address = oci_address(head)
+    return address, address.repository, tag
+
+
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def oci_base_reference(value: str) -> tuple[str, str] | None:
+    """`base_image:` as (repository, tag or digest): `REPO:TAG` or `REPO@sha256:HEX` of the
+    destination's own registry; None when it is not that."""
+    if "@" in value:
+        repository, _, reference = value.partition("@")
+        if not _DIGEST.fullmatch(reference):
+            return None
+    else:
+        repository, _, reference = value.rpartition(":")
+        if not repository or "/" in reference or not OCI_TAG.fullmatch(reference):
+            return None
+    if not all(OCI_COMPONENT.fullmatch(part) for part in repository.split("/")):
+        return None
+    return repository, reference
+
+
+def oci_settings_problems(settings: object) -> list[tuple[tuple[str, ...], str]]:
+    """What is wrong in an `oci:` mapping the schema passed: (the key's path, the problem)."""
+    if not isinstance(settings, dict):
+        return []
+    problems: list[tuple[tuple[str, ...], str]] = []
+    base = settings.get("base_image")
+    if isinstance(base, str):
+        if oci_base_reference(base) is None:
+            problems.append((("oci", "base_image"), f"{base!r} is not REPO:TAG or REPO@sha256:DIGEST of the "
+                                                    "destination's registry (e.g. tools/busybox:1.36)"))
+        elif settings.get("format", "modelpack") != "modelcar":
+            problems.append((("oci", "base_image"), "a base image is for format: modelcar (an image KServe runs); "
+                                                    "a ModelPack artifact has no file system to put it under"))
+    return problems

@@ -36,8 +36,10 @@ class Workspace:
     # Public keys whose signed remote records are accepted (absolute paths); empty: any record.
     remote_trusted_keys: list[Path] = field(default_factory=list)
     remote_timeouts: Timeouts = field(default_factory=Timeouts)  # deadlines of remote calls (publish_to's too)
-    # Where versions are also published for servers (publish/destination.py), an fsspec URL.
+    # Where versions are also published for servers (publish/destination.py), an fsspec URL
+    # or an OCI registry's repository (publish/oci_destination.py), and how to push there (`oci:`).
     publish_to: str | None = None
+    oci: dict[str, Any] = field(default_factory=dict)
     # The private key that signs every published version (provenance/signature.py), if any.
     signing_key: Path | None = None
     signing_certificate: Path | None = None  # sign with this certificate (and its chain) instead of a bare key
@@ -120,6 +122,7 @@ def load_workspace(start: Path | None = None, override: Path | None = None) -> W
         remote_trusted_keys=[root / key for key in _trusted_keys(data)],
         remote_timeouts=_remote_timeouts(data),
         publish_to=data.get("publish_to"),
+        oci=dict(data.get("oci") or {}),
         signing_key=root / data["signing"]["key"] if "signing" in data else None,
         signing_certificate=root / data["signing"]["certificate"] if "certificate" in data.get("signing", {}) else None,
         signing_chain=[root / c for c in data.get("signing", {}).get("certificate_chain", [])],
@@ -268,14 +271,17 @@ def _remote_problems(data: dict, marks: Marks) -> list[Diagnostic]:
 
 
 def _publish_problems(data: dict, marks: Marks) -> list[Diagnostic]:
-    """`publish_to:` as `remote_cache:`'s URL is checked: credentials in it, an unknown scheme."""
+    """`publish_to:` as `remote_cache:`'s URL is checked (credentials in it, an unknown
+    scheme; or an oci:// one's registry and repository), and `oci:`'s base image."""
     url = data.get("publish_to")
-    if not isinstance(url, str):
-        return []  # absent, or a wrong type the schema reports
-    from tpubuild.config.remote_url import url_problem
+    from tpubuild.config.remote_url import oci_settings_problems, url_problem
 
-    problem = url_problem(url)
-    return [Diagnostic(marks.value(("publish_to",)), "publish_to", problem)] if problem else []
+    found = [Diagnostic(marks.value(path), format_path(path), problem)
+             for path, problem in oci_settings_problems(data.get("oci"))]
+    if not isinstance(url, str):
+        return found  # absent, or a wrong type the schema reports
+    problem = url_problem(url, oci=True)
+    return [Diagnostic(marks.value(("publish_to",)), "publish_to", problem)] + found if problem else found
 
 
 def _sub_marks(marks: Marks, prefix: tuple) -> Marks:
