@@ -28,7 +28,7 @@ JOB = textwrap.dedent("""
     import sys
     from pathlib import Path
     from tpubuild.publish import Destination
-    from tpubuild.publish.to_destination import _prepare
+    from tpubuild.publish.to_destination import prepare_trees
     from tests.remote.publish_job import fake_version
     url, work = sys.argv[1], Path(sys.argv[2])
     dest = Destination(url)
@@ -36,7 +36,7 @@ JOB = textwrap.dedent("""
     import json
     manifest = json.loads((version / "tpubuild-manifest.json").read_text())
     number = dest.claim(dest.survey("toy"), 3600.0)
-    trees = _prepare(dest, "toy", version, manifest, number, 1, work, None)
+    trees = prepare_trees("toy", version, manifest, number, 1, work, None)
     dest.stage(trees, work, float("inf"))
     print(number, flush=True)
     sys.stdin.readline()

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from concurrent.futures import Future
 
     from tpubuild.config.workspace import Workspace
-    from tpubuild.publish import Destination
     from tpubuild.remote import RemoteCache
 
 __all__ = ["RunVersion", "git_commit"]
@@ -170,11 +169,13 @@ class RunVersion:
         line per recipe and not contacted again in this build; the local build stays."""
         import shutil
 
+        import json
+
         from tpubuild.errors import TpubuildError
         from tpubuild.publish import (
-            Destination,
             DestinationError,
-            publish_version,
+            open_destination,
+            publish_to_destination,
             read_manifest,
             recorded,
             remember,
@@ -182,7 +183,7 @@ class RunVersion:
 
         scratch = Path(self.ws.state_dir) / "publish-scratch"
         down: set[str] = set()  # destinations that failed: not asked again in this build
-        destinations: dict[str, Destination] = {}
+        destinations: dict[str, Any] = {}  # (URL, oci: settings) -> its Destination or OciDestination
         for run in runs:
             url = run.recipe.publish_to
             if url is None or not run.succeeded or run.version is None:
@@ -199,10 +200,14 @@ class RunVersion:
             if not destinations:
                 shutil.rmtree(scratch, ignore_errors=True)  # a killed build's
                 scratch.mkdir(parents=True, exist_ok=True)
-            dest = destinations.setdefault(url, Destination(url, self.ws.remote_timeouts))
+            settings = run.recipe.oci if url.startswith("oci://") else {}
+            place = json.dumps([url, settings], sort_keys=True)
+            if place not in destinations:
+                destinations[place] = open_destination(url, self.ws.remote_timeouts, settings)
+            dest = destinations[place]
             labels = run.recipe.version_labels
             try:
-                outcome = publish_version(
+                outcome = publish_to_destination(
                     dest, run.name, version_dir, scratch, keep=self.ws.keep_versions, pinned=set(labels.values()),
                     attest=self.attest, file_hash=lambda path: self.stat.file_hash(os.fspath(path)),
                     say=self.errors)
@@ -224,13 +229,14 @@ class RunVersion:
             remember(self.ws.state_dir, url, run.name, model, outcome.number)
             for line in outcome.mended:
                 self.notes(f"{run.name}: {line}")
-            where = f"{outcome.url}/{outcome.number}"
+            where = outcome.version_url
             if outcome.new:
                 self.notes(f"published: {run.name} -> {where}")
             else:
                 self.notes(f"{run.name}: {where} holds this model already (nothing published there)")
             for number in outcome.pruned:
-                self.notes(f"{run.name}: pruned {outcome.url}/{number} (keep_versions: {self.ws.keep_versions})")
+                self.notes(f"{run.name}: pruned {dest.version_url(run.name, number)} (keep_versions: "
+                           f"{self.ws.keep_versions})")
         shutil.rmtree(scratch, ignore_errors=True)
 
 

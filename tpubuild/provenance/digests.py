@@ -27,8 +27,9 @@ import blake3
 from tpubuild.digests import CHUNK, FileEntry, tree_digest
 
 
-def _both(path: Path | str) -> tuple[str, str]:
-    """(BLAKE3, SHA-256) of a file's bytes, read once."""
+def blake3_and_sha256(path: Path | str) -> tuple[str, str]:
+    """(BLAKE3, SHA-256) of a file's bytes, read once (also what an OCI push checks a file
+    against its manifest with and names its blob by: publish/oci_publish.py)."""
     b3, sha = blake3.blake3(), hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
@@ -58,7 +59,7 @@ def dependency_digests(root: Path, inputs: dict[str, str], trees: dict[str, list
                     found[name] = {"dirHash": dir_hash([(f.path, _checked(object_path(f.hash), f.hash))
                                                         for f in files])}
             elif kind in ("file", "import"):
-                b3, sha = _both(os.path.join(root, rel))
+                b3, sha = blake3_and_sha256(os.path.join(root, rel))
                 if b3 == digest:
                     found[name] = {"sha256": sha}
         except (OSError, _Changed):
@@ -81,7 +82,7 @@ def _checked(path: Path, digest: str) -> str:
     known = _SHA256.get(digest)
     if known is not None:
         return known
-    b3, sha = _both(path)
+    b3, sha = blake3_and_sha256(path)
     if b3 != digest:
         raise _Changed(path)
     _SHA256[digest] = sha

@@ -4,8 +4,10 @@ repair, clean (`versions`); the target versions beside them (`targets`); the new
 version updated in place when a build re-measured the same model (`refresh`); the same
 versions published to object storage or a shared mount for servers, numbered by the
 destination (`destination`, joining its parts `dest_state`, `dest_survey`, `dest_write`,
-`dest_mend`, `dest_claims`; and `to_destination`); and TF Serving's model config of them
-(`serving_config`).
+`dest_mend`, `dest_claims`; and `to_destination`), or to an OCI registry, numbered by its
+tags (`oci_destination`, the artifacts and images `oci_format`, one recipe's push
+`oci_publish`, verify's pull `oci_fetch`), the kind of a URL `destinations`; and TF
+Serving's and KServe's configs of them (`serving_config`, `kserve_config`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ _FACE = {
     "Destination": "destination",
     "DestinationError": "dest_state",
     "Holding": "versions",
+    "OciDestination": "oci_destination",
     "MANIFEST": "targets",
     "OWN_FILES": "versions",
     "check_manifest": "versions",
@@ -24,13 +27,16 @@ _FACE = {
     "check_version": "version_check",
     "fetch_version": "verify_remote",
     "identity_problems": "version_check",
+    "is_registry": "destinations",
     "foreign_in_newest": "versions",
     "model_server_config": "serving_config",
     "newest_holding": "versions",
     "newest_matching": "versions",
     "newest_same_model": "versions",
+    "open_destination": "destinations",
     "prune": "versions",
     "publish": "versions",
+    "publish_to_destination": "destinations",
     "publish_version": "to_destination",
     "read_description": "version_check",
     "published_versions": "versions",

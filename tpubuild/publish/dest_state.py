@@ -55,6 +55,7 @@ class DestinationError(TpubuildError):
     def __init__(self, message: str, unreachable: bool = False):
         super().__init__(message)
         self.unreachable = unreachable
+        self.cause: BaseException | None = None  # the transport's own error, when one is behind it
 
 
 @dataclass
@@ -146,6 +147,11 @@ class Outcome:
     mended: list[str] = field(default_factory=list)
     pruned: list[int] = field(default_factory=list)
 
+    @property
+    def version_url(self) -> str:
+        """Where the version is: `<base path>/<N>`, or a registry's `<repository>:<N>`."""
+        return f"{self.url}:{self.number}" if self.url.startswith("oci://") else f"{self.url}/{self.number}"
+
     def to_json(self) -> dict[str, Any]:
         return {"url": self.url, "version": self.number, "new": self.new, "mended": self.mended,
                 "pruned": self.pruned}
@@ -196,6 +202,9 @@ class DestinationBase:
     def base_path(self, recipe: str) -> str:
         """TF Serving's `--model_base_path` of the recipe."""
         return f"{self.url}/{recipe}"
+
+    def version_url(self, recipe: str, number: int, target: str | None = None) -> str:
+        return f"{self.base_path(recipe)}/{f'{target}/' if target else ''}{number}"
 
     def call(self, what: str, fn: Callable[..., Any]) -> Any:  # a lambda binding its loop values as defaults
         """`fn()` with the backend's own errors said as one line (FileNotFoundError and

@@ -156,8 +156,8 @@ class DestinationReading(DestinationBase):
         theirs = self.manifest(survey.recipe, number)
         if not theirs or theirs.get("model") != manifest.get("model") or theirs.get("recipe") != survey.recipe:
             return None
-        wanted = _model_files(manifest)
-        listed = _model_files(theirs)
+        wanted = model_files(manifest)
+        listed = model_files(theirs)
         if wanted is None or listed is None or listed != wanted:
             self.warn(f"{survey.recipe}/{number} does not hold what its manifest says (its files are not this "
                       "model's); a new version is published")
@@ -235,7 +235,7 @@ def all_files(manifest: dict[str, Any]) -> dict[str, str] | None:
 
 
 
-def _model_files(manifest: dict[str, Any]) -> dict[str, str] | None:
+def model_files(manifest: dict[str, Any]) -> dict[str, str] | None:
     """`all_files` but the report's (figures measured on the building machine, which two
     builds of one model may differ in: what the manifest's `model` digest leaves out)."""
     from tpubuild.report.formats import REPORT_JSON, REPORT_MD

@@ -105,7 +105,7 @@ def publish_version(dest: Destination, recipe: str, version_dir: Path, scratch: 
     deadline = started + budget
     scratch = Path(tempfile.mkdtemp(prefix="publish-", dir=scratch))
     try:
-        trees = _prepare(dest, recipe, version_dir, manifest, number, local_number, scratch, attest)
+        trees = prepare_trees(recipe, version_dir, manifest, number, local_number, scratch, attest)
         dest.stage(trees, scratch, deadline)
         dest.seal(recipe, number, [t for t, _ in trees], deadline)
         dest.promote([t for t, _ in trees])
@@ -117,8 +117,8 @@ def publish_version(dest: Destination, recipe: str, version_dir: Path, scratch: 
     return Outcome(dest.base_path(recipe), number, True, mended, pruned)
 
 
-def _prepare(dest: Destination, recipe: str, version_dir: Path, manifest: dict[str, Any], number: int,
-             local_number: int, scratch: Path, attest: Callable[..., None] | None) -> list[tuple[Tree, Path]]:
+def prepare_trees(recipe: str, version_dir: Path, manifest: dict[str, Any], number: int, local_number: int,
+                  scratch: Path, attest: Callable[..., None] | None) -> list[tuple[Tree, Path]]:
     """The trees to stage for version `number`, each with the local directory its files are
     read from: the local version itself when the numbers agree, else a copy (hard links)
     whose manifests say `number`, attested anew."""
