@@ -1,0 +1,197 @@
+"""Debian's docker-registry (distribution 2.8, the reference registry) on a free port of
+127.0.0.1 with filesystem storage under the test's tmp_path, started and stopped by its
+pid; and the clients tpubuild does not contain that tests read it back with: raw HTTP
+(urllib, the standard library), `skopeo`, oras-py.
+
+A test that needs docker-registry or skopeo and does not find it fails in CI (CI=true:
+.ci/run installs both) and is skipped elsewhere (`need`)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REGISTRY = "docker-registry"
+ACCEPT = ("application/vnd.oci.image.manifest.v1+json, application/vnd.oci.image.index.v1+json, "
+          "application/vnd.docker.distribution.manifest.v2+json")
+
+
+def need(program: str) -> str:
+    """The path of `program`; without it, a failure in CI and a skip elsewhere."""
+    found = shutil.which(program) or (f"/usr/bin/{program}" if os.path.exists(f"/usr/bin/{program}") else None)
+    if found is None:
+        message = f"{program} is not installed (apt-get install docker-registry skopeo; .ci/run does)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Registry:
+    """A running docker-registry: `host` (127.0.0.1:PORT), its storage, its process."""
+
+    host: str
+    root: Path
+    process: subprocess.Popen
+    auth: dict[str, str] = field(default_factory=dict)  # "user", "password" when it asks for them
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def url(self, repository: str = "models") -> str:
+        return f"oci://{self.host}/{repository}"
+
+    # --- raw HTTP, the test's own client --------------------------------------------
+    def http(self, method: str, path: str, data: bytes | None = None, headers: dict | None = None,
+             token: str | None = None) -> tuple[int, dict, bytes]:
+        request = urllib.request.Request(f"http://{self.host}{path}", data=data, method=method,
+                                         headers={**(headers or {})})
+        if token:
+            request.add_header("Authorization", token)
+        elif self.auth:
+            pair = f"{self.auth['user']}:{self.auth['password']}".encode()
+            request.add_header("Authorization", "Basic " + base64.b64encode(pair).decode())
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                return answer.status, dict(answer.headers), answer.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, dict(exc.headers), exc.read()
+
+    def tags(self, repository: str) -> list[str]:
+        status, _, body = self.http("GET", f"/v2/{repository}/tags/list")
+        return json.loads(body).get("tags") or [] if status == 200 else []
+
+    def manifest(self, repository: str, reference: str) -> tuple[bytes, str]:
+        """(the manifest's bytes, the digest the registry says it has)."""
+        status, headers, body = self.http("GET", f"/v2/{repository}/manifests/{reference}",
+                                          headers={"Accept": ACCEPT})
+        assert status == 200, (status, body)
+        return body, headers.get("Docker-Content-Digest", "")
+
+    def blob(self, repository: str, digest: str) -> bytes:
+        status, _, body = self.http("GET", f"/v2/{repository}/blobs/{digest}")
+        assert status == 200, (status, body)
+        return body
+
+    def push_blob(self, repository: str, data: bytes) -> str:
+        """A monolithic upload (POST, then PUT with the bytes): the test's own pusher."""
+        import hashlib
+
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        status, headers, body = self.http("POST", f"/v2/{repository}/blobs/uploads/", b"")
+        assert status == 202, (status, body)
+        location = headers["Location"]
+        location = location[location.index("/v2/"):] if "://" in location else location
+        status, _, body = self.http("PUT", f"{location}&digest={digest}", data,
+                                    {"Content-Type": "application/octet-stream"})
+        assert status == 201, (status, body)
+        return digest
+
+    def put_manifest(self, repository: str, reference: str, data: bytes,
+                     media_type: str = "application/vnd.oci.image.manifest.v1+json") -> str:
+        status, headers, body = self.http("PUT", f"/v2/{repository}/manifests/{reference}", data,
+                                          {"Content-Type": media_type})
+        assert status == 201, (status, body)
+        return headers["Docker-Content-Digest"]
+
+
+def registry_config(root: Path, port: int, delete: bool = True, auth: dict | None = None) -> str:
+    lines = [
+        "version: 0.1",
+        "log:",
+        "  level: error",
+        "  accesslog:",
+        "    disabled: true",
+        "storage:",
+        "  filesystem:",
+        f"    rootdirectory: {root / 'data'}",
+        "  delete:",
+        f"    enabled: {'true' if delete else 'false'}",
+        "  maintenance:",
+        "    uploadpurging:",
+        "      enabled: false",
+        "http:",
+        f"  addr: 127.0.0.1:{port}",
+        "  secret: tpubuild-tests",
+    ]
+    if auth:
+        lines.append("auth:")
+        for kind, options in auth.items():
+            lines.append(f"  {kind}:")
+            lines += [f"    {key}: {value}" for key, value in options.items()]
+    return "\n".join(lines) + "\n"
+
+
+def start_registry(root: Path, delete: bool = True, auth: dict | None = None) -> Registry:
+    """docker-registry serving `root/data` on a free port (another port when the one picked
+    was taken meanwhile), up when /v2/ answers."""
+    program = need(REGISTRY)
+    root.mkdir(parents=True, exist_ok=True)
+    for _ in range(5):
+        port = free_port()
+        (root / "config.yml").write_text(registry_config(root, port, delete, auth))
+        log = open(root / "registry.log", "ab")
+        process = subprocess.Popen([program, "serve", str(root / "config.yml")], stdout=log, stderr=log,
+                                   stdin=subprocess.DEVNULL)
+        log.close()
+        registry = Registry(f"127.0.0.1:{port}", root, process)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    return registry
+            except OSError:
+                time.sleep(0.05)
+        stop_registry(registry)
+    raise AssertionError(f"docker-registry did not start: {(root / 'registry.log').read_text()[-2000:]}")
+
+
+def stop_registry(registry: Registry) -> None:
+    """By its pid: SIGTERM, then SIGKILL when it has not ended in 5 s."""
+    if registry.process.poll() is None:
+        os.kill(registry.pid, signal.SIGTERM)
+        try:
+            registry.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.kill(registry.pid, signal.SIGKILL)
+            registry.process.wait(timeout=5)
+
+
+def isolated_docker_config(directory: Path, config: dict | None = None) -> dict[str, str]:
+    """An environment whose DOCKER_CONFIG is `directory` (config.json written from `config`):
+    no credential of the machine's user is read."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config or {}))
+    return {"DOCKER_CONFIG": str(directory)}
+
+
+def skopeo(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """skopeo, its policy accepting anything (the registry is the test's own)."""
+    program = need("skopeo")
+    policy = Path(os.environ.get("TMPDIR", "/tmp")) / f"skopeo-policy-{os.getpid()}.json"
+    if not policy.exists():
+        policy.write_text(json.dumps({"default": [{"type": "insecureAcceptAnything"}]}))
+    done = subprocess.run([program, "--policy", str(policy), *args], capture_output=True, text=True,
+                          timeout=timeout, check=False)
+    assert done.returncode == 0, done.stderr
+    return done
