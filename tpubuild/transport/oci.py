@@ -14,13 +14,15 @@ pulled, each checked against its digest. A transport beside the bucket and mount
   against the bytes sent; deleted by digest (DeleteManifest: which removes every tag that
   names it; 405 UNSUPPORTED where deletes are off, `DeletesRefused`).
 - Blobs: `HEAD` first (a blob the repository has is not sent again); else an upload
-  session (`POST /v2/<name>/blobs/uploads/`), the bytes in PATCHes of UPLOAD_CHUNK bytes,
-  each read from the file a piece at a time as the socket sends it (an 8 GiB file is never
-  in memory), then `PUT <location>?digest=`: the registry computes the digest of what it
-  received and refuses the blob when it is not the one named (distribution
-  registry/storage/blobwriter.go validateBlob), so a blob under a digest is those bytes.
-  A PATCH that fails is resumed where the registry's upload status says it stopped, or the
-  upload begun again, ATTEMPTS times at most. A blob of another repository of the registry
+  session (`POST /v2/<name>/blobs/uploads/`): a blob of at most `chunk` bytes (UPLOAD_CHUNK)
+  in one `PUT <location>?digest=`, a larger one in PATCHes of `chunk` bytes, then the PUT;
+  each body read from the file a piece at a time as the socket sends it (an 8 GiB file is
+  never in memory). The registry computes the digest of what it received and refuses the
+  blob when it is not the one named (distribution registry/storage/blobwriter.go
+  validateBlob), so a blob under a digest is those bytes. A PATCH that fails is resumed
+  where the registry's upload status says its copy stops; a session that fails is begun
+  again, ATTEMPTS times at most (`push_blob` says why no step is resent). A blob of
+  another repository of the registry
   is mounted (`POST ...?mount=&from=`), not sent again. Pulled blobs are hashed as they
   arrive and refused (`BlobMismatch`) unless they are exactly their descriptor's size and
   digest.
@@ -86,8 +88,9 @@ class Registry:
     None and the host is this machine (127.0.0.1, ::1, localhost), as docker treats them."""
 
     def __init__(self, address: OciAddress, timeouts: Timeouts | None = None, insecure: bool | None = None,
-                 credentials: Callable[[], Credentials | None] | None = None):
+                 credentials: Callable[[], Credentials | None] | None = None, chunk: int = UPLOAD_CHUNK):
         self.address = address
+        self.chunk = chunk  # the most one request of an upload sends
         self.timeouts = timeouts or Timeouts()
         plain = insecure if insecure is not None else address.loopback
         self.http = Http(address, self.timeouts, plain=plain, credentials=credentials)
@@ -195,7 +198,18 @@ class Registry:
     def push_blob(self, repository: str, digest: str, size: int, source: Callable[[int], BinaryIO] | bytes) -> bool:
         """Make `repository` hold the blob `digest` of `size` bytes, read from `source`
         (bytes, or `source(offset)`: a binary file object positioned at `offset`, opened
-        again for each attempt). False when it held it already (nothing sent); True when sent."""
+        again for each attempt). False when it held it already (nothing sent); True when sent.
+
+        A blob of at most `chunk` bytes goes in one PUT of the upload session (the spec's
+        "POST then PUT", which every registry takes); a larger one in PATCHes of `chunk`
+        bytes, then an empty PUT. No step of an upload is resent as it is: the registry may
+        have taken part of a body it then lost the connection of, and distribution appends
+        what a PATCH or a PUT sends to what the session holds (registry/handlers/blobupload.go
+        PatchBlobData, PutBlobUploadComplete: copyFullPayload into the upload's writer), so
+        the same bytes again would be a blob of another digest. A chunked upload resumes
+        where the registry's upload status says its copy ends; a failed session is
+        abandoned and the upload begun again (ATTEMPTS sessions at most), after a HEAD in
+        case the blob landed."""
         present = self.blob_size(repository, digest)
         if present is not None:
             if present not in (size, -1):
@@ -203,15 +217,29 @@ class Registry:
             return False
         scope = self.scope(repository)
         what = f"cannot push {digest} to {self.host}/{repository}"
-        location = self._start_upload(repository, what, scope)
-        if isinstance(source, bytes):
-            answer = self.http.request("PUT", _with_digest(location, digest), what=what, scope=scope,
-                                       expect=(201, 204), headers={"Content-Type": "application/octet-stream"},
-                                       body=source, budget=self.timeouts.upload_deadline(len(source)))
-            answer.close()
-            return True
-        self._chunked(repository, digest, size, source, location, what, scope)
-        return True
+        failure: RegistryError | None = None
+        for _ in range(ATTEMPTS):
+            location = self._start_upload(repository, what, scope)
+            try:
+                if isinstance(source, bytes) or size <= self.chunk:
+                    body = source if isinstance(source, bytes) else Body(source, 0, size)
+                    self.http.request("PUT", _with_digest(location, digest), what=what, scope=scope,
+                                      expect=(201, 204), headers={"Content-Type": "application/octet-stream"},
+                                      body=body, budget=self.timeouts.upload_deadline(size), attempts=1).close()
+                else:
+                    self._chunked(digest, size, source, location, what, scope)
+                return True
+            except RegistryError as exc:
+                if exc.code == "DIGEST_INVALID":
+                    raise BlobMismatch(f"{what}: the registry received bytes of another digest (the file changed "
+                                       "while it was sent?)", exc.status, exc.code) from None
+                if not _restartable(exc):
+                    raise
+                failure = exc
+            if self.blob_size(repository, digest) == size:
+                return True  # the last answer was lost, not the blob
+        assert failure is not None
+        raise failure
 
     def mount_blob(self, repository: str, digest: str, source_repository: str) -> bool:
         """Make `repository` hold the blob `digest` that `source_repository` (of this
@@ -245,39 +273,44 @@ class Registry:
             raise RegistryError(f"{what}: the registry gave no upload location")
         return location
 
-    def _chunked(self, repository: str, digest: str, size: int, source: Callable[[int], BinaryIO], location: str,
-                 what: str, scope: str) -> None:
+    def _chunked(self, digest: str, size: int, source: Callable[[int], BinaryIO], location: str, what: str,
+                 scope: str) -> None:
+        """PATCHes of `chunk` bytes, each streamed from `source`, then the PUT that names
+        the digest. A PATCH that fails is resumed where the registry's copy ends, when its
+        upload status can be read (distribution 2.8 refuses a location whose `_state` is
+        behind what it holds, BLOB_UPLOAD_INVALID: app.go blobUploadDispatcher), ATTEMPTS
+        times; anything else ends the session (the caller begins another)."""
         offset = 0
-        restarts = 0
-        while True:
+        resumed = 0
+        while offset < size:
+            length = min(self.chunk, size - offset)
             try:
-                while offset < size:
-                    length = min(UPLOAD_CHUNK, size - offset)
-                    answer = self.http.request(
-                        "PATCH", location, what=what, scope=scope, expect=(202, 204),
-                        headers={"Content-Type": "application/octet-stream",
-                                 "Content-Range": f"{offset}-{offset + length - 1}"},
-                        body=Body(source, offset, length), budget=self.timeouts.upload_deadline(length))
-                    location = answer.headers.get("Location") or location
-                    answer.close()
-                    offset += length
-                answer = self.http.request("PUT", _with_digest(location, digest), what=what, scope=scope,
-                                           expect=(201, 204), headers={"Content-Length": "0"}, body=b"")
-                answer.close()
-                return
-            except RegistryUnreachable:
-                restarts += 1
-                if restarts >= ATTEMPTS:
+                answer = self.http.request(
+                    "PATCH", location, what=what, scope=scope, expect=(202, 204),
+                    headers={"Content-Type": "application/octet-stream",
+                             "Content-Range": f"{offset}-{offset + length - 1}"},
+                    body=Body(source, offset, length), budget=self.timeouts.upload_deadline(length), attempts=1)
+            except RegistryError as exc:
+                resumed += 1
+                if resumed >= ATTEMPTS or not _restartable(exc):
                     raise
-                # Where the registry's copy of the upload ends (distribution
-                # blobupload.go GetUploadStatus: `Range: 0-<last byte>`); else begin again.
-                resumed = self._upload_status(location, what, scope)
-                if resumed is None:
-                    location, offset = self._start_upload(repository, what, scope), 0
-                else:
-                    location, offset = resumed
+                status = self._upload_status(location, what, scope)
+                if status is None:
+                    raise
+                location, offset = status
+                continue
+            location = answer.headers.get("Location") or location
+            answer.close()
+            offset += length
+        self.http.request("PUT", _with_digest(location, digest), what=what, scope=scope, expect=(201, 204),
+                          headers={"Content-Length": "0"}, body=b"", attempts=1).close()
 
     def _upload_status(self, location: str, what: str, scope: str) -> tuple[str, int] | None:
+        """(the session's location, how many bytes the registry holds of it), None when the
+        session is gone. distribution answers `Range: 0-<last byte>` (blobupload.go
+        GetUploadStatus; "0-0" for none: it says `0-<size-1>` clamped at 0), so "0-0" is
+        taken for no byte: at worst one byte is sent again, which the registry refuses by
+        range, and the session is begun again."""
         try:
             answer = self.http.request("GET", location, what=what, scope=scope, expect=(204, 200))
         except RegistryError:
@@ -285,9 +318,9 @@ class Registry:
         ends = re.fullmatch(r"0-([0-9]+)", answer.headers.get("Range", ""))
         location = answer.headers.get("Location") or location
         answer.close()
-        if ends is None or ends.group(1) == "0":  # "0-0" is no byte or one: begin again
+        if ends is None:
             return None
-        return location, int(ends.group(1)) + 1
+        return location, 0 if ends.group(1) == "0" else int(ends.group(1)) + 1
 
     def blob_pieces(self, repository: str, digest: str, size: int) -> Iterator[bytes]:
         """The bytes of blob `digest`, a piece at a time, hashed as they come: after the
@@ -335,6 +368,14 @@ class Registry:
         if size > limit:
             raise AnswerTooLarge(f"{self.host}/{repository}@{digest}: {size} bytes, more than {limit}")
         return b"".join(self.blob_pieces(repository, digest, size))
+
+
+def _restartable(exc: RegistryError) -> bool:
+    """Whether an upload that failed with `exc` may be tried again in a new session: no
+    complete answer, the registry's own trouble (5xx, 429), or a session it lost or
+    whose offset it disputes (404 BLOB_UPLOAD_UNKNOWN, 416, 400 BLOB_UPLOAD_INVALID)."""
+    return isinstance(exc, RegistryUnreachable) or exc.status in (404, 416, 429) or (exc.status or 0) >= 500 \
+        or exc.code in ("BLOB_UPLOAD_UNKNOWN", "BLOB_UPLOAD_INVALID")
 
 
 def _with_digest(location: str, digest: str) -> str:

@@ -146,16 +146,21 @@ class Http:
 
     def request(self, method: str, target: str, *, what: str, scope: str, expect: tuple[int, ...],
                 headers: dict[str, str] | None = None, body: bytes | Body | None = None,
-                budget: float | None = None, redirects: bool = False) -> requests.Response:
+                budget: float | None = None, redirects: bool = False, attempts: int = ATTEMPTS
+                ) -> requests.Response:
         """`method target` until an answer in `expect` (returned unread: read it with
         `read` or `copy`), within `budget` seconds (the total timeout by default); a
-        refusal, or no answer by then, raises a RegistryError saying `what` failed."""
+        refusal, or no answer by then, raises a RegistryError saying `what` failed.
+        `attempts`: how many times a connection error or a retried status is tried (1 for
+        a step of an upload: the registry may have taken part of its body, so the upload,
+        not the request, is what is tried again: transport/oci.py push_blob)."""
         return self._send(method, self.url(target), what=what, scope=scope, expect=expect, headers=headers,
-                          body=body, budget=budget, redirects=redirects, authorize=True)
+                          body=body, budget=budget, redirects=redirects, authorize=True, attempts=attempts)
 
     def _send(self, method: str, url: str, *, what: str, scope: str, expect: tuple[int, ...],
               headers: dict[str, str] | None, body: bytes | Body | None, budget: float | None,
-              redirects: bool, authorize: bool, deadline: float | None = None) -> requests.Response:
+              redirects: bool, authorize: bool, deadline: float | None = None,
+              attempts: int = ATTEMPTS) -> requests.Response:
         requests = self._requests
         budget = budget or self.timeouts.total
         deadline = deadline or time.monotonic() + budget
@@ -179,7 +184,7 @@ class Http:
                 if isinstance(getattr(exc, "__context__", None), _Deadline):
                     raise RegistryUnreachable(f"{what}: no complete answer within {budget:g} s") from None
                 failures += 1
-                if failures >= ATTEMPTS or isinstance(exc, requests.exceptions.InvalidURL):
+                if failures >= attempts or isinstance(exc, requests.exceptions.InvalidURL):
                     raise RegistryUnreachable(f"{what}: {_reason(exc)}") from None
                 time.sleep(min(0.5 * failures, max(0.0, deadline - time.monotonic())))
                 continue
@@ -195,7 +200,7 @@ class Http:
                 self.auth.answer(challenge, scope, deadline, sent)
                 challenged = True
                 continue
-            if status in RETRIED_STATUS and failures + 1 < ATTEMPTS:
+            if status in RETRIED_STATUS and failures + 1 < attempts:
                 failures += 1
                 wait = _retry_after(answer.headers.get("Retry-After"), 0.5 * failures)
                 answer.close()
