@@ -167,13 +167,13 @@ class RunVersion:
         do) to its `publish_to:` destination, unless this workspace noted that it holds that
         model already (publish/to_destination.py). A destination that fails is said in one
         line per recipe and not contacted again in this build; the local build stays."""
-        import shutil
-
         import json
+        import shutil
 
         from tpubuild.errors import TpubuildError
         from tpubuild.publish import (
             DestinationError,
+            note_place,
             open_destination,
             publish_to_destination,
             read_manifest,
@@ -190,7 +190,9 @@ class RunVersion:
                 continue
             version_dir = Path(self.ws.output_dir) / run.name / str(run.version)
             model = (read_manifest(version_dir) or {}).get("model")
-            if recorded(self.ws.state_dir, url, run.name, model):
+            settings = run.recipe.oci if url.startswith("oci://") else {}
+            noted = note_place(url, settings)  # an OCI format or base image of its own is another place
+            if recorded(self.ws.state_dir, noted, run.name, model):
                 continue
             kept = f"{self.ws.display(version_dir)} is kept"
             if url in down:
@@ -200,7 +202,6 @@ class RunVersion:
             if not destinations:
                 shutil.rmtree(scratch, ignore_errors=True)  # a killed build's
                 scratch.mkdir(parents=True, exist_ok=True)
-            settings = run.recipe.oci if url.startswith("oci://") else {}
             place = json.dumps([url, settings], sort_keys=True)
             if place not in destinations:
                 destinations[place] = open_destination(url, self.ws.remote_timeouts, settings)
@@ -226,7 +227,7 @@ class RunVersion:
                 self.errors(run.destination_error)
                 continue
             run.destination = outcome
-            remember(self.ws.state_dir, url, run.name, model, outcome.number)
+            remember(self.ws.state_dir, noted, run.name, model, outcome.number)
             for line in outcome.mended:
                 self.notes(f"{run.name}: {line}")
             where = outcome.version_url

@@ -33,6 +33,7 @@ _FACE = {
     "newest_holding": "versions",
     "newest_matching": "versions",
     "newest_same_model": "versions",
+    "note_place": "destinations",
     "open_destination": "destinations",
     "prune": "versions",
     "publish": "versions",

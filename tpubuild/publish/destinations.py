@@ -16,6 +16,18 @@ def is_registry(url: str | None) -> bool:
     return isinstance(url, str) and url.startswith("oci://")
 
 
+def note_place(url: str, oci: dict[str, Any] | None = None) -> str:
+    """What a workspace's note of a publish names (publish/to_destination.py record_path):
+    the URL, and for a registry the format and base image pushed there, so that a change
+    of either publishes again rather than finding the old note."""
+    if not is_registry(url):
+        return url
+    settings = oci or {}
+    place = f"{url.rstrip('/')}#{settings.get('format', 'modelpack')}"
+    base = settings.get("base_image") if settings.get("format") == "modelcar" else None
+    return f"{place}+{base}" if base else place
+
+
 def open_destination(url: str, timeouts: Any = None, oci: dict[str, Any] | None = None,
                      say: Callable[[str], None] | None = None) -> Any:
     """The destination of `url`: an OciDestination (with the recipe's `oci:` settings) for

@@ -31,6 +31,7 @@ kill at any moment leaves no tag `N` until the manifest, pushed last, is.
 
 from __future__ import annotations
 
+import calendar
 import json
 import random
 import secrets
@@ -42,9 +43,13 @@ from typing import Any
 from tpubuild.errors import TpubuildError
 from tpubuild.fs import INT64_MAX, version_number
 from tpubuild.publish.dest_claims import whoami
-from tpubuild.publish.dest_state import MAX_CLAIM_TRIES, MAX_GAP, DestinationError
+from tpubuild.publish.dest_state import MAX_CLAIM_TRIES, MAX_GAP, UNCLAIMED_AGE, DestinationError
 from tpubuild.publish.oci_format import (
+    CLAIM_ARTIFACT,
+    CLAIM_JOB,
+    CLAIM_NUMBER,
     CLAIM_TAG,
+    CREATED,
     EMPTY,
     EMPTY_DIGEST,
     FILEPATH,
@@ -77,6 +82,8 @@ class OciSurvey:
     recipe: str
     versions: dict[int, str] = field(default_factory=dict)
     claims: dict[int, set[str]] = field(default_factory=dict)
+    # repository -> {tag: the digest it names}, read by pruning (OciDestination._tag_digests)
+    tag_digests: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def used(self) -> set[int]:
         return set(self.versions) | set(self.claims)
@@ -418,9 +425,83 @@ class OciDestination:
 
     # --- pruning and cleaning -----------------------------------------------------------
     def mend(self, survey: OciSurvey, say: Callable[[str], None]) -> list[str]:
-        """Nothing to finish: a killed push left blobs (the registry's garbage collection
-        removes those no manifest names) and a claim, which stays, and never a tag N."""
-        return []
+        """What killed pushes left that tpubuild removes (`clean --remote`): the claims of
+        numbers that never got a version, below the newest version and older than
+        UNCLAIMED_AGE by their own `created` (a job's claim lives seconds before its push;
+        no job can still be pushing one a day old, and no later claim can take its number,
+        which is below a version's). A killed push's blobs are the registry's garbage
+        collection's (it removes those no manifest names); it never leaves a tag N."""
+        numbers = survey.complete_numbers()
+        if not numbers or self._deletes_refused:
+            return []
+        done = []
+        for number in sorted(n for n in survey.claims if n < numbers[-1] and n not in survey.versions):
+            removed = self._remove_claims(survey, number, older_than=UNCLAIMED_AGE)
+            if removed:
+                done.append(f"removed the claim of {self.version_url(survey.recipe, number)} (a publish that "
+                            f"stopped before its push; number {number} stays unused)")
+        return done
+
+    def _claim_manifest(self, repository: str, number: int, token: str) -> tuple[str, float] | None:
+        """(digest, created) of the claim tag of `number` and `token` when it names a claim
+        document of that number and token (a co-writer may point it elsewhere)."""
+        tag = claim_tag(number, token)
+        got = self.call(f"cannot read {repository}:{tag}", lambda: self.registry.manifest(repository, tag))
+        if got is None:
+            return None
+        try:
+            document = json.loads(got.data)
+            notes = document["annotations"]
+            job = json.loads(notes[CLAIM_JOB])
+            created = calendar.timegm(time.strptime(notes[CREATED], "%Y-%m-%dT%H:%M:%SZ"))
+        except (ValueError, KeyError, TypeError):
+            return None
+        if document.get("artifactType") != CLAIM_ARTIFACT or notes.get(CLAIM_NUMBER) != str(number) \
+                or not isinstance(job, dict) or job.get("token") != token:
+            return None
+        return got.digest, float(created)
+
+    def _remove_claims(self, survey: OciSurvey, number: int, older_than: float = 0.0) -> bool:
+        """Delete the claims of `number` (claim documents of it whose `created` is more than
+        `older_than` seconds ago), each by its digest, unless another tag names it."""
+        repository = self.repository(survey.recipe)
+        removed = False
+        for token in sorted(survey.claims.get(number, ())):
+            found = self._claim_manifest(repository, number, token)
+            if found is None or time.time() - found[1] <= older_than:
+                continue
+            if self._delete(survey, repository, found[0], claim_tag(number, token)):
+                removed = True
+        return removed
+
+    def _tag_digests(self, survey: OciSurvey, repository: str) -> dict[str, str]:
+        """Every tag of `repository` -> the digest of the manifest it names (claims of
+        other numbers left out: tpubuild's own, one document each), read once per survey."""
+        cache = survey.tag_digests.get(repository)
+        if cache is None:
+            cache = {}
+            for tag in self.call(f"cannot list {repository}", lambda: self.registry.tags(repository)):
+                if CLAIM_TAG.fullmatch(tag):
+                    continue
+                got = self.call(f"cannot read {repository}:{tag}", lambda t=tag: self.registry.manifest(repository, t))
+                if got is not None:
+                    cache[tag] = got.digest
+            survey.tag_digests[repository] = cache
+        return cache
+
+    def _delete(self, survey: OciSurvey, repository: str, digest: str, tag: str) -> bool:
+        """Delete the manifest `digest` that `tag` names, unless another tag names it too: a
+        delete by digest removes every tag naming it (distribution registry/handlers/
+        manifests.go DeleteManifest: tagService.Lookup, then Untag each), and another tag
+        (a co-writer's `stable`, `latest`) is not tpubuild's to remove. False when left."""
+        others = sorted(t for t, d in self._tag_digests(survey, repository).items() if d == digest and t != tag)
+        if others:
+            self.warn(f"{self.address.host}/{repository}:{tag} is left: the tag{'s' if len(others) > 1 else ''} "
+                      f"{', '.join(others[:5])} also name{'' if len(others) > 1 else 's'} its manifest, and deleting "
+                      "it would remove them")
+            return False
+        self.call(f"cannot delete {repository}:{tag}", lambda: self.registry.delete_manifest(repository, digest))
+        return True
 
     def published_reason(self, survey: OciSurvey, number: int) -> tuple[str | None, list[str]]:
         """(None when `<recipe>:<N>` is a version tpubuild published: a manifest of its
@@ -446,23 +527,27 @@ class OciDestination:
                 return number
         return None
 
-    def remove_version(self, survey: OciSurvey, number: int, targets: list[str]) -> None:
+    def remove_version(self, survey: OciSurvey, number: int, targets: list[str]) -> bool:
         """Each target's tag N, then the recipe's: its manifest deleted by digest (which
-        removes the tag; the blobs stay until the registry's garbage collection)."""
+        removes the tag; the blobs stay until the registry's garbage collection), then the
+        claims of N. False when a manifest was left (another tag names it)."""
         for target in [*targets, None]:
             version = self.version(survey.recipe, number, target)
             if version is None:
                 continue
-            repository = self.repository(survey.recipe, target)
-            self.call(f"cannot delete {repository}:{number}",
-                      lambda r=repository, d=version.digest: self.registry.delete_manifest(r, d))
+            if not self._delete(survey, self.repository(survey.recipe, target), version.digest, str(number)):
+                return False
+        self._remove_claims(survey, number)
+        return True
 
     def prune(self, survey: OciSurvey, keep: int | None, pinned: set[int], say: Callable[[str], None],
               everything: bool = False) -> list[int]:
         """Delete the versions tpubuild published but the newest `keep` (all but the newest
         with `everything`: `clean --remote`), never the newest, the newest of tpubuild's,
-        nor a pinned one; a version that is not tpubuild's is left and said. A registry
-        that does not delete is said once; nothing fails."""
+        nor a pinned one; a version that is not tpubuild's, or whose manifest another tag
+        names, is left and said. The claims of a deleted version go with it; the newest's
+        stay, so its number is never taken again. A registry that does not delete is said
+        once; nothing fails."""
         from tpubuild.transport import DeletesRefused
 
         numbers = survey.complete_numbers()
@@ -482,14 +567,14 @@ class OciDestination:
                 say(f"warning: {self.version_url(survey.recipe, number)}: {why}; left in place")
                 continue
             try:
-                self.remove_version(survey, number, targets)
+                if not self.remove_version(survey, number, targets):
+                    continue
             except DestinationError as exc:
-                if not isinstance(getattr(exc, "cause", None), DeletesRefused):
+                if not isinstance(exc.cause, DeletesRefused):
                     raise
                 self._deletes_refused = True
-                self.warn(f"the registry does not delete ({str(exc).split(': ', 2)[-1]}): old versions are left "
+                self.warn(f"the registry does not delete ({str(exc.cause)}): old versions are left "
                           "(distribution: storage.delete.enabled)")
                 break
             removed.append(number)
         return removed
-

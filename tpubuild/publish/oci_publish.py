@@ -25,6 +25,7 @@ from tpubuild.publish.oci_destination import OciDestination, OciSurvey, OciVersi
 from tpubuild.publish.oci_format import (
     CREATED,
     FILEPATH,
+    BaseImage,
     LAYER_ROLE,
     LocalFile,
     TarLayer,
@@ -70,10 +71,10 @@ def publish_oci_version(dest: OciDestination, recipe: str, version_dir: Path, sc
             except OSError as exc:
                 raise DestinationError(f"{path}: {exc.strerror}; not published to {dest.url}") from None
     survey = dest.survey(recipe)
-    same = newest_same_model(dest, survey, manifest, version_dir)
+    base = dest.base_image()  # before the claim: a base that is not there costs no number
+    same = newest_same_model(dest, survey, manifest, version_dir, base)
     if same is not None:
         return Outcome(dest.base_path(recipe), same, False)
-    base = dest.base_image()  # before the claim: a base that is not there costs no number
     number, survey = dest.claim(survey)
     work = Path(tempfile.mkdtemp(prefix="publish-", dir=scratch))
     try:
@@ -131,15 +132,16 @@ def push_tree(dest: OciDestination, recipe: str, number: int, target: str | None
 
 
 # --- does the newest version hold this model? ----------------------------------------------
-def newest_same_model(dest: OciDestination, survey: OciSurvey, manifest: dict[str, Any], version_dir: Path
-                      ) -> int | None:
+def newest_same_model(dest: OciDestination, survey: OciSurvey, manifest: dict[str, Any], version_dir: Path,
+                      base: BaseImage | None = None) -> int | None:
     """The newest version's number when it holds the model of the local `manifest`
     (`version_dir`): a version of the destination's format whose tpubuild-manifest.json,
     read back by the digest its manifest names, names the recipe and the same `model` and
     model files, and whose layers hold exactly the local model files' bytes (a ModelPack
     layer's digest is the file's sha256; a modelcar's model layer is the tar the local
-    files make for that number and time). Else None, with a warning when its manifest
-    claims this model and its layers are other bytes."""
+    files make for that number and time, on the layers of `base`, the base image now).
+    Else None, with a warning when its manifest claims this model and its layers are
+    other bytes."""
     numbers = survey.complete_numbers()
     if not numbers:
         return None
@@ -156,6 +158,9 @@ def newest_same_model(dest: OciDestination, survey: OciSurvey, manifest: dict[st
         dest.warn(f"{where} does not hold what its manifest says (its files are not this model's); a new version "
                   "is published")
         return None
+    below = [layer["digest"] for layer in (base.layers if base else [])]
+    if dest.format == "modelcar" and [layer["digest"] for layer in version.layers[:-2]] != below:
+        return None  # another base image (or none): the image is another, the model the same
     why = _layers_differ(dest, recipe, number, version, theirs, wanted, version_dir)
     if why is not None:
         dest.warn(f"{where} does not hold what its manifest says ({why}); a new version is published")
