@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import click
 
 from tpubuild.commands._common import recipes_from
@@ -26,7 +29,9 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], remote: bool =
     With --remote, the same on each recipe's `publish_to:` destination, except what a
     server may be serving: the newest version and the versions its `serving:
     version_labels` name stay. Version numbers stay used there (a later build never
-    reuses one). A destination that cannot be reached is one line and exit 1.
+    reuses one). On an oci:// registry, each old version's manifest is deleted by digest
+    (with its tag and claims), where the registry deletes (a registry that refuses is one
+    warning line). A destination that cannot be reached is one line and exit 1.
     """
     from tpubuild.config.workspace import OutputOverlapError, check_output_overlap
     from tpubuild.fs import WorkspaceLock
@@ -49,31 +54,36 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], remote: bool =
     return 0
 
 
-def _clean_destinations(ws, recipes) -> int:
+def _clean_destinations(ws: Any, recipes: list[Any]) -> int:
     """`clean --remote`: each recipe's destination, its newest and pinned versions kept."""
     from tpubuild.errors import UsageError
-    from tpubuild.publish import Destination
+    from tpubuild.publish import is_registry, open_destination
 
     with_destination = [r for r in recipes if r.publish_to]
     if not with_destination:
         raise UsageError("--remote: no recipe selected has a publish_to destination (tpubuild.yaml or the recipe)")
-    destinations: dict[str, Destination] = {}
+    destinations: dict[tuple[str, str], Any] = {}
     for recipe in with_destination:
         # What the destination holds that tpubuild did not write is left alone, a warning line each.
-        dest = destinations.setdefault(recipe.publish_to, Destination(recipe.publish_to, ws.remote_timeouts,
-                                                                      say=lambda m: click.echo(m, err=True)))
+        settings = recipe.oci if is_registry(recipe.publish_to) else {}
+        place = (recipe.publish_to, json.dumps(settings, sort_keys=True))
+        if place not in destinations:
+            destinations[place] = open_destination(recipe.publish_to, ws.remote_timeouts, settings,
+                                                   say=lambda m: click.echo(m, err=True))
+        dest = destinations[place]
         survey = dest.survey(recipe.name)
         for line in dest.mend(survey, say=lambda m: click.echo(m, err=True)):
             click.echo(f"{recipe.name}: {line}")
         survey = dest.survey(recipe.name)
         pinned = set(recipe.version_labels.values())
         for number in dest.prune(survey, None, pinned, lambda m: click.echo(m, err=True), everything=True):
-            click.echo(f"removed {dest.base_path(recipe.name)}/{number}")
+            click.echo(f"removed {dest.version_url(recipe.name, number)}")
         kept = survey.complete_numbers()
         if kept:
             ours = dest.newest_published(survey)  # kept too when a newer one is not tpubuild's
             why = ", ".join([f"{kept[-1]} (the newest)"]
                             + ([f"{ours} (the newest tpubuild published)"] if ours not in (None, kept[-1]) else [])
                             + [f"{n} (labelled)" for n in sorted(pinned) if n not in (kept[-1], ours) and n in kept])
-            click.echo(f"kept {dest.base_path(recipe.name)}/: {why}")
+            slash = "" if is_registry(recipe.publish_to) else "/"
+            click.echo(f"kept {dest.base_path(recipe.name)}{slash}: {why}")
     return 0
