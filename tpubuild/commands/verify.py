@@ -20,7 +20,10 @@ from tpubuild.publish import MANIFEST
               help="The signer's public key (PEM): the version must be signed with its private key.")
 @click.option("--certificate-chain", "chain", multiple=True, type=click.Path(path_type=Path, dir_okay=False),
               help="A CA certificate (PEM; repeat for a chain): the version must be signed with a certificate it issued.")
-def command(path: str, key: Path | None, chain: tuple[Path, ...]) -> int:
+@click.option("--insecure", is_flag=True,
+              help="An oci:// PATH's registry is spoken to in plain HTTP (without it: HTTPS, but to 127.0.0.1, ::1 "
+                   "and localhost).")
+def command(path: str, key: Path | None, chain: tuple[Path, ...], insecure: bool = False) -> int:
     """Every file of the version PATH must be the one its tpubuild-manifest.json lists (no
     file changed, missing or added); with --key, its model.sig (OpenSSF model-signing
     format) must verify with KEY over exactly these files. A version whose directory is
@@ -39,6 +42,12 @@ def command(path: str, key: Path | None, chain: tuple[Path, ...]) -> int:
     relative name and no larger than listed, checked there the same way, and deleted; an
     object the manifest does not list, or whose name is not a clean relative path, is a
     difference, never downloaded.
+
+    PATH may be a version in an OCI registry, `oci://registry.example/models/toy:3` (a
+    target's: `.../toy/litert:3`): every blob is pulled into a temporary directory and
+    checked against its descriptor's digest and size, each ModelPack layer written under
+    its clean `org.cncf.model.filepath` (a modelcar's tar members under `models/<N>/`),
+    then checked the same way (credentials from docker's config, as for `publish_to:`).
     """
     from tpubuild.errors import UsageError
 
@@ -47,6 +56,8 @@ def command(path: str, key: Path | None, chain: tuple[Path, ...]) -> int:
     for given in [*([key] if key else []), *chain]:
         if not given.is_file():
             raise UsageError(f"{given}: no such file")
+    if path.startswith("oci://"):
+        return _verify_oci(path, key, chain, insecure)
     if "://" in path:
         return _verify_url(path.rstrip("/"), key, chain)
     directory = Path(path)
@@ -113,3 +124,17 @@ def _verify_url(url: str, key: Path | None, chain: tuple[Path, ...]) -> int:
         directory = Path(tmp) / "version"
         found, withheld = fetch_version(url, directory)
         return _verify(directory, url, key, chain, url.split("/"), found, withheld)
+
+
+def _verify_oci(url: str, key: Path | None, chain: tuple[Path, ...], insecure: bool) -> int:
+    """A version in a registry, pulled into a temporary directory of verify's own
+    (publish/oci_fetch.py: every blob checked, clean names only), then checked."""
+    import tempfile
+
+    from tpubuild.publish import fetch_oci_version, oci_version_components
+
+    components = oci_version_components(url)
+    with tempfile.TemporaryDirectory(prefix="tpubuild-verify-") as tmp:
+        directory = Path(tmp) / "version"
+        found, withheld = fetch_oci_version(url, directory, insecure=True if insecure else None)
+        return _verify(directory, url, key, chain, components, found, withheld)
