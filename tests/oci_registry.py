@@ -195,3 +195,17 @@ def skopeo(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           timeout=timeout, check=False)
     assert done.returncode == 0, done.stderr
     return done
+
+
+def oras_pull(host: str, reference: str, outdir: Path) -> list[str]:
+    """oras-py's pull of `host/reference` into `outdir` (plain HTTP: the test's registry),
+    each layer to its org.opencontainers.image.title: the files it wrote."""
+    import oras.client
+
+    client = oras.client.OrasClient(hostname=host, insecure=True)
+    return client.pull(target=f"{host}/{reference}", outdir=str(outdir))
+
+
+def tree_bytes(root: Path) -> dict[str, bytes]:
+    """Every regular file below `root` by its relative path: what two trees are compared by."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
