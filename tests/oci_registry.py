@@ -209,3 +209,112 @@ def oras_pull(host: str, reference: str, outdir: Path) -> list[str]:
 def tree_bytes(root: Path) -> dict[str, bytes]:
     """Every regular file below `root` by its relative path: what two trees are compared by."""
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# --- a registry that asks for a password: htpasswd, or a token server of the test's own --------------
+def htpasswd(path: Path, user: str, password: str) -> Path:
+    """An htpasswd file distribution reads (bcrypt only: registry/auth/htpasswd/htpasswd.go)."""
+    import bcrypt
+
+    path.write_bytes(user.encode() + b":" + bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4, prefix=b"2a"))
+                     + b"\n")
+    return path
+
+
+class TokenServer:
+    """docker's token authentication's realm (distribution docs/spec/auth/token.md), run by
+    the test: GET /token?service=&scope= with Basic credentials answers a JWT (ES256, the
+    signing certificate in its `x5c` header, which the registry checks against its
+    rootcertbundle: registry/auth/token/token.go VerifySigningKey) granting every action
+    asked for; wrong or no credentials, 401. `issued`: the scopes it granted."""
+
+    SERVICE = "tpubuild-test-registry"
+    ISSUER = "tpubuild-test-issuer"
+
+    def __init__(self, root: Path, user: str, password: str):
+        import datetime
+        import http.server
+
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+
+        self.key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tpubuild test token signer")])
+        now = datetime.datetime.now(datetime.timezone.utc)
+        self.cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(self.key.public_key())
+                     .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+                     .not_valid_after(now + datetime.timedelta(days=1))
+                     .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+                     .sign(self.key, hashes.SHA256()))
+        root.mkdir(parents=True, exist_ok=True)
+        self.bundle = root / "token-signer.pem"
+        self.bundle.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
+        self.der = self.cert.public_bytes(serialization.Encoding.DER)
+        self.user, self.password = user, password
+        self.issued: list[str] = []
+        self.refused = 0
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                from urllib.parse import parse_qs, urlsplit
+
+                query = parse_qs(urlsplit(self.path).query)
+                expected = "Basic " + base64.b64encode(f"{server.user}:{server.password}".encode()).decode()
+                if self.headers.get("Authorization") != expected:
+                    server.refused += 1
+                    self.send_response(401)
+                    self.end_headers()
+                    return
+                scopes = query.get("scope", [])
+                server.issued += scopes
+                body = json.dumps({"token": server.token(scopes), "expires_in": 300}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        import threading
+
+        self.thread = threading.Thread(target=self.http.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def realm(self) -> str:
+        return f"http://127.0.0.1:{self.http.server_address[1]}/token"
+
+    def token(self, scopes: list[str]) -> str:
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
+
+        def b64(data: bytes) -> str:
+            return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+        access = []
+        for scope in scopes:
+            kind, name, actions = scope.split(":")
+            access.append({"type": kind, "name": name, "actions": actions.split(",")})
+        now = int(time.time())
+        header = {"typ": "JWT", "alg": "ES256", "x5c": [base64.b64encode(self.der).decode()]}
+        claims = {"iss": self.ISSUER, "sub": self.user, "aud": self.SERVICE, "exp": now + 300, "nbf": now - 10,
+                  "iat": now, "jti": os.urandom(8).hex(), "access": access}
+        signing_input = f"{b64(json.dumps(header).encode())}.{b64(json.dumps(claims).encode())}"
+        r, s = decode_dss_signature(self.key.sign(signing_input.encode(), ec.ECDSA(hashes.SHA256())))
+        return f"{signing_input}.{b64(r.to_bytes(32, 'big') + s.to_bytes(32, 'big'))}"
+
+    def registry_auth(self) -> dict:
+        return {"token": {"realm": self.realm, "service": self.SERVICE, "issuer": self.ISSUER,
+                          "rootcertbundle": str(self.bundle)}}
+
+    def stop(self) -> None:
+        self.http.shutdown()
+        self.http.server_close()
+        self.thread.join()

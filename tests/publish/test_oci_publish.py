@@ -429,3 +429,42 @@ def _opened(path: Path, offset: int):
     handle = open(path, "rb")  # noqa: SIM115 - the client closes it
     handle.seek(offset)
     return handle
+
+
+# --- target versions, renumbered ----------------------------------------------------------------------
+def with_target(version: Path, target: str = "litert") -> Path:
+    """`version` given a target version beside it (`<recipe>/<target>/<N>/`), as publish writes one."""
+    from tpubuild.digests import hash_file
+    from tpubuild.publish.targets import manifest_bytes, target_manifest
+
+    folder = version.parent / target / version.name
+    folder.mkdir(parents=True)
+    (folder / "model.tflite").write_bytes(b"TFL3" + version.name.encode() * 1000)
+    manifest = json.loads((version / MANIFEST).read_text())
+    manifest["targets"] = {target: {"files": {"model.tflite": hash_file(folder / "model.tflite")}}}
+    (version / MANIFEST).write_bytes(manifest_bytes(manifest))
+    (folder / MANIFEST).write_bytes(manifest_bytes(target_manifest(manifest, target)))
+    return version
+
+
+@pytest.mark.parametrize("form", ["modelpack", "modelcar"])
+def test_a_target_version_is_its_own_repository_and_a_renumbered_version_says_its_number(registry, tmp_path, form):
+    from tests.cli import tpubuild
+
+    publish(registry, tmp_path, "first", {"format": form})
+    version = with_target(fake_version(tmp_path / "local", "toy", "second"))
+    dest = open_destination(registry.url(), Timeouts(), {"format": form})
+    outcome = publish_to_destination(dest, "toy", version, tmp_path)
+    assert (outcome.number, outcome.new) == (2, True)  # out/toy/1 is version 2 there
+    assert "2" in registry.tags("models/toy/litert") and "2" in registry.tags("models/toy")
+    for url in (f"{registry.url()}/toy:2", f"{registry.url()}/toy/litert:2"):
+        done = tpubuild(tmp_path, "verify", url, code=0)
+        assert "every file matches its manifest" in done.stdout
+    if form == "modelpack":
+        oras_pull(registry.host, "models/toy/litert:2", tmp_path / "target")
+        pulled = tree_bytes(tmp_path / "target")
+        assert pulled["model.tflite"] == (version.parent / "litert" / "1" / "model.tflite").read_bytes()
+        assert json.loads(pulled[MANIFEST])["version"] == 2 and json.loads(pulled[MANIFEST])["target"] == "litert"
+    # The same model again: nothing pushed, its target checked too.
+    again = publish_to_destination(dest, "toy", version, tmp_path)
+    assert (again.number, again.new) == (2, False)

@@ -166,11 +166,11 @@ class OciDestination:
     def call(self, what: str, fn: Callable[..., Any]) -> Any:  # a lambda binding its loop values as defaults
         """`fn()` with the registry's errors said as one line naming the URL (the
         DestinationError's `cause` is the registry's error)."""
-        from tpubuild.transport import RegistryError
+        from tpubuild.transport import RegistryAuthError, RegistryError
 
         try:
             return fn()
-        except RegistryError as exc:
+        except (RegistryError, RegistryAuthError) as exc:  # credentials refused: not asked again either
             error = DestinationError(f"publish_to {self.url}: {exc}", unreachable=True)
             error.cause = exc
             raise error from None

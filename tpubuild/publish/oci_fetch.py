@@ -29,7 +29,7 @@ import tarfile
 from pathlib import Path
 from typing import Any, Callable
 
-from tpubuild.errors import TpubuildError, UsageError
+from tpubuild.errors import UsageError
 from tpubuild.fs import clean_relative, inside, version_number
 from tpubuild.publish.oci_destination import DOCUMENT_LIMIT, descriptor_problem
 from tpubuild.publish.oci_format import (
@@ -341,13 +341,13 @@ def _caller(url: str) -> Callable[[str, Callable[[], Any]], Any]:
     (a BlobMismatch is an answer, raised as it is: a difference, not a failed read)."""
 
     def call(what: str, fn: Callable[[], Any]) -> Any:
-        from tpubuild.transport import BlobMismatch, RegistryError
+        from tpubuild.transport import BlobMismatch, RegistryAuthError, RegistryError
 
         try:
             return fn()
-        except (BlobMismatch, TpubuildError):
+        except BlobMismatch:
             raise
-        except RegistryError as exc:
+        except (RegistryError, RegistryAuthError) as exc:
             raise VerifyError(f"{url}: {what}: {exc}") from None
 
     return call
