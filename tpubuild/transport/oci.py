@@ -156,12 +156,28 @@ class Registry:
 
     def put_manifest(self, repository: str, reference: str, data: bytes, media_type: str) -> str:
         """Store `data` as the manifest `reference` names (a tag: the registry points it
-        there, whatever it pointed at: tags are last-writer-wins). Returns its digest."""
+        there, whatever it pointed at: tags are last-writer-wins). Returns its digest.
+
+        A refusal that names a blob the manifest lists (DIGEST_INVALID, MANIFEST_BLOB_UNKNOWN)
+        is tried again, ATTEMPTS times, a moment apart: distribution checks each blob through
+        the repository's link file, which another job pushing the same blob at that moment
+        rewrites in place (storage/driver/filesystem/driver.go Writer truncates, then writes;
+        linkedblobstore.go linkBlob), so the check can read an empty link (seen with three
+        jobs pushing the one empty blob of their claims: tests/publish/test_oci_races.py).
+        A PUT of the same bytes to the same reference is the same request, so sending it
+        again is harmless."""
         digest = sha256_digest(data)
         what = f"cannot push {self.host}/{repository}:{reference}"
-        answer = self.http.request("PUT", self._path(repository, "manifests", reference), what=what,
-                                   scope=self.scope(repository), expect=(201, 200, 202),
-                                   headers={"Content-Type": media_type}, body=data)
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                answer = self.http.request("PUT", self._path(repository, "manifests", reference), what=what,
+                                           scope=self.scope(repository), expect=(201, 200, 202),
+                                           headers={"Content-Type": media_type}, body=data)
+                break
+            except RegistryError as exc:
+                if attempt == ATTEMPTS or exc.code not in ("DIGEST_INVALID", "MANIFEST_BLOB_UNKNOWN", "BLOB_UNKNOWN"):
+                    raise
+                time.sleep(0.2 * attempt)
         said = answer.headers.get("Docker-Content-Digest")
         answer.close()
         if said and said != digest:
