@@ -279,7 +279,9 @@ def resolves(token: str) -> bool:
 # First components of names that are not tpubuild's: libraries and the standard library.
 EXTERNAL = {"tf", "tensorflow", "np", "numpy", "os", "sys", "keras", "jax", "jax2tf", "orbax", "asyncio",
             "stablehlo", "fsspec", "botocore", "gcsfs", "click", "doit", "ray", "yaml", "json", "pathlib",
-            "typing", "importlib", "subprocess", "hashlib", "sqlite3", "flax", "tflite", "shutil"}
+            "typing", "importlib", "subprocess", "hashlib", "sqlite3", "flax", "tflite", "shutil",
+            # OCI's vocabulary (docs/publish-to-oci.md): reverse-DNS annotation keys, an image config's rootfs
+            "org", "rootfs"}
 
 
 @cache
