@@ -24,8 +24,10 @@ Say A's listing did not show B's claim: then B's claim was answered after A's li
 began, so after A's claim was answered, and B's listing, which began after B's claim was
 answered, shows A's claim: B does not keep N. So at most one job keeps a number, whatever
 the timing. Only that job ever writes the tag `N` (a version tag is never overwritten by
-tpubuild; a PUT of the same bytes again, a retry, points it where it points), claims are
-never removed (a number claimed by a job killed before its push stays unused), and a
+tpubuild; a PUT of the same bytes again, a retry, points it where it points), a claim is
+removed only with its version when that is pruned, or by `clean --remote` a day after a
+killed push left it below a newer version (the highest number's claims stay, so no number
+is taken twice even when its version is deleted by hand), and a
 kill at any moment leaves no tag `N` until the manifest, pushed last, is.
 """
 
