@@ -119,6 +119,10 @@ MUTATIONS = [
     # Where versions are published and how TF Serving labels them: in no key, so never reported.
     ("publish_to", ("publish_to",), "s3://bucket/models"),
     ("serving.version_labels", ("serving", "version_labels"), {"stable": 3}),
+    # How versions are pushed to an oci:// destination: in no key either.
+    ("oci.format", ("oci", "format"), "modelcar"),
+    ("oci.base_image", ("oci",), {"format": "modelcar", "base_image": "tools/busybox:1.36"}),
+    ("oci.insecure", ("oci", "insecure"), True),
 ]
 # `targets:`: each option of each target whose stages this tpubuild has.
 TARGET_MUTATIONS = [
