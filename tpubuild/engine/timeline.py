@@ -105,7 +105,7 @@ def worker_ran(recipe: str, stage: str, key: str, reply: dict[str, Any], asked: 
     node = reply.get("node")  # workers/ray.py: where the task ran and its phases
     if isinstance(node, dict):
         where = trace_events.ray_track(str(node.get("host")), f"ray worker {node.get('pid')}")
-        label = f"ray node {node.get('host')}"
+        label: str | None = f"ray node {node.get('host')}"
         # The node's phases, from its own clock, end when its result arrived here: its
         # upload, the stage before it, its fetch before that. Then this process fetched
         # the outputs (until `replied`).
