@@ -17,6 +17,7 @@ from tpubuild.digests import StatCache, worker_env
 from tpubuild.engine.beside import ReferenceBeside
 from tpubuild.engine.cache import LayeredCache, LocalLayer, RemoteLayer
 from tpubuild.engine.events import BuildEvents, Row, WorkerTime
+from tpubuild.engine.history import failed_figures, record_attempts
 from tpubuild.engine.lockdoc import memo_files, up_to_date, write_run_lock
 from tpubuild.engine.options import BuildOptions
 from tpubuild.engine.resolver import (
@@ -356,6 +357,7 @@ class Engine(RunVersion):
             worker_ran(run.name, planned.name, key, reply, asked, time.monotonic())  # build --profile's events
             timing = WorkerTime.of(reply, time.monotonic() - asked)
             if not reply["ok"]:
+                failed_figures(run, planned.name, out_dir)  # verify's measured errors, for report --html
                 message = reply["error"]
                 if reply.get("bug"):
                     where = self.ws.display(Path(reply.get("log") or self.ws.state_dir / "logs"))
@@ -408,6 +410,7 @@ def build(ws: Workspace, recipes: list[Recipe], options: BuildOptions | None = N
     options = options or BuildOptions()
     events = events or BuildEvents()
     engine = Engine(ws, options, events)
+    started = time.time()
     memo, since_ns = options.memo, options.since_ns
     runs = new_runs(recipes)
     events.planned(runs)
@@ -461,6 +464,7 @@ def build(ws: Workspace, recipes: list[Recipe], options: BuildOptions | None = N
                         write_run_lock(engine, run)
             if engine.pool is not None:
                 _settle_logs(engine, todo)
+            record_attempts(ws, todo, started)  # each recipe's build, for report --html (engine/history.py)
         with span("publishing to destinations", cat="publish"):
             engine.publish_destinations(runs)
         # What each recipe's build used, measured keys included, for gc: a no-op build
