@@ -61,7 +61,10 @@ def javascript_bundle() -> str:
         import altair
         import vl_convert
 
-        vl_version = "_".join(altair.SCHEMA_VERSION.split(".")[:2])  # "v6.4.1" -> "v6_4", as Altair does
+        wanted = altair.SCHEMA_VERSION.lstrip("v").split(".")[:2]  # "v6.4.1" -> "6.4"
+        known = vl_convert.get_vegalite_versions()  # ["5.21", "6.1", "6.4", ...]
+        # Altair's version when this vl-convert ships it (as Altair asks for it: "v6_4"), else its newest.
+        vl_version = "v" + "_".join(wanted) if ".".join(wanted) in known else None
         _BUNDLE.append(vl_convert.javascript_bundle(vl_version=vl_version))  # type: ignore[call-arg]
     return _BUNDLE[0]
 
@@ -85,8 +88,8 @@ def _fmt(value: Any, kind: str = "") -> str:
         return "–"
     if kind == "bytes":
         return f"{human_bytes(value)} ({value:,} B)"
-    if kind == "seconds":
-        return f"{value * 1e3:.3f} ms" if value < 1 else f"{value:.3f} s"
+    if kind == "seconds":  # a latency of microseconds, a stage of minutes
+        return f"{value * 1e3:.3g} ms" if value < 0.1 else f"{value:.3f} s"
     if kind == "share":
         return f"{value:.2%}"
     if isinstance(value, float):
