@@ -181,14 +181,14 @@ def test_verbose_lists_every_stage_and_a_stage_time_is_its_own_work(built_once, 
     assert noop[-1] == "3 recipes: 16 cached"
 
 
-def _with_a_large_file(make_workspace, tmp_path, name: str):
+def _with_a_large_file(make_workspace, tmp_path, name: str, mib: int = 48):
     """A workspace whose model holds a 48 MiB asset: its copy into the cache, and its
     hashing, are long work (shown from the start here: TPUBUILD_PROGRESS_AFTER=0)."""
     ws = make_workspace({"toy": source_recipe("toy")})
     target = tmp_path / name
     ws.rename(target)
     (target / "recipes" / "models" / "tiny" / "assets").mkdir(exist_ok=True)
-    (target / "recipes" / "models" / "tiny" / "assets" / "blob.bin").write_bytes(os.urandom(48 << 20))
+    (target / "recipes" / "models" / "tiny" / "assets" / "blob.bin").write_bytes(os.urandom(mib << 20))
     return target
 
 
@@ -208,3 +208,6 @@ def test_long_copies_show_bytes_done_and_rate_on_a_terminal_only(make_workspace,
     assert code == 0, stderr
     assert "MiB of" not in received and "MiB of" not in stderr
     assert json.loads(received)["exit_code"] == 0
+    piped = tpubuild(_with_a_large_file(make_workspace, tmp_path, "piped", mib=8), "build",
+                     env={"TPUBUILD_PROGRESS_AFTER": "0"}, code=0)  # not a terminal: rows only
+    assert "MiB of" not in piped.stdout + piped.stderr and "published: toy" in piped.stdout
