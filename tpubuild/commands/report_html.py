@@ -70,9 +70,8 @@ def write_pages(ctx: click.Context, recipe_pattern: str | None, path: Path) -> i
 
 def recipe_data(ws: Any, recipe: Any) -> dict[str, Any]:
     """The points of a recipe's charts, its newest version and its explain-error result."""
-    from tpubuild.engine.history import read_history
-    from tpubuild.publish import read_manifest, version_numbers
-    from tpubuild.publish.versions import reservation_file
+    from tpubuild.engine import read_history
+    from tpubuild.publish import read_manifest, reservation_file, version_numbers
     from tpubuild.report.formats import REPORT_JSON
     from tpubuild.report.history_points import points
 
