@@ -38,6 +38,7 @@ figcaption { font-weight: 600; margin-bottom: 4px; }
 table { border-collapse: collapse; font-size: 12px; margin-top: 6px; }
 th, td { border: 1px solid #d5d8dc; padding: 2px 6px; text-align: right; }
 th { background: #f4f6f7; } td.t, th.t { text-align: left; }
+td:nth-child(2) { white-space: nowrap; }
 tr.marked td { color: #922b21; background: #fdedec; }
 .note { color: #566573; font-size: 12px; }
 ul.findings li { margin: 2px 0; }
@@ -89,6 +90,8 @@ def _fmt(value: Any, kind: str = "") -> str:
     if kind == "bytes":
         return f"{human_bytes(value)} ({value:,} B)"
     if kind == "seconds":  # a latency of microseconds, a stage of minutes
+        if value < 1e-3:
+            return f"{value * 1e6:.3g} µs"
         return f"{value * 1e3:.3g} ms" if value < 0.1 else f"{value:.3f} s"
     if kind == "share":
         return f"{value:.2%}"
@@ -161,21 +164,31 @@ def _marks(alt: Any, points: list[dict[str, Any]]) -> Any | None:
 
 def _series(alt: Any, points: list[dict[str, Any]], rows: list[dict[str, Any]], y_title: str, y_format: str = "~s",
             log: bool = False) -> Any:
-    """Lines and points of `rows` ({axis, series, value, status}) over the versions."""
+    """Lines and points of `rows` ({axis, series, value, status, marked}) over the versions:
+    the published versions joined by a line per series; a figure a build measured and did
+    not publish (a failed verification's error) a red cross of its own, on no line."""
     scale = alt.Scale(type="log") if log else alt.Scale(zero=False)
-    base = alt.Chart(alt.Data(values=rows)).encode(
-        x=_x(alt, points),
-        y=alt.Y("value:Q", title=y_title, scale=scale, axis=alt.Axis(format=y_format)),
-        color=alt.Color("series:N", title=None, legend=alt.Legend(orient="top")),
-        tooltip=[alt.Tooltip("label:N", title="point"), alt.Tooltip("date:N", title="built"),
-                 alt.Tooltip("series:N"), alt.Tooltip("value:Q", format=",.6~g"), alt.Tooltip("status:N")])
-    layers = [base.mark_line(point=False, strokeWidth=1.5),
-              base.mark_point(filled=True, size=60).encode(
-                  shape=alt.condition("datum.marked", alt.value("cross"), alt.value("circle")),
-                  stroke=alt.condition("datum.marked", alt.value(MARK_COLOUR), alt.value(None)))]
+    y = alt.Y("value:Q", title=y_title, scale=scale, axis=alt.Axis(format=y_format, tickCount=5, labelOverlap="greedy"))
+    tooltip = [alt.Tooltip("label:N", title="point"), alt.Tooltip("date:N", title="built"), alt.Tooltip("series:N"),
+               alt.Tooltip("value:Q", format=",.6~g"), alt.Tooltip("status:N")]
+    colour = alt.Color("series:N", title=None, legend=alt.Legend(orient="top"))
+    kept = [r for r in rows if not r["marked"]]
+    layers = []
     rule = _marks(alt, points)
-    chart = alt.layer(*([rule] if rule is not None else []), *layers)
-    return chart.properties(width=WIDTH, height=HEIGHT)
+    if rule is not None:
+        layers.append(rule)
+    if kept:
+        base = alt.Chart(alt.Data(values=kept)).encode(x=_x(alt, points), y=y, color=colour, tooltip=tooltip)
+        layers += [base.mark_line(strokeWidth=1.5), base.mark_point(filled=True, size=60, opacity=1)]
+    crossed = [r for r in rows if r["marked"]]
+    if crossed:
+        layers.append(alt.Chart(alt.Data(values=crossed)).mark_point(shape="cross", filled=True, size=130,
+                                                                    color=MARK_COLOUR, opacity=1)
+                      .encode(x=_x(alt, points), y=y, tooltip=tooltip))
+    if len(layers) == (1 if rule is not None else 0):  # nothing measured: the axes, no marks
+        layers.append(alt.Chart(alt.Data(values=[{"axis": p["axis"]} for p in points])).mark_point(opacity=0)
+                      .encode(x=_x(alt, points)))
+    return alt.layer(*layers).properties(width=WIDTH, height=HEIGHT)
 
 
 def _rows(points: list[dict[str, Any]], value: Callable[[dict[str, Any]], dict[str, Any]]) -> list[dict[str, Any]]:
@@ -195,7 +208,7 @@ def _cell(field: str, key: str, kind: str = "") -> Callable[[dict[str, Any]], st
 
 def _version_table(points: list[dict[str, Any]], columns: list[tuple[str, Callable[[dict[str, Any]], str]]]) -> str:
     head = ["point", "built", "status"] + [c for c, _ in columns]
-    rows = [[p["label"], html.escape((p["date"] or "–").replace("T", " ").rstrip("Z")), html.escape(p["status_text"])]
+    rows = [[p["label"], html.escape((p["date"] or "–").rstrip("Z").replace("T", " ")), html.escape(p["status_text"])]
             + [f(p) for _, f in columns] for p in points]
     return _table(head, rows, [p["marked"] for p in points])
 
@@ -243,12 +256,13 @@ def recipe_page(recipe: str, recipe_file: str, points: list[dict[str, Any]], new
     targets = sorted({t for p in points for t in p["latency"]})
     if targets:
         latency = _rows(points, lambda p: {t: p["latency"].get(t) for t in targets})
-        page.figure("fig-latency", "Measured latency per call (slowest signature)",
-                    _series(alt, points, latency, "seconds", "~s"),
+        page.figure("fig-latency", "Measured latency per call (slowest signature; each target and its source, "
+                    "measured side by side)",
+                    _series(alt, points, latency, "seconds (log scale)", "~s", log=True),
                     _version_table(points, [(t, _cell("latency", t, "seconds")) for t in targets]))
     _newest(alt, page, points, newest)
     if explanation:
-        _drift(alt, page, explanation, newest)
+        _drift(alt, page, points, explanation, newest)
     return page.render(script)
 
 
@@ -303,46 +317,82 @@ def _findings(attempt: dict[str, Any], report: dict[str, Any]) -> list[str]:
     return found
 
 
-def _drift(alt: Any, page: Page, explanation: dict[str, Any], newest: dict[str, Any] | None) -> None:
-    stage = explanation.get("stage")
-    keys = {s.get("stage"): s.get("key") for s in ((newest or {}).get("manifest") or {}).get("stages", [])}
-    about = ("the newest version's" if keys.get(stage) == explanation.get("stage_key")
-             else "a build's that is not the newest version (its stage key differs: a failed build's, or an older one's)")
+def _explained_point(points: list[dict[str, Any]], stage: Any, key: Any) -> dict[str, Any] | None:
+    """The point whose build the explanation is about: the one whose `stage` had `key`."""
+    for point in reversed(points):
+        stages = (point.get("attempt") or {}).get("stages") or []
+        if any(isinstance(s, dict) and s.get("stage") == stage and s.get("key") == key for s in stages):
+            return point
+    return None
+
+
+def _drift(alt: Any, page: Page, points: list[dict[str, Any]], explanation: dict[str, Any],
+           newest: dict[str, Any] | None) -> None:
+    stage, key = explanation.get("stage"), explanation.get("stage_key")
+    keys = {s.get("stage"): s.get("key") for s in ((newest or {}).get("manifest") or {}).get("stages", [])
+            if isinstance(s, dict)}
+    point = _explained_point(points, stage, key)
+    if keys.get(stage) == key:
+        about = "of the newest version's build"
+    elif point is not None:
+        about = f"of the build {point['label']} ({point['status_text']}), not the newest version's"
+    else:
+        about = "of a build that is not the newest version's (its stage key differs)"
     tolerance = explanation.get("tolerance") or {}
     rows = []
-    for key, nodes in sorted((explanation.get("nodes") or {}).items()):
+    for signature, nodes in sorted((explanation.get("nodes") or {}).items()):
         # bfloat16: each signature's tensors in graph order; quantize (""): the int8 layers, worst first.
         for rank, n in enumerate(nodes if isinstance(nodes, list) else []):
             if not isinstance(n, dict) or not isinstance(n.get("max_rel_error"), (int, float)):
                 continue
-            rows.append({"order": n.get("order") if key and isinstance(n.get("order"), int) else rank,
-                         "node": str(n.get("node")), "op": str(n.get("op")), "dtype": str(n.get("dtype")),
-                         "signature": key or "int8 layers", "error": float(n["max_rel_error"]),
-                         "abs": n.get("max_abs_error"), "within": "within" if n.get("within") else "out of tolerance"})
+            order = n.get("order") if signature and isinstance(n.get("order"), int) else rank
+            rows.append({"order": order, "node": str(n.get("node")), "op": str(n.get("op")),
+                         "dtype": str(n.get("dtype")), "signature": signature or "int8 layers",
+                         "error": float(n["max_rel_error"]), "abs": n.get("max_abs_error"),
+                         "within": "within" if n.get("within") else "out of tolerance"})
     page.text("<h2>Where the error starts (explain-error)</h2>"
-              f"<p class=\"meta\">stage {html.escape(str(stage))}, {about}; run {html.escape(str(explanation.get('created', '')))}; "
-              f"tolerance rtol {tolerance.get('rtol')}, atol {tolerance.get('atol')}"
+              f"<p class=\"meta\">stage {html.escape(str(stage))}, {html.escape(about)}; run "
+              f"{html.escape(str(explanation.get('created', '')))}; tolerance rtol {html.escape(str(tolerance.get('rtol')))}, "
+              f"atol {html.escape(str(tolerance.get('atol')))}"
               + (f"; proposal: <code>{html.escape(str(explanation['proposal']))}</code>" if explanation.get("proposal") else "")
               + "</p>")
     if not rows:
         page.text("<p class=\"note\">No compared op has a finite error.</p>")
         return
-    positive = [dict(r, error=max(r["error"], 1e-12)) for r in rows]
-    chart = alt.Chart(alt.Data(values=positive)).mark_point(filled=True, size=45).encode(
-        x=alt.X("order:Q", title="op, in graph order" if stage == "bfloat16" else "int8 layer, worst first"),
-        y=alt.Y("error:Q", scale=alt.Scale(type="log"), title="max rel error", axis=alt.Axis(format=".0e")),
-        color=alt.Color("within:N", scale=alt.Scale(domain=["within", "out of tolerance"], range=["#2471a3", MARK_COLOUR]),
+    rows.sort(key=lambda r: (r["signature"], r["order"]))
+    several = len({r["signature"] for r in rows}) > 1
+    seen: dict[str, int] = {}
+    for r in rows:
+        r["plotted"] = max(r["error"], 1e-9)  # a log axis has no 0: an exact op sits at its floor
+        where = f"{r['signature']}: {r['node']}" if several else r["node"]
+        seen[where] = seen.get(where, 0) + 1  # one place on the axis per compared tensor
+        r["where"] = where if seen[where] == 1 else f"{where} ({seen[where]})"
+    x = alt.X("where:N", sort=[r["where"] for r in rows], title="op, in graph order" if stage == "bfloat16"
+              else "int8 layer, worst first", axis=alt.Axis(labelAngle=-40, labelOverlap="greedy", labelLimit=160))
+    y = alt.Y("plotted:Q", scale=alt.Scale(type="log"), title="max rel error",
+              axis=alt.Axis(format=".0e", tickCount=5, labelOverlap="greedy"))
+    tooltip = ["node:N", "op:N", "dtype:N", "signature:N", alt.Tooltip("error:Q", title="max rel error", format=".4g"),
+               alt.Tooltip("abs:Q", title="max abs error", format=".4g"), "within:N"]
+    base = alt.Chart(alt.Data(values=rows)).encode(x=x, y=y, tooltip=tooltip)
+    line = base.mark_line(color="#aab7b8", strokeWidth=1).encode(detail="signature:N")
+    dots = base.mark_point(filled=True, size=60, opacity=1).encode(
+        color=alt.Color("within:N", scale=alt.Scale(domain=["within", "out of tolerance"],
+                                                    range=["#2471a3", MARK_COLOUR]),
                         legend=alt.Legend(orient="top", title=None)),
-        shape=alt.Shape("signature:N", legend=alt.Legend(orient="top")),
-        tooltip=["node:N", "op:N", "dtype:N", "signature:N", alt.Tooltip("error:Q", format=".4g"),
-                 alt.Tooltip("abs:Q", title="max abs error", format=".4g")],
-    ).properties(width=WIDTH, height=HEIGHT + 40)
+        **({"shape": alt.Shape("signature:N", legend=alt.Legend(orient="top"))} if several else {}))
+    tolerance_line = []
+    rtol = tolerance.get("rtol")
+    if isinstance(rtol, (int, float)) and rtol > 0:
+        tolerance_line = [alt.Chart(alt.Data(values=[{"rtol": rtol}])).mark_rule(strokeDash=[2, 2], color="#566573")
+                          .encode(y="rtol:Q")]
+    chart = alt.layer(line, dots, *tolerance_line).properties(width=WIDTH, height=HEIGHT + 40)
     worst = sorted(rows, key=lambda r: -r["error"])[:12]
     table = _table(["node", "op", "dtype", "signature", "max rel error", "max abs error", "tolerance"],
                    [[html.escape(r["node"]), html.escape(r["op"]), html.escape(r["dtype"]), html.escape(r["signature"]),
-                     f"{r['error']:.4g}",
-                     _fmt(r["abs"]), r["within"]] for r in worst])
-    page.figure("fig-drift", "Op-level error drift", chart, "<p class=\"note\">The 12 largest errors:</p>" + table)
+                     f"{r['error']:.4g}", _fmt(r["abs"]), r["within"]] for r in worst])
+    shown = "All the ops compared" if len(rows) <= 12 else f"The 12 largest errors of {len(rows)} ops compared"
+    page.figure("fig-drift", "Op-level error drift (dashed: verify's rtol)", chart,
+                f"<p class=\"note\">{shown}:</p>" + table)
 
 
 def index_page(entries: list[dict[str, Any]], script: str, generated: str) -> str:
