@@ -413,9 +413,12 @@ def index_page(entries: list[dict[str, Any]], script: str, generated: str) -> st
             spark = alt.Chart(alt.Data(values=values)).mark_line(point=True).encode(
                 x=alt.X("x:Q", axis=None), y=alt.Y("size:Q", axis=None, scale=alt.Scale(zero=False)),
                 tooltip=["label:N", alt.Tooltip("size:Q", format=",", title="bytes"), "status:N"],
-            ).properties(width=160, height=28)
+            ).properties(width=160, height=28).configure_view(stroke=None)
             page.specs[fid] = spark.to_dict()
-        trend = f'<div class="vega spark" id="{fid}-chart"></div>' if values else "–"
+        sizes = [v["size"] for v in values]
+        # The trend's y axis spans what was measured, not from 0: its range said beside it.
+        spread = f' <span class="note">{human_bytes(min(sizes))} – {human_bytes(max(sizes))}</span>' if values else ""
+        trend = f'<div class="vega spark" id="{fid}-chart"></div>{spread}' if values else "–"
         rows.append([f'<a href="{html.escape(entry["href"])}">{html.escape(entry["recipe"])}</a>',
                      f"v{newest['version']}" if newest else "none",
                      _fmt(newest["size"], "bytes") if newest else "–",
