@@ -72,7 +72,7 @@ def _figures(report: Any, manifest: Any = None) -> dict[str, Any]:
 def _failed_verify(figures: Any) -> dict[str, Any]:
     """What a failed verification measured (stages/verify.py's verify.json)."""
     verify = _dict(figures)
-    outputs = verify.get("outputs") if isinstance(verify.get("outputs"), list) else []
+    outputs = verify["outputs"] if isinstance(verify.get("outputs"), list) else []
     agreements = [a for a in (_number(_dict(o).get("argmax_agreement")) for o in outputs) if a is not None]
     return {"max_abs_error": _number(verify.get("max_abs_error")), "argmax_agreement": min(agreements, default=None),
             "verified": False}
@@ -119,8 +119,8 @@ def points(versions: dict[int, dict[str, Any]], attempts: list[dict[str, Any]],
         failed = _dict(a.get("failed_figures"))
         if "verify" in failed:
             point.update(_failed_verify(failed["verify"]))
-        at = len(ordered)
-        while at > 0 and (ordered[at - 1].get("date") or "") > (point["date"] or ""):
+        at = len(ordered)  # after the last point built before it (an undated number tells no time)
+        while at > 0 and (ordered[at - 1]["date"] is None or ordered[at - 1]["date"] > (point["date"] or "")):
             at -= 1
         ordered.insert(at, point)
     unnumbered = 0

@@ -339,7 +339,7 @@ def _drift(alt: Any, page: Page, points: list[dict[str, Any]], explanation: dict
     else:
         about = "of a build that is not the newest version's (its stage key differs)"
     tolerance = explanation.get("tolerance") or {}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for signature, nodes in sorted((explanation.get("nodes") or {}).items()):
         # bfloat16: each signature's tensors in graph order; quantize (""): the int8 layers, worst first.
         for rank, n in enumerate(nodes if isinstance(nodes, list) else []):
