@@ -19,6 +19,9 @@ import pytest
 from tests.browser import Browser, ink
 from tests.cli import tpubuild
 
+# One worker runs this module (--dist loadgroup): its workspace is built three times once.
+pytestmark = pytest.mark.xdist_group("report_html_page")
+
 RECIPE = """
 name: dense
 model: {{saved_model: ../models/dense}}
