@@ -18,6 +18,7 @@ MatMul worst by TF's own quantization debugger, propose keeping it in float with
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -117,6 +118,30 @@ def test_explain_error_names_the_sub_and_proposes_the_filterlist(workspace: Path
     assert lines[-1] == "  proposal: bfloat16_optimization_options.filterlist: [Sub]"
     # Nothing published, nothing in the cache's trees changed by the command.
     assert not (workspace / "out" / "sensor").exists()
+    # The result is kept for `report --html`: every compared tensor in graph order.
+    kept = json.loads((workspace / ".tpubuild" / "explain-error" / "sensor.json").read_text())
+    assert kept["recipe"] == "sensor" and kept["stage"] == "bfloat16"
+    assert kept["proposal"] == "bfloat16_optimization_options.filterlist: [Sub]"
+    nodes = kept["nodes"]["serving_default"]
+    assert len(nodes) == kept["compared"] and [n["order"] for n in nodes] == sorted(n["order"] for n in nodes)
+    assert [n["op"] for n in nodes if not n["within"]][0] == "Sub"
+
+
+@pytest.mark.slow
+def test_the_report_page_draws_the_op_level_drift(workspace: Path, tmp_path: Path) -> None:
+    from tests.browser import Browser
+    from tests.report.test_html_page import PROBE, READY
+
+    tpubuild(workspace, "build", "sensor", env=LOUD)
+    tpubuild(workspace, "explain-error", "sensor", env=LOUD, code=0)
+    tpubuild(workspace, "report", "sensor", "--html", str(tmp_path / "sensor.html"), code=0)
+    with Browser() as browser:
+        seen = browser.render(tmp_path / "sensor.html", READY, PROBE)
+    assert seen.console_errors == [] and seen.requests == [(tmp_path / "sensor.html").as_uri()]
+    drift = next(f for f in seen.dom["figures"] if f["id"] == "fig-drift")
+    assert drift["svgs"] == 1 and drift["marks"] > 0
+    assert drift["rows"][0]["cells"][1] in ("Sub", "MatMul", "AddV2", "Relu")  # the largest errors, tabled
+    assert re.search(r"of the build ✗\d \(build failed: not published \(stage verify failed\)\)", seen.dom["text"])
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ The real CLI in real processes, on a real pseudo-terminal (pty) where a terminal
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pty
 import re
@@ -178,3 +179,35 @@ def test_verbose_lists_every_stage_and_a_stage_time_is_its_own_work(built_once, 
     assert len(noop) == 17 and all(ROW.match(line).group(3) == "cached" for line in noop[:-1])
     assert "toy: source: cached" in noop  # no `(0.00 s)`: a cached row has no time
     assert noop[-1] == "3 recipes: 16 cached"
+
+
+def _with_a_large_file(make_workspace, tmp_path, name: str, mib: int = 48):
+    """A workspace whose model holds a 48 MiB asset: its copy into the cache, and its
+    hashing, are long work (shown from the start here: TPUBUILD_PROGRESS_AFTER=0)."""
+    ws = make_workspace({"toy": source_recipe("toy")})
+    target = tmp_path / name
+    ws.rename(target)
+    (target / "recipes" / "models" / "tiny" / "assets").mkdir(exist_ok=True)
+    (target / "recipes" / "models" / "tiny" / "assets" / "blob.bin").write_bytes(os.urandom(mib << 20))
+    return target
+
+
+METER = re.compile(r"copying into the cache [\d.]+ (?:B|KiB|MiB) of 48\.0 MiB, [\d.]+ (?:B|KiB|MiB|GiB)/s")
+
+
+def test_long_copies_show_bytes_done_and_rate_on_a_terminal_only(make_workspace, tmp_path):
+    ws = _with_a_large_file(make_workspace, tmp_path, "terminal")
+    code, received, stderr = on_a_terminal(ws, "build", env={"TPUBUILD_PROGRESS_AFTER": "0"})
+    assert code == 0, stderr
+    assert METER.search(ESCAPE.sub("", received)), received
+    assert "hashing tiny" in received  # the source's hashing while its key is taken
+    # Rows and the summary stay as they were: the meter lived in the live line only.
+    assert not any("copying into the cache" in ESCAPE.sub("", line) for line in screen(received))
+    quiet = _with_a_large_file(make_workspace, tmp_path, "json")
+    code, received, stderr = on_a_terminal(quiet, "build", "--json", env={"TPUBUILD_PROGRESS_AFTER": "0"})
+    assert code == 0, stderr
+    assert "MiB of" not in received and "MiB of" not in stderr
+    assert json.loads(received)["exit_code"] == 0
+    piped = tpubuild(_with_a_large_file(make_workspace, tmp_path, "piped", mib=8), "build",
+                     env={"TPUBUILD_PROGRESS_AFTER": "0"}, code=0)  # not a terminal: rows only
+    assert "MiB of" not in piped.stdout + piped.stderr and "published: toy" in piped.stdout

@@ -105,8 +105,9 @@ def builds(tmp_path_factory, tiny_saved_model, ray_address):
     remote.mkdir()
     flag = ray_ws / "recipes" / "models" / "KILL_ME"
     flag.write_text("")
+    trace = base / "ray-trace.json"  # build --profile: each stage on the track of the Ray node that ran it
     command = [*CLI, "build", "-j", "2", "--executor", "ray", "--ray-address", ray_address,
-               "--remote-cache", remote.as_uri()]
+               "--remote-cache", remote.as_uri(), "--profile", str(trace)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     ray_build = subprocess.Popen(command, cwd=ray_ws, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                  env=env)
@@ -127,7 +128,7 @@ def builds(tmp_path_factory, tiny_saved_model, ray_address):
     local_out, local_err = local_build.communicate(timeout=300)
     local = subprocess.CompletedProcess(local_command, local_build.returncode, local_out, local_err)
     ray = subprocess.CompletedProcess(command, ray_build.returncode, out, err)
-    return {"local": (local_ws, local), "ray": (ray_ws, ray), "killed_parent": parent}
+    return {"local": (local_ws, local), "ray": (ray_ws, ray), "killed_parent": parent, "trace": trace}
 
 
 @pytest.mark.slow
@@ -141,6 +142,24 @@ def test_ray_build_gives_the_local_lock_files_and_outputs(builds):
         # The whole published tree byte for byte (the tiny model's verify errors are 0.0 on any CPU).
         assert published(ray_ws, name) == published(local_ws, name), name
     assert "Traceback" not in ray.stderr
+
+
+@pytest.mark.slow
+def test_the_profile_puts_each_stage_on_its_ray_node(builds):
+    from tests.trace_rules import complete_events, process_names, read_trace
+    from tpubuild.pipeline import ENGINE_STEPS
+
+    events = read_trace(builds["trace"])  # read_trace checks the format's rules
+    nodes = {pid: name for pid, name in process_names(events).items() if name.startswith("ray node ")}
+    assert nodes, process_names(events)
+    stages = {(e["args"]["recipe"], e["args"]["stage"]): e for e in complete_events(events, "stage")}
+    ray_ws = builds["ray"][0]
+    for recipe in ("plain", "killed"):
+        lock = (ray_ws / "recipes" / f"{recipe}.lock.yaml").read_text()
+        for stage in [line.split(": ")[1] for line in lock.splitlines() if line.startswith("- stage: ")]:
+            event = stages[(recipe, stage)]
+            assert event["args"]["verdict"] == "built" and event["args"]["key"] in lock, event
+            assert (event["pid"] in nodes) == (stage not in ENGINE_STEPS), event
 
 
 @pytest.mark.slow

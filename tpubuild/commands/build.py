@@ -3,9 +3,11 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import Any
 
 import click
 
+from tpubuild import trace_events
 from tpubuild.build_words import summary_line, wants_colour
 from tpubuild.commands.build_output import NORMAL, QUIET, VERBOSE
 
@@ -42,6 +44,10 @@ from tpubuild.commands.build_output import NORMAL, QUIET, VERBOSE
               help="Like make -k: a failed target (cpu_savedmodel, litert, xla_aot) fails the build (exit 1) "
                    "but the recipe still publishes what built and verified, without that target; an invalid "
                    "recipe among those asked for is reported and the others still build (exit 2).")
+@click.option("--profile", "profile", metavar="FILE", type=click.Path(dir_okay=False, writable=True),
+              help="Write the build as a Chrome trace (Trace Event Format JSON) to FILE: each stage on the track "
+                   "of the worker that ran it, the waits and this process's own work; open it in Perfetto's UI "
+                   "or chrome://tracing.")
 @click.option("--relock", is_flag=True,
               help="Rewrite the lock files even where no key changed, with the figures measured on this machine "
                    "(a build keeps a lock file whose keys match byte for byte).")
@@ -49,7 +55,7 @@ from tpubuild.commands.build_output import NORMAL, QUIET, VERBOSE
 def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry_run: bool, as_json: bool, check: bool,
             changed_since: str | None, remote_cache: str | None, remote_cache_read_only: bool,
             executor: str | None = None, ray_address: str | None = None, keep_going: bool = False,
-            verbose: bool = False, quiet: bool = False, relock: bool = False) -> int:
+            verbose: bool = False, quiet: bool = False, relock: bool = False, profile: str | None = None) -> int:
     """Build the workspace's recipes (names, globs or recipe files; none = all).
 
     A stage reruns only when its options or the content of its inputs changed; its
@@ -67,7 +73,16 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry
 
     With a shared cache (`remote_cache:` in tpubuild.yaml, or --remote-cache URL), a pull
     request's build runs `tpubuild build --remote-cache-read-only`: the team's cache, no uploads.
+
+    --profile FILE: the build as a Chrome trace (the full path, never the no-op shortcut),
+    written atomically when the build ends, also when it fails or is interrupted; a build
+    killed outright leaves the file as it was.
     """
+    if profile is not None:
+        return _profiled(ctx, profile, recipe_patterns, jobs=jobs, dry_run=dry_run, as_json=as_json, check=check,
+                         changed_since=changed_since, remote_cache=remote_cache,
+                         remote_cache_read_only=remote_cache_read_only, executor=executor, ray_address=ray_address,
+                         keep_going=keep_going, verbose=verbose, quiet=quiet, relock=relock)
     since_ns = time.time_ns()  # files changed after this are never remembered as up to date
     verbosity = _verbosity(ctx, verbose, quiet)
     if changed_since is not None:
@@ -87,7 +102,7 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry
         if count is not None:
             _say_up_to_date(count)
             return 0
-    elif not (dry_run or relock):
+    elif not (dry_run or relock or trace_events.active()):  # a profile is of the full path
         code = _noop_fast_path(ctx, recipe_patterns, as_json, verbosity, check)
         if code is not None:
             return code
@@ -100,7 +115,8 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry
 
     # An invalid recipe that was not asked for is a warning; one that was stops the build
     # before anything runs (bazel's loading phase), unless -k builds the others (exit 2).
-    ws, recipes = recipes_from(ctx, recipe_patterns, keep_going=keep_going)
+    with trace_events.span("loading the recipes", cat="plan"):
+        ws, recipes = recipes_from(ctx, recipe_patterns, keep_going=keep_going)
     if not recipes:  # say why nothing is built, as validate does
         warn_unmatched_globs(ws)
     invalid = 2 if asked_broken(ctx) else 0  # reported already; the valid recipes asked for still build
@@ -151,6 +167,30 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry
         if engine.remote is not None:
             click.echo(engine.remote.stats.line(engine.remote.url))
     return 1 if failed else invalid
+
+
+def _profiled(ctx: click.Context, path: str, recipe_patterns: tuple[str, ...], **options: Any) -> int:
+    """The build with a trace recorded from its start (tpubuild/trace_events.py), written to
+    `path` however the build ends: an error, a failed stage, Ctrl-C. The file is replaced
+    atomically, so a build killed outright leaves the one that was there (or none)."""
+    from pathlib import Path
+
+    target = Path(path)
+    if target.is_dir():
+        from tpubuild.errors import UsageError
+
+        raise UsageError(f"--profile {path}: a directory; name the trace file to write")
+    trace_events.start("tpubuild build")
+    try:
+        with trace_events.span("tpubuild build", cat="command"):
+            return command.callback(recipe_patterns=recipe_patterns, **options)  # type: ignore[misc]
+    finally:
+        trace = trace_events.stop()
+        if trace is not None:
+            try:
+                trace.write(target)
+            except OSError as exc:
+                click.echo(f"--profile {path}: not written: {exc.strerror or exc}", err=True)
 
 
 def _verbosity(ctx: click.Context, verbose: bool, quiet: bool) -> int:

@@ -10,7 +10,10 @@
 - The summary line last: `14 recipes: 108 built, 2 cached, 1 failed`, and `1 not
   published to its destination` for a recipe whose `publish_to:` publish failed.
 - On a terminal, one live line at the bottom, redrawn in place: `[n/N]` stages done of
-  the build's, the stages running and for how long (Bazel's `[n / N]`). Colour for
+  the build's, the stages running and for how long (Bazel's `[n / N]`), and a copy,
+  hash, upload or download that has run for a few seconds with its bytes done and rate
+  (`[1/9] copying into the cache 412.0 MiB of 1.2 GiB, 350.1 MiB/s · running big: source 4 s`:
+  tpubuild/progress.py). Colour for
   built, cached, failed and skipped, off when NO_COLOR is set (https://no-color.org) or
   for a dumb terminal. Piped (a CI log, `| tee`), no live line and no colour: the same
   rows, each written once.
@@ -27,6 +30,7 @@ import threading
 import time
 from typing import Any, Callable, TextIO
 
+from tpubuild import progress
 from tpubuild.build_words import paint, summary_line
 
 # How much a build prints: -q, default, -v.
@@ -65,6 +69,7 @@ class BuildOutput:
         with self.lock:
             self.total = sum(len(run.plan) for run in runs)
         if self.live:  # from now on: checking a large model's inputs takes seconds too
+            progress.watch(self._redraw)  # long copies, hashes, uploads and downloads: bytes done and rate
             self.ticker = threading.Thread(target=self._tick, name="tpubuild-progress", daemon=True)
             self.ticker.start()
 
@@ -125,6 +130,7 @@ class BuildOutput:
         self.stop.set()
         if self.ticker is not None:
             self.ticker.join()
+            progress.unwatch()
         with self.lock:
             self._clear()
             self.out.flush()
@@ -160,6 +166,11 @@ class BuildOutput:
             detail += f", worker start-up {startup:.2f} s"
         return detail
 
+    def _redraw(self) -> None:
+        """A meter changed (progress.py, from the thread doing the work)."""
+        with self.lock:
+            self._draw()
+
     def _tick(self) -> None:
         while not self.stop.wait(0.25):
             with self.lock:
@@ -171,7 +182,9 @@ class BuildOutput:
         running = ", ".join(f"{recipe}: {stage} {now - since:.0f} s"
                             for (recipe, stage), since in sorted(self.running.items(), key=lambda item: item[1]))
         idle = "finishing" if self.done >= self.total else "checking the cache"  # lock files, workers' exit
-        text = f"[{self.done}/{self.total}] " + (f"running {running}" if running else idle)
+        # A copy, hash or transfer that has run for a few seconds, first: cut last.
+        meters = "".join(f"{line} · " for line in progress.showing(now))
+        text = f"[{self.done}/{self.total}] {meters}" + (f"running {running}" if running else idle)
         width = shutil.get_terminal_size((100, 24)).columns - 1  # never wraps: \r would not reach the start
         text = text[:max(width, 20)]
         if text != self.drawn:  # a terminal recording gets a change, not four frames a second

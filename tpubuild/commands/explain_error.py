@@ -39,7 +39,9 @@ def command(ctx: click.Context, recipe_pattern: str, stage: str | None) -> int:
     measured by quantizing again with them.
 
     Reads the stages a build left in the cache (a build whose verification fails keeps
-    them); writes nothing there or in the output directory. On a recipe out of
+    them); writes nothing there or in the output directory. The result is kept in the
+    workspace's state directory (`explain-error/<recipe>.json`): `report --html` draws its
+    op-level error drift. On a recipe out of
     tolerance, for example:
 
     \b
@@ -115,7 +117,62 @@ def explain_recipe(ws: Workspace, recipe: Any, stage: str | None) -> list[str]:
                                                                 for role, name in planned[stage].consumes.items()})
             result = explain_error.explain_quantize(stage_input, source, planned[stage].options, quantize_context,
                                                     samples, rtol, atol, stage_output, Path(scratch))
+    save_result(ws, recipe.name, result, {"stage_key": run.outputs[stage].key,
+                                          "input_key": run.outputs[needed[0]].key,
+                                          "source_key": run.outputs[needed[2]].key})
     return lines + describe(result)
+
+
+RESULTS_DIR = "explain-error"
+
+
+def result_file(state_dir: Path, recipe: str) -> Path:
+    """Where the newest `explain-error` of `recipe` is kept (`report --html` draws it)."""
+    return Path(state_dir) / RESULTS_DIR / f"{recipe}.json"
+
+
+def save_result(ws: Workspace, recipe: str, result: Any, keys: dict[str, str]) -> None:
+    """The explanation as JSON in the workspace's state directory: the op-level error along
+    the graph (every tensor compared, in order), where it starts, what was tried; with the
+    keys of the stage outputs it explained, so a report tells which build it is about.
+    Only the state directory is written, atomically; a failed write costs the page's chart."""
+    import json
+    import math
+    import time
+
+    from tpubuild.atomic import write_text_atomic
+
+    def node(error: Any) -> dict[str, Any]:
+        return {"node": error.short_name, "op": error.op, "dtype": error.dtype, "order": error.order,
+                "max_abs_error": finite(error.max_abs_error), "max_reference": finite(error.max_reference),
+                "max_rel_error": finite(error.max_rel_error), "within": error.within(*result.tolerance)}
+
+    def attempt(a: Any) -> dict[str, Any]:
+        return {"change": result.change(a), "max_rel_error": finite(a.max_rel_error), "worst_output": a.worst_output,
+                "passed": a.passed}
+
+    def finite(value: float) -> float | None:  # JSON has no infinity: a shape changed, or NaN
+        return value if math.isfinite(value) else None
+
+    document = {
+        "schema": 1, "recipe": recipe, "stage": result.stage,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **keys,
+        "tolerance": {"rtol": result.tolerance[0], "atol": result.tolerance[1]},
+        "samples": result.samples, "compared": result.compared, "ranking": result.ranking,
+        "output_error": attempt(result.output_error),
+        "nodes": {key: [node(e) for e in errors] for key, errors in sorted(result.drift.items())},
+        "first": {key: [e.short_name for e in errors] for key, errors in sorted(result.first.items())},
+        "attempts": [attempt(a) for a in result.attempts],
+        "proposal": result.change(result.proposal) if result.proposal is not None else None,
+        "note": result.note,
+    }
+    path = result_file(ws.state_dir, recipe)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, json.dumps(document, indent=1, sort_keys=True, allow_nan=False) + "\n")
+    except (OSError, ValueError):
+        pass
 
 
 def describe(result: Any) -> list[str]:

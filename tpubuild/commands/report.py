@@ -11,23 +11,48 @@ from tpubuild.errors import UsageError
 
 @click.command(
     "report",
-    short_help="Print the conversion report of a recipe's newest published version.",
+    short_help="Print the conversion report of a recipe's newest published version; --html: its versions as charts.",
     epilog="\b\nExamples:\n  tpubuild report toy\n  tpubuild report toy --format markdown > report.md\n"
-    "  tpubuild report toy --against 1      what changed since version 1",
+    "  tpubuild report toy --against 1      what changed since version 1\n"
+    "  tpubuild report toy --html toy.html  every version as charts, one page\n"
+    "  tpubuild report --html report/       a page per recipe and an index",
 )
-@click.argument("recipe_pattern", metavar="RECIPE")
-@click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text", show_default=True)
+@click.argument("recipe_pattern", metavar="[RECIPE]", required=False)
+@click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default=None,
+              help="[default: text]")
 @click.option("--version", "version", type=int, help="A published version number instead of the newest.")
 @click.option("--against", type=int, metavar="VERSION", help="Show the difference from this older version.")
+@click.option("--html", "html_path", metavar="FILE|DIR", type=click.Path(),
+              help="With RECIPE: write its page to FILE (every version as charts, self-contained). Without: a page "
+                   "per recipe and index.html in DIR.")
 @click.pass_context
-def command(ctx: click.Context, recipe_pattern: str, fmt: str, version: int | None, against: int | None) -> int:
+def command(ctx: click.Context, recipe_pattern: str | None, fmt: str | None, version: int | None,
+            against: int | None, html_path: str | None = None) -> int:
     """Print the conversion report saved in `<output_dir>/<recipe>/<N>/tpubuild-report.json`.
 
     TPU vs CPU cost (per TPU function), sizes, parameters by dtype, verification errors,
     the quantization summary and the HLO files; with `targets:`, every target side by side
     (size, verified max error, per-call and load latency, from the version's manifest).
     TensorFlow is not imported.
+
+    --html FILE (with RECIPE): one self-contained page (script and styles inline; it opens
+    from disk and requests nothing) of every version as charts over version number and
+    build date: artifact size, parameters by dtype, cost, verification error and argmax
+    agreement, measured latency per target; builds that published nothing are marked in
+    red, not dropped; the newest version's stage times and findings, and explain-error's
+    op-level error drift when it was run. --html DIR (no RECIPE): a page per recipe and
+    an index.html of them, each with a small trend.
     """
+    if html_path is not None:
+        for given, flag in ((fmt, "--format"), (version, "--version"), (against, "--against")):
+            if given is not None:
+                raise UsageError(f"{flag} and --html cannot be used together: the page shows every version")
+        from tpubuild.commands.report_html import write_pages
+
+        return write_pages(ctx, recipe_pattern, Path(html_path))
+    if recipe_pattern is None:
+        raise UsageError("missing RECIPE: name the recipe to report on (or give --html DIR for every recipe's page)")
+    fmt = fmt or "text"
     from tpubuild.publish import read_manifest, version_numbers
     from tpubuild.report import formats as report_format
     from tpubuild.report import targets as targets_report

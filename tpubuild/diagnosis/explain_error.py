@@ -63,6 +63,9 @@ class Explanation:
     contributions: dict[str, float] = field(default_factory=dict)  # tensor -> relative error added
     attempts: list[Attempt] = field(default_factory=list)
     compared: int = 0  # tensors compared in all
+    # Signature -> every compared tensor in graph order (bfloat16), or "" -> every int8
+    # layer (quantize): the op-level drift `report --html` draws (commands/explain_error.py).
+    drift: dict[str, list[NodeError]] = field(default_factory=dict)
     note: str = ""
     ranking: str = ""  # what `first` lists
 
@@ -90,16 +93,19 @@ def verify_against_source(source: Path, candidate: Path, tags: list[str], sample
 
 
 def locate(reference: Path, candidate: Path, tags: list[str], samples: dict[str, list[Any]],
-           rtol: float, atol: float) -> tuple[dict[str, list[NodeError]], dict[str, float], int]:
-    """Per signature, the first tensors out of tolerance and what each adds; tensors compared."""
-    first, added, compared = {}, {}, 0
+           rtol: float, atol: float
+           ) -> tuple[dict[str, list[NodeError]], dict[str, float], int, dict[str, list[NodeError]]]:
+    """Per signature, the first tensors out of tolerance and what each adds; tensors
+    compared; and per signature every compared tensor, in graph order."""
+    first, added, compared, every = {}, {}, 0, {}
     for key, key_samples in sorted(samples.items()):
         errors = compare_nodes(reference, candidate, tags, key, key_samples)
         compared += len(errors)
+        every[key] = sorted(errors, key=lambda e: e.order)
         first[key] = first_out_of_tolerance(errors, rtol, atol)
         for error in first[key]:
             added[error.tensor] = contribution(error, errors)
-    return first, added, compared
+    return first, added, compared, every
 
 
 def explain_bfloat16(stage_input: Path, stage_output: Path, source: Path, options: dict[str, Any],
@@ -114,7 +120,8 @@ def explain_bfloat16(stage_input: Path, stage_output: Path, source: Path, option
     result = Explanation("bfloat16", (rtol, atol), {k: len(s) for k, s in samples.items()},
                          verify_against_source(source, candidate, tags, samples, rtol, atol, sorted(filterlist)),
                          ranking="where the error starts (first ops out of tolerance")
-    result.first, result.contributions, result.compared = locate(reference, candidate, tags, samples, rtol, atol)
+    result.first, result.contributions, result.compared, result.drift = locate(reference, candidate, tags, samples,
+                                                                               rtol, atol)
     if result.output_error.passed:
         result.note = "the bfloat16 stage's output is within tolerance: nothing to filter"
         return result
@@ -135,7 +142,7 @@ def explain_bfloat16(stage_input: Path, stage_output: Path, source: Path, option
         result.attempts.append(attempt)
         if attempt.passed:
             break
-        first, _, _ = locate(reference, candidate, tags, samples, rtol, atol)
+        first, _, _, _ = locate(reference, candidate, tags, samples, rtol, atol)
     else:
         result.note = f"still out of tolerance after {MAX_ROUNDS} rounds"
     return result
@@ -177,6 +184,7 @@ def explain_quantize(stage_input: Path, source: Path, options: dict[str, Any], c
     layers = layer_errors(stage_input, options, context, samples, scratch / "debugger")
     result.compared = len(layers)
     result.first = {"": layers[:SHOWN_LAYERS]}
+    result.drift = {"": layers}
     result.contributions = {e.tensor: e.max_rel_error for e in layers}
     if result.output_error.passed:
         result.note = "the quantize stage's output is within tolerance: nothing to keep in float"

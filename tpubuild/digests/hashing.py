@@ -12,6 +12,7 @@ from pathlib import Path
 
 import blake3
 
+from tpubuild import progress
 from tpubuild.errors import file_kind
 
 SCHEME = "blake3-tree-v1"
@@ -32,15 +33,22 @@ def hash_file(path: Path | str, size: int | None = None) -> str:
     """BLAKE3 of a file's bytes; big files are memory-mapped and hashed on all cores."""
     if size is None:
         size = os.stat(path).st_size
-    if size >= THREADED_MIN_SIZE:
+    if size >= THREADED_MIN_SIZE and progress.current() is None:
         hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
         hasher.update_mmap(os.fspath(path))
         return hasher.hexdigest()
+    if size >= THREADED_MIN_SIZE:  # a terminal shows how far it is: hashed in counted slices
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            return _hash_mapped(fd)
+        finally:
+            os.close(fd)
     hasher = blake3.blake3()
     fd = os.open(path, os.O_RDONLY)  # not open(): its buffered file object costs more than hashing a small file
     try:
         while chunk := os.read(fd, CHUNK):
             hasher.update(chunk)
+            progress.advance(len(chunk))
     finally:
         os.close(fd)
     return hasher.hexdigest()
@@ -50,18 +58,39 @@ def hash_fd(fd: int, size: int) -> str:
     """BLAKE3 of the bytes of an open file (from offset 0): what a descriptor opened and
     checked reads, not whatever file its name points to by now."""
     if size >= THREADED_MIN_SIZE:
-        import mmap
-
-        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mapped:
-            hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
-            hasher.update(mapped)
-            return hasher.hexdigest()
+        return _hash_mapped(fd)
     hasher = blake3.blake3()
     offset = 0
     while chunk := os.pread(fd, CHUNK, offset):
         hasher.update(chunk)
         offset += len(chunk)
+        progress.advance(len(chunk))
     return hasher.hexdigest()
+
+
+# A mapped file is hashed in slices this large when a terminal shows the progress: each
+# slice is still hashed on all cores (BLAKE3's tree splits it), and counted after it.
+PROGRESS_SLICE = 64 << 20
+
+
+def _hash_mapped(fd: int) -> str:
+    import mmap
+
+    with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mapped:
+        hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+        if progress.current() is None:
+            hasher.update(mapped)
+            return hasher.hexdigest()
+        view = memoryview(mapped)
+        try:
+            for offset in range(0, len(view), PROGRESS_SLICE):
+                piece = view[offset:offset + PROGRESS_SLICE]
+                hasher.update(piece)
+                progress.advance(len(piece))
+                piece.release()
+        finally:
+            view.release()
+        return hasher.hexdigest()
 
 
 class FileEntry:

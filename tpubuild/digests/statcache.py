@@ -24,8 +24,10 @@ from __future__ import annotations
 import json
 import os
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
+from tpubuild import progress
 from tpubuild.atomic import write_text_atomic
 from tpubuild.digests.hashing import (
     SCHEME,
@@ -35,7 +37,11 @@ from tpubuild.digests.hashing import (
     tree_digest,
     walk_files,
 )
+from tpubuild.trace_events import span
 
+# A file hashed of this size or more is an event of `build --profile`'s trace; smaller
+# ones only add to their stage's planning event.
+TRACED_HASH_BYTES = 1 << 20
 RACY_COARSE_NS = 2_000_000_000
 RACY_FINE_NS = 100_000_000
 FORMAT = 2  # entries: path -> [dev, ino, size, mtime_ns, ctime_ns, hash]
@@ -82,7 +88,9 @@ class StatCache:
         if cached is not None and cached[:5] == stat_key(st):
             return cached[5]
         started = time.time_ns()
-        digest = hash_file(path, st.st_size)
+        with span("hashing", cat="hash", file=path, bytes=st.st_size) if st.st_size >= TRACED_HASH_BYTES \
+                else nullcontext():
+            digest = hash_file(path, st.st_size)
         self.files_hashed += 1
         self.bytes_hashed += st.st_size
         self.record(path, st, digest, started)
@@ -98,7 +106,9 @@ class StatCache:
         if cached is not None and cached[:5] == stat_key(st):
             return cached[5]
         started = time.time_ns()
-        digest = hash_fd(fd, st.st_size)
+        with span("hashing", cat="hash", file=path, bytes=st.st_size) if st.st_size >= TRACED_HASH_BYTES \
+                else nullcontext():
+            digest = hash_fd(fd, st.st_size)
         self.files_hashed += 1
         self.bytes_hashed += st.st_size
         self.record(path, st, digest, started)
@@ -120,10 +130,14 @@ class StatCache:
     def tree(self, root: Path) -> tuple[str, list[FileEntry]]:
         """(Merkle hash, entries) of the directory `root`."""
         root = Path(os.path.abspath(root))
+        found = list(walk_files(root))
+        to_hash = sum(st.st_size for rel, st in found
+                      if (self.entries.get(os.path.join(root, rel)) or [None])[:5] != stat_key(st))
         entries = []
-        for rel, st in walk_files(root):
-            full = os.path.join(root, rel)
-            entries.append(FileEntry(rel, self.file_hash(full, st), st.st_size))
+        with progress.meter(f"hashing {root.name}", to_hash):  # on a terminal, a large model's
+            for rel, st in found:
+                full = os.path.join(root, rel)
+                entries.append(FileEntry(rel, self.file_hash(full, st), st.st_size))
         return tree_digest(entries), entries
 
     def prune(self) -> int:

@@ -1,7 +1,8 @@
 """The build loop: recipes resolved into stage keys (`resolver`), the doit task graph that runs
 the stages and publishes (`loop`, `tasks`; what a build is asked, `options`, and tells,
-`events`; a run's version, `version`, and its lock document, `lockdoc`), why a stage would run (`explain`), and
-`build --check` beyond the lock files' quick answer (`lockcheck`). The main process never
+`events`; a run's version, `version`, and its lock document, `lockdoc`), why a stage would run (`explain`),
+`build --check` beyond the lock files' quick answer (`lockcheck`), and each recipe's builds
+as `report --html` draws them (`history`). The main process never
 imports TensorFlow; the workers do.
 """
 
@@ -20,6 +21,7 @@ _FACE = {
     "expand_inputs": "resolver",
     "explain_lines": "explain",
     "new_runs": "resolver",
+    "read_history": "history",
     "resolve": "explain",
     "stage_words": "explain",
     "state_word": "explain",

@@ -17,6 +17,7 @@ from tpubuild.digests import StatCache, worker_env
 from tpubuild.engine.beside import ReferenceBeside
 from tpubuild.engine.cache import LayeredCache, LocalLayer, RemoteLayer
 from tpubuild.engine.events import BuildEvents, Row, WorkerTime
+from tpubuild.engine.history import failed_figures, record_attempts
 from tpubuild.engine.lockdoc import memo_files, up_to_date, write_run_lock
 from tpubuild.engine.options import BuildOptions
 from tpubuild.engine.resolver import (
@@ -28,12 +29,14 @@ from tpubuild.engine.resolver import (
     new_runs,
     without_targets,
 )
+from tpubuild.engine.timeline import traced_planning, worker_ran
 from tpubuild.engine.version import RunVersion
 from tpubuild.errors import StageError
 from tpubuild.keys import StageEntry
 from tpubuild.pipeline import ENGINE_STEPS, TARGET_STAGES, PlannedStage, entry, spec
 from tpubuild.store import Store
 from tpubuild.store import register as register_used
+from tpubuild.trace_events import span
 
 if TYPE_CHECKING:
     from concurrent.futures import Future, ThreadPoolExecutor
@@ -351,8 +354,10 @@ class Engine(RunVersion):
             asked = time.monotonic()
             reply = self.workers().run(request, self.timeout, Path(run.recipe.root) if stage.runs_user_code else None,
                                        spare=spare)
+            worker_ran(run.name, planned.name, key, reply, asked, time.monotonic())  # build --profile's events
             timing = WorkerTime.of(reply, time.monotonic() - asked)
             if not reply["ok"]:
+                failed_figures(run, planned.name, out_dir)  # verify's measured errors, for report --html
                 message = reply["error"]
                 if reply.get("bug"):
                     where = self.ws.display(Path(reply.get("log") or self.ws.state_dir / "logs"))
@@ -405,6 +410,7 @@ def build(ws: Workspace, recipes: list[Recipe], options: BuildOptions | None = N
     options = options or BuildOptions()
     events = events or BuildEvents()
     engine = Engine(ws, options, events)
+    started = time.time()
     memo, since_ns = options.memo, options.since_ns
     runs = new_runs(recipes)
     events.planned(runs)
@@ -413,7 +419,7 @@ def build(ws: Workspace, recipes: list[Recipe], options: BuildOptions | None = N
     try:
         todo = []
         for run in runs:
-            if up_to_date(engine, run):
+            if traced_planning(up_to_date, engine, run):
                 if memo is not None and since_ns is not None:
                     files = memo_files(engine, run)
                     rows = [[row.stage, row.key] for row in run.rows]
@@ -454,17 +460,21 @@ def build(ws: Workspace, recipes: list[Recipe], options: BuildOptions | None = N
                     engine.errors(run.error)
                     _skip_rest(engine, run)
                 else:
-                    write_run_lock(engine, run)
+                    with span(f"{run.name}: lock file", cat="work", recipe=run.name):
+                        write_run_lock(engine, run)
             if engine.pool is not None:
                 _settle_logs(engine, todo)
-        engine.publish_destinations(runs)
+            record_attempts(ws, todo, started)  # each recipe's build, for report --html (engine/history.py)
+        with span("publishing to destinations", cat="publish"):
+            engine.publish_destinations(runs)
         # What each recipe's build used, measured keys included, for gc: a no-op build
         # opens the store's index only when that differs from what it registered last,
         # and one that cannot write it (a read-only shared cache) still succeeds.
         # An index another user of a shared cache made and this one cannot write is said
         # once (store/index.py); a full disk fails a build that wrote the cache (README).
         try:
-            register_used(engine.store, ws, runs)
+            with span("registering the keys used in the store's index", cat="work"):
+                register_used(engine.store, ws, runs)
         except OSError as exc:
             if todo and not isinstance(exc, PermissionError):
                 raise

@@ -91,6 +91,8 @@ class RecipeRun:
     # (publish/dest_state.py Outcome), or why it could not be published there.
     destination: Any = None
     destination_error: str | None = None
+    # What a failed stage measured before it failed (verify's errors): engine/history.py.
+    failed_summaries: dict[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from tpubuild.engine.resolver import RecipeRun
+from tpubuild.engine.timeline import traced_action, traced_uptodate
 from tpubuild.pipeline import PlannedStage
 
 
@@ -40,8 +41,9 @@ def make_tasks(engine: TaskEngine, runs: list[RecipeRun]) -> list[Any]:
             tasks.append(
                 Task(
                     task_name(run, planned.name),
-                    actions=[(engine.action, [run, planned])],
-                    uptodate=[(engine.uptodate, [run, planned])],
+                    # Through the timeline: with `build --profile`, each is an event of the trace.
+                    actions=[(traced_action, [engine, run, planned])],
+                    uptodate=[(traced_uptodate, [engine, run, planned])],
                     task_dep=[task_name(run, d) for d in deps],
                     verbosity=2,  # doit must not swap sys.stdout under our threads
                 )

@@ -12,8 +12,10 @@ import errno
 import fcntl
 import os
 import stat
+from contextlib import nullcontext
 from pathlib import Path
 
+from tpubuild import progress
 from tpubuild.atomic import replacing
 from tpubuild.digests import hash_fd
 from tpubuild.errors import StageError
@@ -21,6 +23,9 @@ from tpubuild.errors import StageError
 # linux/fs.h: _IOW(0x94, 9, int). Shares the source's extents (btrfs, XFS with
 # reflink=1, bcachefs, ...): instant, and a later write to either file unshares it.
 FICLONE = 0x40049409
+# The bytes one copy_file_range call moves at most: large enough that the calls cost
+# nothing beside the copy, small enough that a copy of gigabytes reports its progress.
+COPY_STEP = 64 << 20
 
 
 def clone_or_copy(fsrc, fdst) -> str:
@@ -44,9 +49,10 @@ def _copy_range(fsrc, fdst) -> None:
     offset = 0
     copy = getattr(os, "copy_file_range", None)
     while offset < size:
+        step = min(size - offset, COPY_STEP)  # a step at a time: a terminal shows the bytes done (progress.py)
         try:
-            n = copy(fsrc.fileno(), fdst.fileno(), size - offset) if copy else os.sendfile(
-                fdst.fileno(), fsrc.fileno(), offset, size - offset)
+            n = copy(fsrc.fileno(), fdst.fileno(), step) if copy else os.sendfile(
+                fdst.fileno(), fsrc.fileno(), offset, step)
         except OSError as exc:
             if copy is None or exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
                 raise
@@ -57,6 +63,7 @@ def _copy_range(fsrc, fdst) -> None:
         if n == 0:
             break
         offset += n
+        progress.advance(n)
 
 
 def open_regular(src: Path | str, follow: bool = False) -> tuple[int, os.stat_result]:
@@ -120,7 +127,10 @@ def place_file(src: Path | str, dst: Path | str, link_type: str = "copy", durabl
                     fdst.flush()
                     os.fsync(fdst.fileno())
         if expect is not None:
-            _check_written(src, dst, expect, dst_dir_fd)
+            # A copy's bytes were counted as they were copied; a reflink's or a link's are
+            # counted as this check reads them (progress.py).
+            with progress.uncounted() if how == "copy" else nullcontext():
+                _check_written(src, dst, expect, dst_dir_fd)
         return how
     except OSError as exc:
         if exc.errno == errno.ENOSPC:

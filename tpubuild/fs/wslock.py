@@ -16,6 +16,7 @@ from typing import Callable
 from tpubuild.errors import UsageError
 from tpubuild.fs.flock import LockTimeout, open_lock_file, unlock, wait_lock
 from tpubuild.gitignore import ignore_itself
+from tpubuild.trace_events import waiting
 
 
 class WorkspaceLock:
@@ -29,7 +30,8 @@ class WorkspaceLock:
         ignore_itself(self.path.parent)  # the state directory is tpubuild's alone: never in git
         fd = open_lock_file(str(self.path), None, 0o644)
         try:
-            wait_lock(fd, wait, notify, "another tpubuild build of this workspace")
+            with waiting("workspace_lock"):  # build --profile's event (trace_events.py)
+                wait_lock(fd, wait, notify, "another tpubuild build of this workspace")
         except LockTimeout as exc:
             os.close(fd)
             raise UsageError(f"another tpubuild build is running in this workspace ({exc.holder}); "

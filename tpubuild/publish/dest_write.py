@@ -51,12 +51,22 @@ class DestinationWriting(DestinationBase):
         """Upload each tree's files from its local directory to its staging name, then read
         every object back and check its size and BLAKE3. `deadline` (time.monotonic()): past
         it nothing more is written (a cleaner may take the claim for gone)."""
-        for tree, local in trees:
-            for rel in sorted(tree.files):
-                _before(deadline, self.url)
-                source, staged = os.fspath(local / rel), f"{tree.staged}/{rel}"
-                self.call(f"cannot upload {staged}", lambda s=source, d=staged: self.io.upload(s, d))
+        from tpubuild import progress
+
+        total = sum(size for tree, _ in trees for size, _digest in tree.files.values())
+        with progress.meter(f"uploading to {self.url}", total):  # on a terminal: bytes sent, rate
+            for tree, local in trees:
+                for rel in sorted(tree.files):
+                    _before(deadline, self.url)
+                    source, staged = os.fspath(local / rel), f"{tree.staged}/{rel}"
+                    self.call(f"cannot upload {staged}", lambda s=source, d=staged: self.io.upload(s, d))
+        with progress.meter(f"reading back from {self.url}", total):
+            self._read_back(trees, scratch, deadline)
+
+    def _read_back(self, trees: list[tuple[Tree, Path]], scratch: Path, deadline: float) -> None:
+        """stage's check: every object read back, its size and BLAKE3 the local file's."""
         from tpubuild.digests import hash_file
+        from tpubuild.progress import uncounted
 
         for tree, _local in trees:
             for rel, (size, digest) in sorted(tree.files.items()):
@@ -69,7 +79,9 @@ class DestinationWriting(DestinationBase):
                 except FileNotFoundError:
                     raise DestinationError(f"publish_to {self.url}: {tree.staged}/{rel} vanished after its upload "
                                            "(removed by another job that took this one for gone?)") from None
-                if got != size or hash_file(probe) != digest:
+                with uncounted():  # bytes counted as they were read back
+                    same = got == size and hash_file(probe) == digest
+                if not same:
                     raise DestinationError(f"publish_to {self.url}: {tree.staged}/{rel} does not read back as "
                                            f"uploaded ({got} bytes of {size}, or other bytes); nothing published")
                 os.unlink(probe)

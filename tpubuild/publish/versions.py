@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from tpubuild import progress
 from tpubuild.atomic import fsync_path, write_text_atomic
 from tpubuild.digests import FileEntry, StatCache, hash_file
 from tpubuild.errors import StageError
@@ -261,12 +262,14 @@ def publish(
     try:
         manifest = dict(manifest, version=number)
         made = {tmp}
-        for entry, obj in files:
-            target = tmp / entry.path
-            if target.parent not in made:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                made.add(target.parent)
-            place_file(obj, target, link_type, expect=entry.hash)  # the bytes published are the ones checked
+        # On a terminal, a large version's copy shows its bytes done and rate (progress.py).
+        with progress.meter(f"publishing {recipe_dir.name} version {number}", sum(e.size for e, _ in files)):
+            for entry, obj in files:
+                target = tmp / entry.path
+                if target.parent not in made:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    made.add(target.parent)
+                place_file(obj, target, link_type, expect=entry.hash)  # the bytes published are the ones checked
         with open(tmp / MANIFEST, "w") as f:
             json.dump(manifest, f, indent=2, sort_keys=True)
             f.write("\n")

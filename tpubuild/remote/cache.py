@@ -310,7 +310,7 @@ class RemoteCache:
             self.count(bytes_down=size)
             if size != f.size:
                 problem = f"is truncated ({size} bytes, expected {f.size})"
-            elif hash_file(tmp, size) != f.hash:
+            elif _uncounted_hash(tmp, size) != f.hash:
                 problem = "is corrupted (its BLAKE3 hash does not match its name)"
             else:
                 return tmp
@@ -438,3 +438,11 @@ def _reason(exc: BaseException) -> str:
 
 
 __all__ = ["RemoteCache", "RemoteStats"]
+
+
+def _uncounted_hash(path: str, size: int) -> str:
+    """The check of a download, whose bytes a terminal's meter counted as they came (progress.py)."""
+    from tpubuild.progress import uncounted
+
+    with uncounted():
+        return hash_file(path, size)

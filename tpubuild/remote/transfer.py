@@ -13,6 +13,7 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from tpubuild import progress
 from tpubuild.keys import StageEntry, parse_entry
 
 if TYPE_CHECKING:
@@ -52,22 +53,26 @@ def fetch_objects(remote: RemoteCache, files: Iterable[FileEntry], store: Store,
     work = store.new_workdir("remote-fetch")
 
     def fetch(f: FileEntry) -> bool:
-        path = remote.fetch_object(f, os.fspath(work), owner)
-        if path is None:
-            return False
-        store.adopt_object(path, f.hash)
+        with progress.carried(meter):  # the download threads count into the operation's meter
+            path = remote.fetch_object(f, os.fspath(work), owner)
+            if path is None:
+                return False
+            with progress.uncounted():  # the check of bytes counted as they came
+                store.adopt_object(path, f.hash)
         return True
 
     try:
-        # All of them, past a wrong one too: every wrong object is reported (and then
-        # replaced by a push).
-        if len(missing) == 1:
-            results = [fetch(missing[0])]
-        else:
-            from concurrent.futures import ThreadPoolExecutor
+        # On a terminal, a large download shows its bytes done and rate (progress.py).
+        with progress.meter(f"downloading from {remote.url}", sum(f.size for f in missing)) as meter:
+            # All of them, past a wrong one too: every wrong object is reported (and then
+            # replaced by a push).
+            if len(missing) == 1:
+                results = [fetch(missing[0])]
+            else:
+                from concurrent.futures import ThreadPoolExecutor
 
-            with ThreadPoolExecutor(max_workers=min(FETCH_THREADS, len(missing))) as pool:
-                results = list(pool.map(fetch, missing))
+                with ThreadPoolExecutor(max_workers=min(FETCH_THREADS, len(missing))) as pool:
+                    results = list(pool.map(fetch, missing))
         return all(results) and remote.enabled
     finally:
         store.remove_workdir(work)
@@ -78,17 +83,17 @@ def push_objects(remote: RemoteCache, files: Iterable[FileEntry], store: Store,
     """Upload the objects of `files` the remote lacks (or holds with a wrong size or a
     content seen wrong), each from its intact copy in the local store. True when the
     remote holds them all."""
-    seen = set()
-    for f in files:
-        if f.hash in seen:
-            continue
-        seen.add(f.hash)
+    unique = list({f.hash: f for f in files}.values())
+    # On a terminal, a large upload shows its bytes done and rate (progress.py).
+    with progress.meter(f"uploading to {remote.url}", sum(f.size for f in unique)):
+        for f in unique:
 
-        def intact(f: FileEntry = f) -> str | None:
-            return os.fspath(store.object_path(f.hash)) if store.has_object(f.hash, stat_cache) else None
+            def intact(f: FileEntry = f) -> str | None:
+                with progress.uncounted():  # the local copy's check is not the upload
+                    return os.fspath(store.object_path(f.hash)) if store.has_object(f.hash, stat_cache) else None
 
-        if not remote.push_object(f, intact):
-            return False
+            if not remote.push_object(f, intact):
+                return False
     return True
 
 

@@ -27,6 +27,7 @@ from tpubuild.keys import RECORD_LIMIT, StageEntry, parse_entry
 from tpubuild.store import record_mac
 from tpubuild.store.index import StoreIndex
 from tpubuild.store.objects import StoreObjects
+from tpubuild.trace_events import span
 
 __all__ = ["StageRecords"]
 
@@ -185,7 +186,8 @@ class StageRecords(StoreObjects):
         name there is then that same inode: the object holds the bytes that were hashed.
         Symbolic links and special files in the output are a StageError naming them."""
         entries = []
-        with self.sessions.in_session(out_dir) as out_fd:
+        with span("storing the outputs in the cache (hashing them)", cat="cache"), \
+                self.sessions.in_session(out_dir) as out_fd:
             for rel, _ in walk_regular(out_fd, os.fspath(out_dir)):
                 parent, name = os.path.split(rel)
                 with opened(open_path(out_fd, parent)) as parent_fd:
@@ -207,7 +209,8 @@ class StageRecords(StoreObjects):
         """Copy a user directory's files, whose hashes the key took, into the store (each
         copy checked against its hash: `ingest_copies`) and record them under `key`."""
         self.sessions.open()
-        self.ingest_copies(files, src_root, stat_cache)
+        with span("copying into the cache", cat="cache", files=len(files), bytes=sum(f.size for f in files)):
+            self.ingest_copies(files, src_root, stat_cache)
         return self._record(key, stage, files, {}, [], record)
 
     def add_entry(self, entry: StageEntry) -> StageEntry:

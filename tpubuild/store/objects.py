@@ -10,6 +10,7 @@ import stat
 from pathlib import Path
 from typing import Callable, Iterator
 
+from tpubuild import progress
 from tpubuild.digests import FileEntry, StatCache, hash_fd, stat_key
 from tpubuild.errors import StageError, file_kind
 from tpubuild.fs import NotAFile, fsync_fd, lstat_at, open_dir, open_regular_at, opened, place_file, remove_at
@@ -243,24 +244,25 @@ class StoreObjects:
         published never shares an inode with the user's files. With `stat_cache`, an
         existing object is verified (and replaced when damaged), not trusted. Each copy
         is hashed from its own descriptor before it is renamed in."""
-        work = None
+        missing = list({f.hash: f for f in files if not (
+            self.object_ok(f.hash, stat_cache) if stat_cache is not None
+            else os.path.lexists(self.object_path(f.hash)))}.values())
+        if not missing:
+            return
+        work = self.sessions.new_workdir("ingest")
         try:
-            for f in files:
-                present = self.object_ok(f.hash, stat_cache) if stat_cache is not None else \
-                    os.path.lexists(self.object_path(f.hash))
-                if present:
-                    continue
-                if work is None:
-                    work = self.sessions.new_workdir("ingest")
-                src = os.path.join(src_root, f.path)
-                with self.sessions.in_session(work) as work_fd:
-                    # Links inside the model are allowed (walk_files checked they stay inside it).
-                    place_file(src, f.hash, "copy", follow=True, dst_dir_fd=work_fd)
-                    fd, _ = open_regular_at(f.hash, work_fd)
-                    with opened(fd):
-                        if hash_fd(fd, os.fstat(fd).st_size) != f.hash:
-                            raise StageError(f"{src} changed while it was being read")
-                        self.move_in(f.hash, work_fd, f.hash, os.fstat(fd), src)
+            # On a terminal, a large model's copy shows its bytes done (progress.py); each
+            # copy's check reads what was just counted.
+            with progress.meter("copying into the cache", sum(f.size for f in missing)):
+                for f in missing:
+                    src = os.path.join(src_root, f.path)
+                    with self.sessions.in_session(work) as work_fd:
+                        # Links inside the model are allowed (walk_files checked they stay inside it).
+                        place_file(src, f.hash, "copy", follow=True, dst_dir_fd=work_fd)
+                        fd, _ = open_regular_at(f.hash, work_fd)
+                        with opened(fd), progress.uncounted():
+                            if hash_fd(fd, os.fstat(fd).st_size) != f.hash:
+                                raise StageError(f"{src} changed while it was being read")
+                            self.move_in(f.hash, work_fd, f.hash, os.fstat(fd), src)
         finally:
-            if work is not None:
-                self.sessions.remove(work)
+            self.sessions.remove(work)

@@ -40,6 +40,7 @@ from tpubuild.fs import (
     wait_lock,
 )
 from tpubuild.store.layout import CacheLayout
+from tpubuild.trace_events import waiting
 
 # How long a build waits for the store lock (held by gc, verify-cache, or anyone who can
 # read the cache), in seconds; this variable sets it.
@@ -85,7 +86,8 @@ class Sessions:
             self.layout.warn_if_shared()  # once `v1/` exists, with the mode it was given
             with opened(lock_fd):
                 try:
-                    wait_lock(lock_fd, wait, self.layout.report, f"the cache lock {self.lock_path}")
+                    with waiting("cache_lock"):  # build --profile's event (trace_events.py)
+                        wait_lock(lock_fd, wait, self.layout.report, f"the cache lock {self.lock_path}")
                 except LockTimeout as exc:
                     self._busy = (f"the cache lock {self.lock_path} stayed busy ({exc.holder}); gave up after "
                                   f"{wait:g} s (set {LOCK_WAIT_VARIABLE} to wait longer)")

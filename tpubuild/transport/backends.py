@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
+from tpubuild import progress
 from tpubuild.config.remote_url import BACKENDS, EXTRA, Timeouts, url_problem
 from tpubuild.digests import CHUNK
 from tpubuild.errors import TpubuildError
@@ -257,13 +258,18 @@ class _FsspecBackend(Backend):
                     break  # shorter than it said: the hash check says so
                 out.write(data)
                 done += len(data)
+                progress.advance(len(data))
         return done
 
     def size(self, rel: str) -> int:
         return int(self._call("info", self._path(rel))["size"])
 
     def upload(self, local: str, rel: str) -> None:
-        self._call("put_file", local, self._path(rel), deadline=self.timeouts.upload_deadline(os.path.getsize(local)))
+        extra = {}
+        if progress.current() is not None:  # a terminal shows the bytes sent (fsspec's callbacks)
+            extra["callback"] = _counted_callback()
+        self._call("put_file", local, self._path(rel), deadline=self.timeouts.upload_deadline(os.path.getsize(local)),
+                   **extra)
 
     def create(self, rel: str, data: bytes) -> bool:
         try:
@@ -364,6 +370,7 @@ class _LocalBackend(Backend):
             while done < limit and (data := src.read(min(CHUNK, limit - done))):
                 out.write(data)
                 done += len(data)
+                progress.advance(len(data))
         return done
 
     def size(self, rel: str) -> int:
@@ -502,5 +509,22 @@ class _LocalBackend(Backend):
 
 def _copy_into(local: str, out: Any) -> None:
     with open(local, "rb") as src:
-        shutil.copyfileobj(src, out, 1 << 20)
+        while chunk := src.read(1 << 20):
+            out.write(chunk)
+            progress.advance(len(chunk))
+
+
+def _counted_callback() -> Any:
+    """An fsspec Callback that counts the bytes an upload reports into this thread's meter
+    (s3fs and gcsfs call `relative_update` per part sent)."""
+    from fsspec.callbacks import Callback
+
+    meter = progress.current()  # fsspec calls back from its own event-loop thread
+
+    class Counted(Callback):  # type: ignore[misc]
+        def relative_update(self, inc: int = 1) -> None:
+            if meter is not None:
+                meter.add(inc)
+
+    return Counted()
 

@@ -28,6 +28,7 @@ import os
 import socket
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -164,7 +165,12 @@ class RayExecutor:
         finally:
             with self.lock:
                 self.running.discard(ref)
+        received = time.monotonic()
         reply = result["reply"]
+        # Where it ran and how long its transfers took there: build --profile's events
+        # (engine/timeline.py), anchored at this reply's arrival.
+        reply["node"] = {"host": result["host"], "pid": result.get("pid"), "received": received,
+                         "fetch_seconds": result.get("fetch_seconds"), "upload_seconds": result.get("upload_seconds")}
         # The nodes' transfers are this build's too: the summary line and --json count them.
         self.remote.count(bytes_down=result.get("bytes_down", 0), bytes_up=result.get("bytes_up", 0))
         if reply.get("ok"):
@@ -318,11 +324,14 @@ def run_on_node(request: dict[str, Any], timeout: float | None, remote_url: str)
 
     host = socket.gethostname()
 
+    began = time.monotonic()
+    phases: dict[str, float] = {}  # the node's own clock: fetch and upload seconds (engine/timeline.py)
+
     def failed(message: str) -> dict[str, Any]:
-        return {"reply": {"ok": False, "error": message}, "files": [], "host": host}
+        return {"reply": {"ok": False, "error": message}, "files": [], "host": host, "pid": os.getpid()}
 
     def result(reply: dict[str, Any], files: list[FileEntry]) -> dict[str, Any]:
-        return {"reply": reply, "files": _rows(files), "host": host,
+        return {"reply": reply, "files": _rows(files), "host": host, "pid": os.getpid(), **phases,
                 "bytes_down": remote.stats.bytes_down, "bytes_up": remote.stats.bytes_up}
 
     refresh_installed()
@@ -351,6 +360,7 @@ def run_on_node(request: dict[str, Any], timeout: float | None, remote_url: str)
                                       request["options"], dirs, request["results"])
         pool = node_pool(node_env(request["keyed"]["env"]), logs)
         fresh = Path(request["workspace"]) if request["fresh"] else None
+        phases["fetch_seconds"] = time.monotonic() - began
         try:
             reply = pool.run(local_request, timeout, fresh)
         except StageTimeout as exc:
@@ -359,12 +369,14 @@ def run_on_node(request: dict[str, Any], timeout: float | None, remote_url: str)
             raise WorkerDied(f"{exc} on ray node {host}") from None
         if not reply.get("ok"):
             return result(reply, [])
+        uploading = time.monotonic()
         files = [FileEntry(rel, hash_file(out_dir / rel, st.st_size), st.st_size)
                  for rel, st in walk_files(out_dir, symlinks="reject")]
         store.ingest_copies(files, out_dir, stat)
         if not push_objects(remote, files, store, stat):
             return failed(f"ray node {host} could not upload the outputs to the remote cache "
                           f"({_last_failure(remote)})")
+        phases["upload_seconds"] = time.monotonic() - uploading
         return result(reply, files)
     except StageError as exc:
         if isinstance(exc, WorkerDied):
