@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import fnmatch
 import glob
 import os
@@ -53,6 +54,12 @@ class Recipe:
     # None: out/ only), and `serving.version_labels`: neither is part of what is built.
     publish_to: str | None = field(default=None, repr=False)
     version_labels: dict[str, int] = field(default_factory=dict, repr=False)
+    # The converter section as the recipe's layers write it (the workspace's defaults, its
+    # bases and itself merged, paths root-relative), beside the canonical meaning: how
+    # `tpubuild render` spells it (render.Spelling: list order, an explicit scope, an empty
+    # section); and the JSON paths of its dataset paths that were written absolute.
+    written_converter: dict[str, Any] = field(default_factory=dict, repr=False)
+    absolute_paths: frozenset[tuple] = field(default_factory=frozenset, repr=False)
 
     @cached_property
     def canonical_json(self) -> str:
@@ -405,8 +412,12 @@ def _finish(data: dict, marks: Marks, path: Path, display: str, ws: Workspace, d
     labels = dict((data.pop("serving", None) or {}).get("version_labels") or {})
     name = data.get("name") or _stem(path)
     name_loc = marks.key(("name",)) if "name" in data else Location(display)
+    written = copy.deepcopy(data.get("converter", {}))
+    absolute = frozenset(p for p, value in marks.written.items()
+                         if p[:1] == ("converter",) and os.path.isabs(os.path.expanduser(value)))
     return Recipe(name, path, display, ws.root, canonicalize(data, name, ws.root), name_loc=name_loc,
-                  globs=_has_glob(data), publish_to=publish_to, version_labels=labels)
+                  globs=_has_glob(data), publish_to=publish_to, version_labels=labels,
+                  written_converter=written, absolute_paths=absolute)
 
 
 def _has_glob(value: Any) -> bool:
