@@ -7,6 +7,7 @@ import copy
 import fnmatch
 import glob
 import os
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -403,7 +404,7 @@ def _finish(data: dict, marks: Marks, path: Path, display: str, ws: Workspace, d
         problems += model_problems(data, marks, ws.root)
     problems += _name_problems(data, marks, path, display, reported=any(d.json_path == "name" for d in problems))
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(one_line_per_list(problems))
     data.pop("extends", None)
     data.pop("$schema", None)
     # Where the versions go and how a server labels them: nothing a stage reads, so not
@@ -418,6 +419,34 @@ def _finish(data: dict, marks: Marks, path: Path, display: str, ws: Workspace, d
     return Recipe(name, path, display, ws.root, canonicalize(data, name, ws.root), name_loc=name_loc,
                   globs=_has_glob(data), publish_to=publish_to, version_labels=labels,
                   written_converter=written, absolute_paths=absolute)
+
+
+# More problems than this among the elements of one list are one line and a count.
+MAX_ELEMENT_LINES = 3
+_ELEMENT = re.compile(r"(.*)\[(\d+)\]")
+
+
+def one_line_per_list(problems: list[Diagnostic]) -> list[Diagnostic]:
+    """`problems` with those of the elements of one list (`...allowed_batch_sizes[7]`), when
+    there are more than MAX_ELEMENT_LINES, said once: the first element's, and how many more
+    (100,000 bad sizes are one line, not 100,000)."""
+    lists: dict[tuple[str, str], list[tuple[int, Diagnostic]]] = {}
+    out = []
+    for problem in problems:
+        element = _ELEMENT.fullmatch(problem.json_path)
+        if element:
+            lists.setdefault((problem.loc.path, element.group(1)), []).append((int(element.group(2)), problem))
+        else:
+            out.append(problem)
+    for (_, name), elements in lists.items():
+        if len(elements) <= MAX_ELEMENT_LINES:
+            out += [problem for _, problem in elements]
+            continue
+        elements.sort(key=lambda element: element[0])
+        first, last = elements[0][1], elements[-1][0]
+        more = f"and {len(elements) - 1} more problems in its elements, up to {name}[{last}]"
+        out.append(Diagnostic(first.loc, first.json_path, f"{first.message} ({more})"))
+    return out
 
 
 def _has_glob(value: Any) -> bool:
