@@ -31,7 +31,7 @@ from tpubuild.config.workspace import (
     implicit_workspace,
     load_workspace,
 )
-from tpubuild.config.yamlload import Marks, read_yaml_file
+from tpubuild.config.yamlload import Marks, load_yaml, read_yaml_file
 from tpubuild.errors import ConfigError, Diagnostic, Location, UsageError
 
 
@@ -331,26 +331,42 @@ def load_converter_options(converter: dict[str, Any], saved_model: Path, origin:
     return _finish(data, marks, ws.root / origin, origin, ws)
 
 
-def _load(path: Path, ws: Workspace, deep: bool = False) -> Recipe:
+def load_recipe_text(text: str, path: Path, ws: Workspace) -> Recipe:
+    """The recipe `text` as it will load once written at `path` (absolute) in `ws`, its
+    SavedModel allowed not to exist yet (`model.saved_model` is not checked: the caller
+    checks that it is inside the workspace): what `tpubuild import` checks before it writes
+    a file."""
+    return _load(Path(path), ws, text=text)
+
+
+def recipe_names(ws: Workspace) -> list[tuple[str, Path]]:
+    """(name, file) of every recipe file of the workspace, loadable or not (a broken one's
+    name as far as it can be read, as targets match it)."""
+    return [(_readable_name(path, ws), path) for path in discover(ws)]
+
+
+def _load(path: Path, ws: Workspace, deep: bool = False, text: str | None = None) -> Recipe:
     display = display_path(path, ws.root)
     read: list[Path] = []
     replaced: list[ReplacedList] = []
-    data, marks = _read_layered(path, ws, display, chain=(), read=read, replaced=replaced)
+    data, marks = _read_layered(path, ws, display, chain=(), read=read, replaced=replaced, text=text)
     if ws.defaults:  # deep_merge copies: the workspace's defaults stay untouched
         data, marks = deep_merge(ws.defaults, ws.defaults_marks, data, marks, replaced)
-    recipe = _finish(data, marks, path, display, ws, deep)
+    recipe = _finish(data, marks, path, display, ws, deep, model_pending=text is not None)
     recipe.files = read
     recipe.warnings = [r.warning() for r in replaced]
     return recipe
 
 
 def _read_layered(path: Path, ws: Workspace, display: str, chain: tuple[Path, ...],
-                  read: list[Path] | None = None, replaced: list[ReplacedList] | None = None) -> tuple[dict, Marks]:
-    """The recipe at `path` with its `extends` chain applied, paths rebased to the root;
-    every file read is appended to `read`, every list that lost fields to `replaced`."""
+                  read: list[Path] | None = None, replaced: list[ReplacedList] | None = None,
+                  text: str | None = None) -> tuple[dict, Marks]:
+    """The recipe at `path` (or `text`, to be written there) with its `extends` chain
+    applied, paths rebased to the root; every file read is appended to `read`, every list
+    that lost fields to `replaced`."""
     if read is not None:
         read.append(path)
-    data, marks = read_yaml_file(path, display)
+    data, marks = read_yaml_file(path, display) if text is None else load_yaml(text, display)
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -395,9 +411,12 @@ def _name_problems(data: dict, marks: Marks, path: Path, display: str, reported:
     return [Diagnostic(marks.value(("name",)), "name", invalid_name_message(name))]
 
 
-def _finish(data: dict, marks: Marks, path: Path, display: str, ws: Workspace, deep: bool = False) -> Recipe:
+def _finish(data: dict, marks: Marks, path: Path, display: str, ws: Workspace, deep: bool = False,
+            model_pending: bool = False) -> Recipe:
     problems = schema_diagnostics("recipe", data, marks)
     problems += Checker(data, marks, ws.root).run()
+    if model_pending:
+        problems = [d for d in problems if d.json_path != "model.saved_model"]
     if deep and not problems:  # on a recipe whose shape is right: the model's files are read
         from tpubuild.config.model_checks import model_problems
 
