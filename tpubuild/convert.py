@@ -54,12 +54,15 @@ def convert(
         raise UsageError(f"{out}: output directory exists and is not empty")
     if any(s.name == "tpu" for s in plan(canonical)):
         _refuse_converted(src, canonical["model"]["tags"])
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    except OSError as exc:  # a file where a directory of OUT_DIR's path should be, no permission
+        raise UsageError(f"{out}: cannot be made: {exc.strerror or exc} ({exc.filename or out.parent})") from None
 
     result = ConvertResult()
     outputs: dict[str, Path] = {"source": src}
     summaries: dict[str, dict[str, Any]] = {}
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         current = src
         for index, stage in enumerate(s for s in plan(canonical) if s.name in RUNNABLE):

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,7 +107,7 @@ def claim(ws: Workspace, name: str) -> Slot:
     name or that lock file."""
     slot = Slot(ws, name)
     again = "give another --name (import never overwrites a recipe)"
-    with opened(_open_root(ws)) as root_fd:
+    with _said(RECIPES_DIR), opened(_open_root(ws)) as root_fd:
         fd = _recipes_dir(root_fd, create=False)
         if fd is not None:
             with opened(fd):
@@ -180,7 +181,7 @@ def write_recipe(slot: Slot, imported: Imported, origin: str, model: Path, guess
         paths = ", ".join(f"converter.{format_path(path)}" for path in kept)
         notes.append(f"note: {slot.shown} sets {paths} as {origin} leaves them, over the workspace's defaults "
                      f"({ws.display(ws.file)}): they do not apply to it")
-    with opened(_open_root(ws)) as root_fd:
+    with _said(slot.shown), opened(_open_root(ws)) as root_fd:
         fd = _recipes_dir(root_fd, create=True)
         assert fd is not None
         with opened(fd):
@@ -224,6 +225,15 @@ def _represent_list(dumper: Any, value: list) -> Any:
 
 _Dumper.add_representer(str, _represent_str)
 _Dumper.add_representer(list, _represent_list)
+
+
+@contextmanager
+def _said(what: str) -> Iterator[None]:
+    """An OSError of the file system (no permission, a read-only disk) as one line naming `what`."""
+    try:
+        yield
+    except OSError as exc:
+        raise UsageError(f"{what}: {exc.strerror or exc}") from None
 
 
 def _open_root(ws: Workspace) -> int:

@@ -253,3 +253,13 @@ def test_the_converted_model_keeps_the_inputs_file_modes(models: dict[str, Path]
         modes[str(path.relative_to(tmp_path))] = (oct(stat.S_IMODE(path.stat().st_mode)), oct(expected))
     assert modes["out/saved_model.pb"] == ("0o644", "0o644")
     assert all(actual == expected for actual, expected in modes.values()), modes
+
+
+def test_an_output_dir_that_cannot_be_made_is_one_line(models: dict[str, Path], tmp_path: Path) -> None:
+    """A file where a directory of OUT_DIR's path should be was a FileExistsError traceback."""
+    (tmp_path / "notes").write_text("mine\n")
+    code, output = convert(f"--input_model_dir={models['toy']}", f"--output_model_dir={tmp_path / 'notes' / 'out'}",
+                           f"--converter_options_string={TPU}")
+    assert (code, output) == (2, f"error: {tmp_path / 'notes' / 'out'}: cannot be made: File exists "
+                                 f"({tmp_path / 'notes'})\n")
+    assert (tmp_path / "notes").read_text() == "mine\n"
