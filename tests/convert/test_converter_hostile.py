@@ -3,8 +3,11 @@
 exit 2, writes nothing outside recipes/ and never through a link, and an imported recipe
 means exactly the imported text, judged by protobuf's own message equality on the
 messages compiled from schemas/*.proto (the committed descriptor set) and protobuf's
-text_format as the reference parser. TensorFlow-free: the commands run as a user runs
-them, in subprocesses (a converted model's file modes are in test_converter_flags.py)."""
+text_format as the reference parser. TensorFlow-free: the commands run in this process
+from the directory a user would run them in (tests/cli.py run_cli: an exception other
+than SystemExit, a traceback, fails the test); the subprocess that checks they import no
+TensorFlow is in test_converter_text.py, a converted model's file modes in
+test_converter_flags.py."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from google.protobuf import text_format
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.cli import tpubuild
+from tests.cli import run_cli, tpubuild
 from tpubuild.config.recipe import load_recipe_file
 from tpubuild.converter_protos import GUIDE, MESSAGES, message_class
 
@@ -39,8 +42,13 @@ def ws(tmp_path: Path) -> Path:
 
 
 def run(cwd: Path, *args: str) -> tuple[int, str, str]:
-    done = tpubuild(cwd, *args, timeout=120)
-    return done.returncode, done.stdout, done.stderr
+    """`tpubuild ARGS` run from `cwd`: (exit code, stdout, stderr)."""
+    before = os.getcwd()
+    os.chdir(cwd)
+    try:
+        return run_cli(*args)
+    finally:
+        os.chdir(before)
 
 
 def imports_back(ws: Path, text: str, name: str = "t", dialect: str = GUIDE, cwd: Path | None = None,
@@ -126,8 +134,9 @@ def test_recipes_a_dangling_link_is_one_line_and_is_not_followed(ws: Path, tmp_p
 
 
 def test_an_endless_file_is_read_no_further_than_the_bound(ws: Path) -> None:
-    code, out, err = run(ws, "import", "/dev/zero", "--name", "zero")
-    assert (code, out, err) == (
+    # In a process of its own, with a deadline: a read with no bound fills the memory.
+    done = tpubuild(ws, "import", "/dev/zero", "--name", "zero", timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (
         2, "", "error: /dev/zero: larger than 4 MiB, not read (a converter text proto is a few kilobytes)\n")
 
 
