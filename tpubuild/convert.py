@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import os
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,16 +47,22 @@ def convert(
     src, out = Path(src).resolve(), Path(out).resolve()
     if not (src / "saved_model.pb").is_file():
         raise UsageError(f"{src}: not a SavedModel directory (no saved_model.pb)")
+    if out.is_relative_to(src):
+        # Its work directory and its output would be read back as part of the input.
+        raise UsageError(f"{out}: inside the SavedModel to convert ({src}); the output goes outside the input")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"{out}: output directory exists and is not empty")
     if any(s.name == "tpu" for s in plan(canonical)):
         _refuse_converted(src, canonical["model"]["tags"])
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    except OSError as exc:  # a file where a directory of OUT_DIR's path should be, no permission
+        raise UsageError(f"{out}: cannot be made: {exc.strerror or exc} ({exc.filename or out.parent})") from None
 
     result = ConvertResult()
     outputs: dict[str, Path] = {"source": src}
     summaries: dict[str, dict[str, Any]] = {}
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         current = src
         for index, stage in enumerate(s for s in plan(canonical) if s.name in RUNNABLE):
@@ -76,7 +83,7 @@ def convert(
             result.ran.append(StageRun(stage.name, outcome.summary, list(outcome.warnings)))
             if stage.name in TRANSFORMS:
                 current = stage_out
-        _publish(current, out, work, canonical["model"]["tags"])
+        _publish(current, out, work, canonical["model"]["tags"], src)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return result
@@ -105,7 +112,7 @@ def _run_function(name: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(module_name), function)
 
 
-def _publish(model_dir: Path, out: Path, work: Path, tags: list[str]) -> None:
+def _publish(model_dir: Path, out: Path, work: Path, tags: list[str], src: Path) -> None:
     """Rename the final model into place; the source itself is re-saved, never moved."""
     if not model_dir.is_relative_to(work):
         from tpubuild.savedmodel.model import SavedModel
@@ -114,8 +121,38 @@ def _publish(model_dir: Path, out: Path, work: Path, tags: list[str]) -> None:
         copy.mkdir()
         SavedModel.load(model_dir, tags).save(copy)
         model_dir = copy
+    _modes_of(src, model_dir)
     try:
         # rename(2) replaces an empty directory atomically; a non-empty one makes it fail.
         os.replace(model_dir, out)
     except OSError as exc:
         raise ConversionError(f"{out}: cannot publish the converted model: {exc.strerror}") from None
+
+
+def _modes_of(src: Path, model_dir: Path) -> None:
+    """Give each file and directory of the converted model the permissions of the input's
+    of the same kind at the same path (else the umask's). The stages write saved_model.pb
+    as atomic.write_atomic does, 0600 as mkstemp makes it: right for the cache, not for a
+    model the user asked for beside theirs."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+
+    def give(path: Path) -> None:
+        st = os.lstat(path)
+        if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+            return  # a stage writes no link; none is followed
+        try:
+            theirs = os.lstat(src / path.relative_to(model_dir))
+        except OSError:
+            theirs = None
+        if theirs is not None and stat.S_IFMT(theirs.st_mode) == stat.S_IFMT(st.st_mode):
+            mode = stat.S_IMODE(theirs.st_mode)
+        else:
+            mode = (0o777 if stat.S_ISDIR(st.st_mode) else 0o666) & ~umask
+        os.chmod(path, mode)
+
+    paths = [model_dir]
+    for directory, dirs, files in os.walk(model_dir):
+        paths += [Path(directory) / name for name in (*dirs, *files)]
+    for path in reversed(paths):  # what is inside first: a directory made read-only is still walked
+        give(path)

@@ -2,23 +2,42 @@
 read into a recipe's `converter:` section, in either dialect.
 
 The guide's `ConverterOptions` (schemas/converter_options.proto) and today's
-`ConverterOptionsV2` (schemas/converter_options_v2.proto) are told apart by their fields:
-the text is parsed as both, and the one that reads it is its dialect (text that both
-read uses only fields they share, which mean the same in both: it is taken as the
-guide's). Every field set in the message is either carried into the recipe or refused
-with one line naming it and why; a field this module has no rule for is refused too, so
-none is ever dropped silently. TensorFlow-free: protobuf's text parser on our messages.
+`ConverterOptionsV2` (schemas/converter_options_v2.proto) are told apart by what their
+fields mean: the text is parsed as both, and when only one reads it, that one is its
+dialect; when both do and tpubuild reads the same options from each (fields they share
+mean the same in both), it is taken as the guide's; when both do and the two readings
+differ (V2's `scope: ALL` alone keeps neither the signature nor tpubuild's bfloat16
+variables), the text is ambiguous and `--dialect v1|v2` says which it is. Every field
+set in the message is either carried into the recipe or refused with one line naming it
+and why; a field this module has no rule for is refused too, and so is what protobuf's
+parser would drop without a word (a second map entry with the same key, a field of a
+TopologyProto tpubuild does not read), so none is ever dropped silently.
+TensorFlow-free: protobuf's text parser on our messages.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from tpubuild.converter_protos import GUIDE, MESSAGES, TOPOLOGY, V2, message_class, short_names
-from tpubuild.errors import ConfigError, Diagnostic, Location
+from tpubuild.errors import ConfigError, Diagnostic, Location, UsageError
+
+# `--dialect` -> the dialect it names.
+DIALECTS = {"v1": GUIDE, "v2": V2}
+# A converter text proto is a few kilobytes; a file is read up to this much, never more
+# (`tpubuild import /dev/zero`). Above the recipe's own bound (config/yamlload.py
+# MAX_DOCUMENT_BYTES), so a text too big for a recipe is told so by import, not cut here.
+MAX_TEXT_BYTES = 4 << 20
+# How much of an input line or value an error message quotes.
+QUOTED_LINE = 80
+QUOTED_WORD = 60
+# Fields of TensorFlow's tensorflow.tpu.TopologyProto (tensorflow/core/protobuf/tpu/
+# topology.proto) beyond the four schemas/converter_options.proto restates, by number.
+TOPOLOGY_FIELDS = {5: "tpu_hardware_feature"}
 
 # TensorFlow's QuantizationMethod.PresetMethod values -> tpubuild's method names
 # (the reverse of render.PRESET_METHODS).
@@ -54,35 +73,111 @@ REFUSED = {
 class Imported:
     dialect: str  # GUIDE or V2
     converter: dict[str, Any]  # the recipe's `converter:` section, only what the text sets
+    message: Any = None  # the text parsed as `dialect`'s message: what the recipe must render back to
 
 
-def read_text_proto(text: str, origin: str) -> Imported:
-    """`text` in whichever dialect reads it; `origin` names it in errors (a file, or
-    `--converter_options_string`). Raises ConfigError: a parse error at its line and column,
-    or every refused field, one line each."""
+def read_text_file(path: Path | str, origin: str) -> str:
+    """The text of the file `path` (named `origin` in errors), read up to MAX_TEXT_BYTES:
+    UsageError when it cannot be read or is larger, ConfigError at FILE:L:C when it is not
+    UTF-8."""
+    try:
+        with open(path, "rb") as stream:
+            data = stream.read(MAX_TEXT_BYTES + 1)
+    except OSError as exc:
+        raise UsageError(f"{origin}: cannot read: {exc.strerror or exc}") from None
+    if len(data) > MAX_TEXT_BYTES:
+        raise UsageError(f"{origin}: larger than {MAX_TEXT_BYTES >> 20} MiB, not read (a converter text proto is a "
+                         "few kilobytes)")
+    return decode_text(data, origin)
+
+
+def decode_text(data: bytes | str, origin: str) -> str:
+    """`data` as text; bytes that are not UTF-8 are one ConfigError at their line and
+    column (in characters, as protobuf's parser counts them). A str is a command-line
+    argument, whose undecodable bytes Python kept as surrogates (os.fsencode gives them back)."""
+    if isinstance(data, str):
+        try:
+            data.encode("utf-8")
+            return data
+        except UnicodeEncodeError:
+            data = os.fsencode(data)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        before = data[: exc.start]
+        line_start = before.rfind(b"\n") + 1
+        line = before.count(b"\n") + 1
+        column = len(before[line_start:].decode("utf-8", errors="replace")) + 1
+        message = f"not UTF-8 text: byte 0x{data[exc.start]:02x} here; a text proto is UTF-8"
+        raise ConfigError([Diagnostic(Location(origin, line, column), "", message)]) from None
+
+
+def read_text_proto(text: str, origin: str, dialect: str | None = None) -> Imported:
+    """`text` in whichever dialect reads it (or in `dialect`, GUIDE or V2, when given);
+    `origin` names it in errors (a file, or `--converter_options_string`). Raises
+    ConfigError: a parse error at its line and column, a text both dialects read with
+    different meanings, or every refused field, one line each."""
     parsed: dict[str, Any] = {}
     failures: list[tuple[int, int, str, str]] = []
-    for dialect in (GUIDE, V2):
-        message = message_class(MESSAGES[dialect])()
+    for name in (dialect,) if dialect else (GUIDE, V2):
+        message = message_class(MESSAGES[name])()
         try:
             _parse(text, message)
         except _TextError as exc:
-            failures.append((exc.line, exc.column, dialect, exc.detail))
+            failures.append((exc.line, exc.column, name, exc.detail))
             continue
-        parsed[dialect] = message
+        parsed[name] = message
     if not parsed:
         # The dialect that read further; at the same place, the guide's (the older spelling).
-        line, column, dialect, detail = max(failures, key=lambda f: (f[0], f[1], f[2] == GUIDE))
-        if failures[0][:2] != failures[1][:2]:
-            other = V2 if dialect == GUIDE else GUIDE
-            detail += f" (reading it as {dialect}; as {other} it fails earlier)"
+        line, column, name, detail = max(failures, key=lambda f: (f[0], f[1], f[2] == GUIDE))
+        if len(failures) == 2 and failures[0][:2] != failures[1][:2]:
+            other = V2 if name == GUIDE else GUIDE
+            detail += f" (reading it as {name}; as {other} it fails earlier)"
         raise ConfigError([Diagnostic(Location(origin, line, column), "", detail)])
-    dialect = GUIDE if GUIDE in parsed else V2
+    readings = {name: _read(name, message, origin) for name, message in parsed.items()}
+    if len(readings) == 2 and readings[GUIDE] != readings[V2]:
+        raise ConfigError([Diagnostic(Location(origin), "", _ambiguity(readings))])
+    chosen = GUIDE if GUIDE in readings else V2
+    converter, problems = readings[chosen]
+    if problems:
+        raise ConfigError(problems)
+    return Imported(chosen, converter, parsed[chosen])
+
+
+def _read(dialect: str, message: Any, origin: str) -> tuple[dict[str, Any], list[Diagnostic]]:
+    """What tpubuild reads from `message`: (the converter section, the fields it refuses)."""
     reader = _Reader(origin)
-    converter = (reader.guide if dialect == GUIDE else reader.v2)(parsed[dialect])
-    if reader.problems:
-        raise ConfigError(reader.problems)
-    return Imported(dialect, converter)
+    converter = (reader.guide if dialect == GUIDE else reader.v2)(message)
+    return converter, sorted(reader.problems)
+
+
+def _ambiguity(readings: dict[str, tuple[dict[str, Any], list[Diagnostic]]]) -> str:
+    """Why a text both dialects parse means different things in each, in words."""
+    def said(dialect: str) -> str:
+        converter, problems = readings[dialect]
+        if problems:
+            first = problems[0]
+            return f"as {dialect}, {first.json_path}: {first.message}" if first.json_path else f"as {dialect}, {first.message}"
+        if readings[_other(dialect)][1]:
+            return f"as {dialect}, accepted"
+        return f"as {dialect}, {_first_difference(converter, readings[_other(dialect)][0])}"
+
+    first = V2 if readings[V2][1] or not readings[GUIDE][1] else GUIDE
+    return (f"valid as both {GUIDE} and {V2}, which mean different things here ({said(first)}; "
+            f"{said(_other(first))}): say which it is with --dialect v1 ({GUIDE}, the guide's) or --dialect v2 ({V2})")
+
+
+def _other(dialect: str) -> str:
+    return V2 if dialect == GUIDE else GUIDE
+
+
+def _first_difference(a: Any, b: Any, path: str = "") -> str:
+    """The first place where two converter sections differ, as `path: value`."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b)):
+            if a.get(key) != b.get(key):
+                return _first_difference(a.get(key), b.get(key), f"{path}.{key}" if path else key)
+    return f"{path or 'converter'}: {a!r}"
 
 
 class _TextError(Exception):
@@ -91,15 +186,79 @@ class _TextError(Exception):
         self.line, self.column, self.detail = line, column, detail
 
 
+def parse_message(text: str, message: Any) -> None:
+    """protobuf's text_format.Parse of `text` into `message`, with this module's two
+    refusals (_parser); text_format.ParseError as protobuf raises it."""
+    _parser().ParseLines(text.split("\n"), message)
+
+
 def _parse(text: str, message: Any) -> None:
     from google.protobuf import text_format
 
     try:
-        text_format.Parse(text, message)
+        parse_message(text, message)
     except text_format.ParseError as exc:
+        line, column = exc.GetLine() or 1, exc.GetColumn() or 1
         # str(exc) is "LINE:COL : detail"; the position is reported by Location.
         detail = re.sub(r"^\d+:\d+ : ", "", str(exc)).rstrip(".")
-        raise _TextError(exc.GetLine() or 1, exc.GetColumn() or 1, short_names(detail)) from None
+        raise _TextError(line, column, short_names(_cut(detail, text, line, column))) from None
+
+
+def _cut(detail: str, text: str, line: int, column: int) -> str:
+    """`detail` with the input line protobuf quotes ("'LINE': ...") cut to the part around
+    `column`, and any long word in the rest shortened: a one-line file of megabytes must
+    not come back whole in an error message."""
+    quote = ""
+    lines = text.split("\n")
+    if 0 < line <= len(lines) and detail.startswith(f"'{lines[line - 1]}': "):
+        source = lines[line - 1]
+        detail = detail[len(source) + 4:]
+        start = max(0, column - 1 - QUOTED_LINE // 2) if len(source) > QUOTED_LINE else 0
+        end = min(len(source), start + QUOTED_LINE)
+        quote = "'" + ("..." if start else "") + source[start:end] + ("..." if end < len(source) else "") + "': "
+    return quote + re.sub(r"\S{%d,}" % (QUOTED_WORD + 1),
+                          lambda m: f"{m.group(0)[:QUOTED_WORD]}... ({len(m.group(0))} characters)", detail)
+
+
+def _is_map(field: Any) -> bool:
+    kind = field.message_type
+    return kind is not None and kind.has_options and kind.GetOptions().map_entry
+
+
+def _parser() -> Any:
+    """protobuf's text parser, refusing two things it would otherwise let through: an
+    enum number outside int32, which upb's setattr meets as a ValueError with no line
+    (a traceback), and a second entry of a map with a key it already has, which would
+    replace the first without a word."""
+    from google.protobuf import text_format
+
+    class Parser(text_format._Parser):  # type: ignore[name-defined,misc]  # its parse steps are its own
+        def _MergeScalarField(self, tokenizer: Any, message: Any, field: Any) -> None:
+            try:
+                super()._MergeScalarField(tokenizer, message, field)
+            except text_format.ParseError:
+                raise
+            except ValueError as exc:
+                raise tokenizer.ParseErrorPreviousToken(f"{exc} (an enum's values are int32)") from None
+
+        def _MergeMessageField(self, tokenizer: Any, message: Any, field: Any) -> None:
+            if not (field.is_repeated and _is_map(field)):
+                super()._MergeMessageField(tokenizer, message, field)
+                return
+            scratch = type(message)()  # the entry alone, to see its key before it replaces one
+            super()._MergeMessageField(tokenizer, scratch, field)
+            entries, (key,) = getattr(message, field.name), list(getattr(scratch, field.name))
+            if key in entries:
+                raise tokenizer.ParseErrorPreviousToken(
+                    f'a second "{field.name}" entry with the key {key!r}: the first would be dropped; give each key '
+                    "once")
+            value = getattr(scratch, field.name)[key]
+            if field.message_type.fields_by_name["value"].message_type is not None:
+                entries[key].CopyFrom(value)
+            else:
+                entries[key] = value
+
+    return Parser()
 
 
 class _Reader:
@@ -324,6 +483,7 @@ class _Reader:
 
     def _topology(self, out: dict[str, Any], data: bytes, path: str) -> None:
         from google.protobuf.message import DecodeError
+        from google.protobuf.unknown_fields import UnknownFieldSet
 
         topology = message_class(TOPOLOGY)()
         try:
@@ -331,13 +491,27 @@ class _Reader:
         except DecodeError:
             self.refuse(path, "not a serialized tensorflow.tpu.TopologyProto")
             return
+        # Fields our restatement does not declare would be dropped on the way to the recipe.
+        unknown = sorted({field.field_number for field in UnknownFieldSet(topology)})
+        if unknown:
+            names = ", ".join(f"{number} ({TOPOLOGY_FIELDS[number]})" if number in TOPOLOGY_FIELDS else str(number)
+                              for number in unknown)
+            self.refuse(path, f"TopologyProto field {names}: tpubuild reads only mesh_shape, num_tasks, "
+                        "num_tpu_devices_per_task and device_coordinates (a recipe's topology holds no more)")
+            return
         mesh, coordinates = list(topology.mesh_shape), list(topology.device_coordinates)
-        devices = len(coordinates) // len(mesh) if mesh else 0
+        devices, spare = divmod(len(coordinates), len(mesh)) if mesh else (0, 1)
         # render.topology_bytes writes one task holding every device; anything else would not
         # come back the same.
-        if topology.num_tasks != 1 or topology.num_tpu_devices_per_task != devices or not mesh:
+        if topology.num_tasks != 1 or topology.num_tpu_devices_per_task != devices or spare:
             self.refuse(path, f"a topology of {topology.num_tasks} task(s) with {topology.num_tpu_devices_per_task} "
-                        "device(s) each: tpubuild writes topologies of one task holding every device")
+                        f"device(s) each and {len(coordinates)} coordinates of a {len(mesh)}-dimensional mesh: "
+                        "tpubuild writes topologies of one task holding every device")
+            return
+        if topology.SerializeToString(deterministic=True) != data:
+            # The recipe keeps the topology, not its bytes: render would write other bytes.
+            self.refuse(path, "not encoded as TopologyProto.SerializeToString() encodes it (fields in number order, "
+                        "repeated fields packed, zeros left out): re-serialize it so the recipe renders the same bytes")
             return
         out["topology"] = {"mesh_shape": mesh, "device_coordinates": coordinates}
 

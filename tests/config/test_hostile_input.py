@@ -92,6 +92,20 @@ def _proto_int32_fields() -> dict[str, set[str]]:
     return fields
 
 
+def test_many_bad_elements_of_one_list_are_one_line_and_a_count(ws):
+    """Issue 53 item 7: 100,000 bad allowed_batch_sizes were 34,465 lines, one per element."""
+    sizes = ", ".join(str(70_000 + i) for i in range(5_000))
+    text = MODEL + f"converter:\n  batch_options:\n    - max_batch_size: 8\n      allowed_batch_sizes: [{sizes}]\n"
+    lines = ["recipes/r.yaml:5:29: converter.batch_options[0].allowed_batch_sizes[0]: must be at most 65536 rows, got "
+             "70000 (TensorFlow's BatchFunction pads every batch to its size in host memory) (and 5000 more problems "
+             "in its elements, up to converter.batch_options[0].allowed_batch_sizes[4999])"]
+    assert ws.errors_of(text) == lines
+    assert_every_planning_command_fails_with(ws, lines)
+    # A few are each their own line (two too large, the last also above max_batch_size).
+    assert len(ws.errors_of(MODEL + "converter:\n  batch_options: [{max_batch_size: 8, allowed_batch_sizes: "
+                                    "[70000, 70001]}]\n")) == 3
+
+
 def test_every_int32_field_of_the_proto_is_bounded_in_both_schemas():
     recipe = validator("recipe").schema["properties"]
     converter = recipe["converter"]["properties"]

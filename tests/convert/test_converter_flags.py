@@ -4,7 +4,9 @@ equivalent YAML options do; soft device placement lets a string op stay in a TPU
 
 from __future__ import annotations
 
+import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -108,24 +110,29 @@ def test_the_guides_command_line_converts_as_the_yaml_options_do(models: dict[st
     assert same_model(tmp_path / "yaml", tmp_path / "spaced")
 
 
-# The guide's other text protos (shared/docs/converter-reference.md), each converting the toy.
+# The guide's other text protos (shared/docs/converter-reference.md), each converting the toy,
+# with what else the command line needs.
 GUIDE_VARIANTS = [
-    'tpu_functions { function_alias: "tpu_func" } batch_options { max_batch_size: 4 allowed_batch_sizes: 4 '
-    'experimental { signature_name: "serving_default" } }',
-    'tpu_functions { function_alias: "tpu_func" } bfloat16_optimization_options { scope: ALL filterlist: "Relu" }',
-    'tpu_functions { function_alias: "tpu_func" } disable_default_optimizations: true io_shape_optimization: ENABLED '
-    "xla_sharding_options { num_cores_per_replica: 1 }",
+    ('tpu_functions { function_alias: "tpu_func" } batch_options { max_batch_size: 4 allowed_batch_sizes: 4 '
+     'experimental { signature_name: "serving_default" } }', ()),
+    # Valid in both dialects, meaning other things in each (V2's scope ALL alone keeps
+    # neither the signature nor tpubuild's bfloat16 variables): the guide's, said so.
+    ('tpu_functions { function_alias: "tpu_func" } bfloat16_optimization_options { scope: ALL filterlist: "Relu" }',
+     ("--dialect", "v1")),
+    ('tpu_functions { function_alias: "tpu_func" } disable_default_optimizations: true io_shape_optimization: ENABLED '
+     "xla_sharding_options { num_cores_per_replica: 1 }", ()),
     # Today's ConverterOptionsV2: the batch component at the top of BatchOptionsV2.
-    'tpu_functions { function_alias: "tpu_func" } batch_options { max_batch_size: 4 allowed_batch_sizes: 4 '
-    'signature_name: "serving_default" } experimental_options { graph_pruning: DISABLED }',
+    ('tpu_functions { function_alias: "tpu_func" } batch_options { max_batch_size: 4 allowed_batch_sizes: 4 '
+     'signature_name: "serving_default" } experimental_options { graph_pruning: DISABLED }', ()),
 ]
 
 
 @pytest.mark.parametrize("index", range(len(GUIDE_VARIANTS)))
 def test_each_text_proto_converts_through_the_converters_flags(models: dict[str, Path], tmp_path: Path,
                                                                 index: int) -> None:
+    text, extra = GUIDE_VARIANTS[index]
     code, output = convert(f"--input_model_dir={models['toy']}", f"--output_model_dir={tmp_path / 'out'}",
-                           f"--converter_options_string={GUIDE_VARIANTS[index]}")
+                           f"--converter_options_string={text}", *extra)
     assert code == 0, output
     assert (tmp_path / "out" / "saved_model.pb").is_file()
 
@@ -206,3 +213,53 @@ def test_the_guides_quantization_text_proto_converts_through_the_flags(tmp_path:
                     f"--converter_options_string={text}")
     assert (done.returncode, done.stdout) == (0, f"converted {tmp_path / 'model'} -> {tmp_path / 'out'} (quantize)\n"), \
         done.stderr
+
+
+TPU = 'tpu_functions { function_alias: "tpu_func" }'
+
+
+def test_an_output_inside_the_input_is_refused_in_one_line(models: dict[str, Path], tmp_path: Path) -> None:
+    """Issue 53 item 2: --output_model_dir inside --input_model_dir linked the input tree into
+    its own output until ENAMETOOLONG; through a link to it, the same."""
+    src = tmp_path / "src"
+    shutil.copytree(models["toy"], src)
+    before = sorted(p.relative_to(src) for p in src.rglob("*"))
+    (tmp_path / "via").symlink_to(src)
+    for given in (src / "converted", tmp_path / "via" / "converted"):
+        code, output = convert(f"--input_model_dir={src}", f"--output_model_dir={given}",
+                               f"--converter_options_string={TPU}")
+        assert (code, output) == (2, f"error: {src / 'converted'}: inside the SavedModel to convert ({src}); the "
+                                     "output goes outside the input\n")
+    assert sorted(p.relative_to(src) for p in src.rglob("*")) == before
+
+
+def test_the_converted_model_keeps_the_inputs_file_modes(models: dict[str, Path], tmp_path: Path) -> None:
+    """Issue 53 item 7: saved_model.pb came out 0600 (as the stages write it for the cache)
+    where the input's was 0644; each file takes its input's mode, a new one the umask's."""
+    src = tmp_path / "src"
+    shutil.copytree(models["toy"], src)
+    for path in src.rglob("*"):
+        path.chmod(0o750 if path.is_dir() else 0o640)
+    (src / "saved_model.pb").chmod(0o644)
+    code, output = convert(f"--input_model_dir={src}", f"--output_model_dir={tmp_path / 'out'}",
+                           f"--converter_options_string={TPU}")
+    assert code == 0, output
+    umask = os.umask(0o022)
+    os.umask(umask)
+    modes = {}
+    for path in [tmp_path / "out", *(tmp_path / "out").rglob("*")]:
+        theirs = src / path.relative_to(tmp_path / "out")
+        expected = stat.S_IMODE(theirs.stat().st_mode) if theirs.exists() else (0o777 if path.is_dir() else 0o666) & ~umask
+        modes[str(path.relative_to(tmp_path))] = (oct(stat.S_IMODE(path.stat().st_mode)), oct(expected))
+    assert modes["out/saved_model.pb"] == ("0o644", "0o644")
+    assert all(actual == expected for actual, expected in modes.values()), modes
+
+
+def test_an_output_dir_that_cannot_be_made_is_one_line(models: dict[str, Path], tmp_path: Path) -> None:
+    """A file where a directory of OUT_DIR's path should be was a FileExistsError traceback."""
+    (tmp_path / "notes").write_text("mine\n")
+    code, output = convert(f"--input_model_dir={models['toy']}", f"--output_model_dir={tmp_path / 'notes' / 'out'}",
+                           f"--converter_options_string={TPU}")
+    assert (code, output) == (2, f"error: {tmp_path / 'notes' / 'out'}: cannot be made: File exists "
+                                 f"({tmp_path / 'notes'})\n")
+    assert (tmp_path / "notes").read_text() == "mine\n"

@@ -234,11 +234,11 @@ def test_import_never_overwrites_and_refuses_in_one_line(workspace: Path) -> Non
     assert not (workspace / "recipes" / "gpu.yaml").exists()
 
 
-def test_import_and_render_do_not_import_tensorflow(workspace: Path) -> None:
+def test_import_render_and_validate_do_not_import_tensorflow(workspace: Path) -> None:
     (workspace / "v2.pbtxt").write_text(V2_TEXT)
     code = ("import sys\nfrom tpubuild.cli import main\n"
             "for args in (['import', 'v2.pbtxt', '--saved-model', 'exported/toy'],\n"
-            "             ['render', 'v2', '--format', 'textproto-v2']):\n"
+            "             ['render', 'v2', '--format', 'textproto-v2'], ['validate', 'v2']):\n"
             "    try:\n        main(args)\n    except SystemExit as e:\n        assert not e.code, e.code\n"
             "assert 'tensorflow' not in sys.modules\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=workspace, capture_output=True, text=True, timeout=120)

@@ -12,7 +12,7 @@ import yaml
 
 from tests.cli import REPO, tpubuild
 from tpubuild.config.recipe import load_recipe_file
-from tpubuild.render import render
+from tpubuild.render import Spelling, render
 
 
 def test_render_toy_prints_its_text_proto() -> None:
@@ -38,8 +38,12 @@ def test_render_a_recipe_file_from_outside_the_workspace(tmp_path: Path) -> None
     result = tpubuild(tmp_path, "render", str(REPO / "recipes" / "quantized.yaml"), "--path-prefix", "/ws")
     assert (result.returncode, result.stderr) == (0, "")
     recipe = load_recipe_file(REPO / "recipes" / "quantized.yaml")
-    assert result.stdout == render(recipe.canonical, path_prefix="/ws")
+    spelling = Spelling(recipe.written_converter, recipe.root, tmp_path, recipe.absolute_paths)
+    assert result.stdout == render(recipe.canonical, path_prefix="/ws", spelling=spelling)
     assert 'tfrecord_file_path: "/ws/recipes/data/quantized.tfrecord"\n' in result.stdout
+    # The fields the recipe writes, no more: it leaves op_set and tags to their defaults.
+    assert "op_set" not in result.stdout and "tags" not in result.stdout
+    assert "op_set: XLA\n" in render(recipe.canonical, path_prefix="/ws")  # the canonical form spells them out
 
 
 def test_json_and_yaml_formats(tmp_path: Path) -> None:

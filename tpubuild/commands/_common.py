@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from tpubuild.config.workspace import Workspace, load_workspace
@@ -102,3 +104,14 @@ def remote_setting(ws, url: str | None, read_only: bool) -> tuple[str, bool] | N
         return None
     return ws.remote_cache, ws.remote_push and not read_only
 
+
+
+def only_one(option: str, values: tuple) -> Any:
+    """The one value of an option declared `multiple=True` so that giving it twice is seen
+    (click keeps the last and drops the first without a word), or None when not given."""
+    from tpubuild.errors import UsageError
+
+    if len(values) > 1:
+        raise UsageError(f"{option} given {len(values)} times; give it once (only one would be used, "
+                         "the others dropped)")
+    return values[0] if values else None

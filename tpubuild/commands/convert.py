@@ -11,6 +11,8 @@ from pathlib import Path
 
 import click
 
+from tpubuild.commands._common import only_one
+
 # How a text proto given on the command line is named in errors.
 OPTIONS_STRING = "--converter_options_string"
 
@@ -27,33 +29,43 @@ OPTIONS_STRING = "--converter_options_string"
 )
 @click.argument("src_dir", type=click.Path(path_type=Path, file_okay=False), required=False)
 @click.argument("out_dir", type=click.Path(path_type=Path), required=False)
-@click.option("--recipe", type=click.Path(path_type=Path, dir_okay=False, exists=True),
+@click.option("--recipe", multiple=True, type=click.Path(path_type=Path, dir_okay=False, exists=True),
               help="A recipe YAML; its converter section is applied to SRC_DIR.")
-@click.option("--options-file", type=click.Path(path_type=Path, dir_okay=False, exists=True),
+@click.option("--options-file", multiple=True, type=click.Path(path_type=Path, dir_okay=False, exists=True),
               help="A YAML file holding a bare ConverterOptions-like `converter:` section.")
-@click.option("--input_model_dir", "input_model_dir", type=click.Path(path_type=Path, file_okay=False),
+@click.option("--input_model_dir", "input_model_dir", multiple=True, type=click.Path(path_type=Path, file_okay=False),
               help="The converter's flag: the SavedModel to convert (SRC_DIR).")
-@click.option("--output_model_dir", "output_model_dir", type=click.Path(path_type=Path),
-              help="The converter's flag: where the converted model goes (OUT_DIR).")
-@click.option("--converter_options_string", "options_string", metavar="TEXT",
+@click.option("--output_model_dir", "output_model_dir", multiple=True, type=click.Path(path_type=Path),
+              help="The converter's flag: where the converted model goes (OUT_DIR), outside SRC_DIR.")
+@click.option("--converter_options_string", "options_string", multiple=True, metavar="TEXT",
               help="The converter's flag: a ConverterOptions or ConverterOptionsV2 text proto.")
-def command(src_dir: Path | None, out_dir: Path | None, recipe: Path | None, options_file: Path | None,
-            input_model_dir: Path | None, output_model_dir: Path | None, options_string: str | None) -> int:
+@click.option("--dialect", multiple=True, type=click.Choice(["v1", "v2"]),
+              help="Read --converter_options_string as the guide's ConverterOptions (v1) or as ConverterOptionsV2 "
+              "(v2); needed only for a text valid in both that means different things in each (convert says so).")
+def command(src_dir: Path | None, out_dir: Path | None, recipe: tuple[Path, ...], options_file: tuple[Path, ...],
+            input_model_dir: tuple[Path, ...], output_model_dir: tuple[Path, ...], options_string: tuple[str, ...],
+            dialect: tuple[str, ...]) -> int:
     """Run the recipe's transform stages (quantize, tpu, bfloat16, io_shape, batch) on
-    SRC_DIR and publish the result at OUT_DIR, which must be absent or empty.
+    SRC_DIR and publish the result at OUT_DIR, which must be absent or empty, and outside
+    SRC_DIR; its files keep the modes of SRC_DIR's (the umask's for new ones).
 
     The options come from one of --recipe, --options-file or --converter_options_string
     (a text proto of the guide's ConverterOptions or today's ConverterOptionsV2, as the
     converter's image takes it, with --input_model_dir and --output_model_dir in place of
-    SRC_DIR and OUT_DIR).
+    SRC_DIR and OUT_DIR). Each is given once: the converter's image would read only one.
 
     No cache and no version numbers: that is `tpubuild build`. The model given as
     SRC_DIR is used even when the recipe names another one.
     """
-    src_dir = _one_of("SRC_DIR", src_dir, "--input_model_dir", input_model_dir)
-    out_dir = _one_of("OUT_DIR", out_dir, "--output_model_dir", output_model_dir)
-    given = [name for name, value in (("--recipe FILE", recipe), ("--options-file FILE", options_file),
-                                      (f"{OPTIONS_STRING} TEXT", options_string)) if value is not None]
+    recipe_file, options_path = only_one("--recipe", recipe), only_one("--options-file", options_file)
+    options_text = only_one(OPTIONS_STRING, options_string)
+    chosen_dialect = only_one("--dialect", dialect)
+    src_dir = _one_of("SRC_DIR", src_dir, "--input_model_dir", only_one("--input_model_dir", input_model_dir))
+    out_dir = _one_of("OUT_DIR", out_dir, "--output_model_dir", only_one("--output_model_dir", output_model_dir))
+    if chosen_dialect and options_text is None:
+        raise click.UsageError(f"--dialect says how to read {OPTIONS_STRING}, which is not given")
+    given = [name for name, value in (("--recipe FILE", recipe_file), ("--options-file FILE", options_path),
+                                      (f"{OPTIONS_STRING} TEXT", options_text)) if value is not None]
     if len(given) != 1:
         raise click.UsageError(f"give exactly one of --recipe FILE, --options-file FILE or {OPTIONS_STRING} TEXT")
 
@@ -65,15 +77,16 @@ def command(src_dir: Path | None, out_dir: Path | None, recipe: Path | None, opt
     )
     from tpubuild.convert import convert
 
-    if recipe:
-        loaded = load_recipe_file(recipe)
-    elif options_file:
-        loaded = load_converter_options_file(options_file, saved_model=src_dir)
+    if recipe_file:
+        loaded = load_recipe_file(recipe_file)
+    elif options_path:
+        loaded = load_converter_options_file(options_path, saved_model=src_dir)
     else:
-        from tpubuild.converter_text import read_text_proto, rebase_datasets
+        from tpubuild.converter_text import DIALECTS, decode_text, read_text_proto, rebase_datasets
 
-        assert options_string is not None  # exactly one of the three was given (above)
-        imported = read_text_proto(options_string, OPTIONS_STRING)
+        assert options_text is not None  # exactly one of the three was given (above)
+        text = decode_text(options_text, OPTIONS_STRING)
+        imported = read_text_proto(text, OPTIONS_STRING, DIALECTS[chosen_dialect] if chosen_dialect else None)
         # The converter reads dataset paths from its working directory: the same here.
         converter = rebase_datasets(imported.converter, Path.cwd(), converter_options_root(src_dir))
         loaded = load_converter_options(converter, src_dir, OPTIONS_STRING, name="converter_options")

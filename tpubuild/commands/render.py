@@ -32,8 +32,9 @@ from tpubuild.errors import UsageError
 @click.option(
     "--path-prefix",
     default="",
-    help="Put before workspace-relative dataset paths in the text proto: where the "
-    "converter sees the workspace (e.g. its mount point in the container).",
+    help="Write dataset paths as this prefix and their workspace-relative path: where the "
+    "converter sees the workspace (e.g. its mount point in the container). Without it they are "
+    "relative to the current directory, where the converter reads them from.",
 )
 @click.pass_context
 def command(ctx: click.Context, recipe: str, fmt: str, path_prefix: str) -> int:
@@ -41,18 +42,22 @@ def command(ctx: click.Context, recipe: str, fmt: str, path_prefix: str) -> int:
     recipe file. TensorFlow is not imported.
 
     The text proto is what the Cloud TPU Inference Converter takes as
-    --converter_options_string: quantization goes under
-    external_feature_configs { quantization_options { ... } } and dataset paths are
-    relative to the workspace root unless --path-prefix is given.
+    --converter_options_string, the message the recipe writes: each field its layers
+    (tpubuild.yaml's defaults, its `extends` bases, itself) set, as they set it, and no
+    other (a field left out means the converter's default, which is tpubuild's); so a
+    recipe `tpubuild import` wrote renders back to the text it was imported from.
+    Quantization goes under external_feature_configs { quantization_options { ... } } and
+    dataset paths are relative to the current directory unless --path-prefix is given.
 
     Only ConverterOptions are printed, in every format: `verify:`, `targets:` and
     tpubuild's own extensions (allow_unquantized) are not converter options
     (`tpubuild list` shows each recipe's targets).
     """
-    from tpubuild.render import render
+    from tpubuild.render import Spelling, render
 
     found = _one_recipe(ctx, recipe)
-    click.echo(render(found.canonical, fmt, source=found.rel_file, path_prefix=path_prefix), nl=False)
+    spelling = Spelling(found.written_converter, found.root, Path.cwd(), found.absolute_paths)
+    click.echo(render(found.canonical, fmt, source=found.rel_file, path_prefix=path_prefix, spelling=spelling), nl=False)
     return 0
 
 

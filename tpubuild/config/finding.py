@@ -80,6 +80,26 @@ def recipe_matches(root: Path, pattern: str, workspace_file: Path) -> list[str]:
     return [match for match, _ in _matches(root, pattern, os.path.realpath(workspace_file), {})]
 
 
+def glob_matches(pattern: str, rel: str) -> bool:
+    """Whether `glob.glob(root / pattern, recursive=True)` would list the file `rel` (a
+    relative POSIX path whose names do not start with '.'), were it there: for a recipe
+    file about to be written (`tpubuild import`). `**` is any number of directories, or
+    anything as the last component; the other components match one name each (fnmatch)."""
+    import fnmatch
+
+    parts = [p for p in pattern.split("/") if p not in ("", ".")]
+    names = rel.split("/")
+
+    def match(i: int, j: int) -> bool:
+        if i == len(parts):
+            return j == len(names)
+        if parts[i] == "**":
+            return any(match(i + 1, k) for k in range(j, len(names) + 1)) or i == len(parts) - 1
+        return j < len(names) and fnmatch.fnmatchcase(names[j], parts[i]) and match(i + 1, j + 1)
+
+    return match(0, 0)
+
+
 def discover_files(root: Path, patterns: list[str], workspace_file: Path) -> list[Path]:
     """Recipe files matched by `patterns` (relative to `root`), resolved and sorted."""
     own = os.path.realpath(workspace_file)

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import copy
 import fnmatch
 import glob
 import os
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -29,7 +31,7 @@ from tpubuild.config.workspace import (
     implicit_workspace,
     load_workspace,
 )
-from tpubuild.config.yamlload import Marks, read_yaml_file
+from tpubuild.config.yamlload import Marks, load_yaml, read_yaml_file
 from tpubuild.errors import ConfigError, Diagnostic, Location, UsageError
 
 
@@ -56,6 +58,12 @@ class Recipe:
     # How versions are pushed to an oci:// destination (`oci:`, the recipe's keys over the
     # workspace's): format, base_image, insecure. Not part of what is built either.
     oci: dict[str, Any] = field(default_factory=dict, repr=False)
+    # The converter section as the recipe's layers write it (the workspace's defaults, its
+    # bases and itself merged, paths root-relative), beside the canonical meaning: how
+    # `tpubuild render` spells it (render.Spelling: list order, an explicit scope, an empty
+    # section); and the JSON paths of its dataset paths that were written absolute.
+    written_converter: dict[str, Any] = field(default_factory=dict, repr=False)
+    absolute_paths: frozenset[tuple] = field(default_factory=frozenset, repr=False)
 
     @cached_property
     def canonical_json(self) -> str:
@@ -326,26 +334,42 @@ def load_converter_options(converter: dict[str, Any], saved_model: Path, origin:
     return _finish(data, marks, ws.root / origin, origin, ws)
 
 
-def _load(path: Path, ws: Workspace, deep: bool = False) -> Recipe:
+def load_recipe_text(text: str, path: Path, ws: Workspace) -> Recipe:
+    """The recipe `text` as it will load once written at `path` (absolute) in `ws`, its
+    SavedModel allowed not to exist yet (`model.saved_model` is not checked: the caller
+    checks that it is inside the workspace): what `tpubuild import` checks before it writes
+    a file."""
+    return _load(Path(path), ws, text=text)
+
+
+def recipe_names(ws: Workspace) -> list[tuple[str, Path]]:
+    """(name, file) of every recipe file of the workspace, loadable or not (a broken one's
+    name as far as it can be read, as targets match it)."""
+    return [(_readable_name(path, ws), path) for path in discover(ws)]
+
+
+def _load(path: Path, ws: Workspace, deep: bool = False, text: str | None = None) -> Recipe:
     display = display_path(path, ws.root)
     read: list[Path] = []
     replaced: list[ReplacedList] = []
-    data, marks = _read_layered(path, ws, display, chain=(), read=read, replaced=replaced)
+    data, marks = _read_layered(path, ws, display, chain=(), read=read, replaced=replaced, text=text)
     if ws.defaults:  # deep_merge copies: the workspace's defaults stay untouched
         data, marks = deep_merge(ws.defaults, ws.defaults_marks, data, marks, replaced)
-    recipe = _finish(data, marks, path, display, ws, deep)
+    recipe = _finish(data, marks, path, display, ws, deep, model_pending=text is not None)
     recipe.files = read
     recipe.warnings = [r.warning() for r in replaced]
     return recipe
 
 
 def _read_layered(path: Path, ws: Workspace, display: str, chain: tuple[Path, ...],
-                  read: list[Path] | None = None, replaced: list[ReplacedList] | None = None) -> tuple[dict, Marks]:
-    """The recipe at `path` with its `extends` chain applied, paths rebased to the root;
-    every file read is appended to `read`, every list that lost fields to `replaced`."""
+                  read: list[Path] | None = None, replaced: list[ReplacedList] | None = None,
+                  text: str | None = None) -> tuple[dict, Marks]:
+    """The recipe at `path` (or `text`, to be written there) with its `extends` chain
+    applied, paths rebased to the root; every file read is appended to `read`, every list
+    that lost fields to `replaced`."""
     if read is not None:
         read.append(path)
-    data, marks = read_yaml_file(path, display)
+    data, marks = read_yaml_file(path, display) if text is None else load_yaml(text, display)
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -390,16 +414,19 @@ def _name_problems(data: dict, marks: Marks, path: Path, display: str, reported:
     return [Diagnostic(marks.value(("name",)), "name", invalid_name_message(name))]
 
 
-def _finish(data: dict, marks: Marks, path: Path, display: str, ws: Workspace, deep: bool = False) -> Recipe:
+def _finish(data: dict, marks: Marks, path: Path, display: str, ws: Workspace, deep: bool = False,
+            model_pending: bool = False) -> Recipe:
     problems = schema_diagnostics("recipe", data, marks)
     problems += Checker(data, marks, ws.root).run()
+    if model_pending:
+        problems = [d for d in problems if d.json_path != "model.saved_model"]
     if deep and not problems:  # on a recipe whose shape is right: the model's files are read
         from tpubuild.config.model_checks import model_problems
 
         problems += model_problems(data, marks, ws.root)
     problems += _name_problems(data, marks, path, display, reported=any(d.json_path == "name" for d in problems))
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(one_line_per_list(problems))
     data.pop("extends", None)
     data.pop("$schema", None)
     # Where the versions go and how a server labels them: nothing a stage reads, so not
@@ -417,8 +444,40 @@ def _finish(data: dict, marks: Marks, path: Path, display: str, ws: Workspace, d
         if problem:
             where = marks.value(("publish_to",)) if own_destination else name_loc
             raise ConfigError([Diagnostic(where, "publish_to" if own_destination else "name", problem)])
+    written = copy.deepcopy(data.get("converter", {}))
+    absolute = frozenset(p for p, value in marks.written.items()
+                         if p[:1] == ("converter",) and os.path.isabs(os.path.expanduser(value)))
     return Recipe(name, path, display, ws.root, canonicalize(data, name, ws.root), name_loc=name_loc,
-                  globs=_has_glob(data), publish_to=publish_to, version_labels=labels, oci=oci)
+                  globs=_has_glob(data), publish_to=publish_to, version_labels=labels, oci=oci,
+                  written_converter=written, absolute_paths=absolute)
+
+
+# More problems than this among the elements of one list are one line and a count.
+MAX_ELEMENT_LINES = 3
+_ELEMENT = re.compile(r"(.*)\[(\d+)\]")
+
+
+def one_line_per_list(problems: list[Diagnostic]) -> list[Diagnostic]:
+    """`problems` with those of the elements of one list (`...allowed_batch_sizes[7]`), when
+    there are more than MAX_ELEMENT_LINES, said once: the first element's, and how many more
+    (100,000 bad sizes are one line, not 100,000)."""
+    lists: dict[tuple[str, str], list[tuple[int, Diagnostic]]] = {}
+    out = []
+    for problem in problems:
+        element = _ELEMENT.fullmatch(problem.json_path)
+        if element:
+            lists.setdefault((problem.loc.path, element.group(1)), []).append((int(element.group(2)), problem))
+        else:
+            out.append(problem)
+    for (_, name), elements in lists.items():
+        if len(elements) <= MAX_ELEMENT_LINES:
+            out += [problem for _, problem in elements]
+            continue
+        elements.sort(key=lambda element: element[0])
+        first, last = elements[0][1], elements[-1][0]
+        more = f"and {len(elements) - 1} more problems in its elements, up to {name}[{last}]"
+        out.append(Diagnostic(first.loc, first.json_path, f"{first.message} ({more})"))
+    return out
 
 
 def _has_glob(value: Any) -> bool:

@@ -50,3 +50,14 @@ def inside(name: object, prefix: str) -> str | None:
     if rel is None or not rel.startswith(f"{prefix}/"):
         return None
     return rel[len(prefix) + 1:]
+
+
+def shown(name: str) -> str:
+    """`name` (a file name from the command line, a path) as it can be shown on one line
+    and inside a YAML comment: as it is when every character is printable (str.isprintable:
+    no line break of any kind, LF, CR, U+0085, U+2028, U+2029, VT, FF and the C0/C1 controls,
+    no format character, surrogate or unassigned code point), else quoted and escaped as a
+    JSON string of ASCII characters."""
+    import json
+
+    return name if name.isprintable() else json.dumps(name)

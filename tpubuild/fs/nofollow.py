@@ -327,16 +327,8 @@ def write_atomic_at(name: str, dir_fd: int, data: bytes, mode: int) -> None:
     file (O_EXCL, so never an existing file or link), fsynced, renamed over the name
     (which replaces a link there, never its target), then the directory fsynced."""
     tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    _write_new(tmp, dir_fd, data, mode)
     try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fchmod(fd, mode)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
         os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         try:
@@ -345,6 +337,63 @@ def write_atomic_at(name: str, dir_fd: int, data: bytes, mode: int) -> None:
             pass
         raise
     fsync_fd(dir_fd)
+
+
+def create_exclusive_at(name: str, dir_fd: int, data: bytes) -> bool:
+    """Create `name` in `dir_fd` holding `data` unless something is there already (a link
+    too, dangling or not: it is never followed nor replaced); True when created. As
+    atomic.create_text_exclusive, by descriptor: a fresh temp file, hard-linked to `name`
+    (linkat fails on anything there), the directory fsynced; the file has the mode a plain
+    `open` gives (the umask's): it is the user's."""
+    tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    _write_new(tmp, dir_fd, data, None)
+    try:
+        os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        if exc.errno not in _NO_HARD_LINKS:
+            raise
+        try:  # O_EXCL | O_NOFOLLOW still never replaces nor follows; a crash could leave it short
+            _write_new(name, dir_fd, data, None)
+        except FileExistsError:
+            return False
+    finally:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+    fsync_fd(dir_fd)
+    return True
+
+
+# What link(2) says on a file system that has no hard links (FAT, some network mounts),
+# as atomic.py's create_text_exclusive reads it.
+_NO_HARD_LINKS = {getattr(errno, name) for name in ("EPERM", "ENOTSUP", "EOPNOTSUPP", "EMLINK", "ENOSYS")
+                  if hasattr(errno, name)}
+
+
+def _write_new(name: str, dir_fd: int, data: bytes, mode: int | None) -> None:
+    """A new file `name` in `dir_fd` (O_EXCL | O_NOFOLLOW: never an existing file or a link)
+    holding `data`, fsynced; with exactly `mode`, else the umask's. Removed if writing fails."""
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600 if mode is not None else 0o666, dir_fd=dir_fd)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if mode is not None:
+                os.fchmod(fd, mode)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        try:
+            os.unlink(name, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
 
 
 def fsync_fd(fd: int) -> None:
