@@ -129,8 +129,10 @@ def test_every_command_shown_is_one_the_cli_accepts() -> None:
             pytest.fail(f"{page.relative_to(REPO)}: {command}: {exc.format_message()}")
 
 
-# Fenced commands that need what this machine has no part of: a Ray cluster's head node.
-NEEDS_A_CLUSTER = ("--ray-address",)
+# Fenced commands that need what the example workspace has no part of: a Ray cluster's head
+# node, a recipe published to a registry or a bucket (serving-config --format kserve reads
+# the registry's newest version: tests/publish/test_oci_cli.py runs it against one).
+NEEDS_A_CLUSTER = ("--ray-address", "--format kserve")
 
 
 @pytest.mark.slow  # builds the example workspace (tests/example_workspace.py, ~90 s): the slow tier
