@@ -176,7 +176,7 @@ def test_write_without_drops_a_sliced_variable_and_replaces_the_object_graph(sha
     assert set(tf_out.get_variable_to_dtype_map()) == kept
 
 
-def test_bfloat16_one_shard_loads_and_runs(tmp_path: Path) -> None:
+def test_bfloat16_of_one_shard_agrees_with_the_save_v2_path(tmp_path: Path) -> None:
     model = Stack()
     tf.saved_model.save(model, str(tmp_path / "src"))
     out = _copy(tmp_path / "src", tmp_path / "out")
@@ -193,6 +193,14 @@ def test_bfloat16_one_shard_loads_and_runs(tmp_path: Path) -> None:
     ours, theirs = tensor_bundle.Reader.open(out / PREFIX), tensor_bundle.Reader.open(whole / PREFIX)
     strip = {k: (e.dtype, e.shape, e.size, e.crc32c) for k, e in ours.entries.items()}
     assert strip == {k: (e.dtype, e.shape, e.size, e.crc32c) for k, e in theirs.entries.items()}
+    # fingerprint.pb's checkpoint_hash is of the new variables.index
+    from tensorflow.core.protobuf import fingerprint_pb2
+    from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
+
+    written = fingerprint_pb2.FingerprintDef.FromString((out / "fingerprint.pb").read_bytes())
+    fresh = fingerprint_pb2.FingerprintDef.FromString(fingerprinting.CreateFingerprintDef(str(out)))
+    source = fingerprint_pb2.FingerprintDef.FromString((tmp_path / "src" / "fingerprint.pb").read_bytes())
+    assert written.checkpoint_hash == fresh.checkpoint_hash != source.checkpoint_hash
 
 
 def test_a_corrupt_tensor_is_refused_and_the_checkpoint_left_as_it_was(tmp_path: Path) -> None:

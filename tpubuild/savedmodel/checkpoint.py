@@ -48,9 +48,10 @@ def write_bfloat16(src_dir: Path, out_dir: Path, keys: set[str]) -> None:
         reader = tensor_bundle.Reader.open(src_dir / PREFIX)
     except tensor_bundle.Unsupported:
         _write_bfloat16_whole(src_dir, out_dir, keys)
-        return
-    with reader:
-        _rewrite(reader, out_dir / PREFIX, cast={k.encode() for k in keys}, drop=set(), object_graph=None)
+    else:
+        with reader:
+            _rewrite(reader, out_dir / PREFIX, cast={k.encode() for k in keys}, drop=set(), object_graph=None)
+    _refresh_fingerprint(out_dir)
 
 
 def write_without(src_dir: Path, out_dir: Path, keys: set[str], object_graph: bytes) -> None:
@@ -62,9 +63,19 @@ def write_without(src_dir: Path, out_dir: Path, keys: set[str], object_graph: by
         reader = tensor_bundle.Reader.open(src_dir / PREFIX)
     except tensor_bundle.Unsupported:
         _write_without_whole(src_dir, out_dir, keys, object_graph)
-        return
-    with reader:
-        _rewrite(reader, out_dir / PREFIX, cast=set(), drop={k.encode() for k in keys}, object_graph=object_graph)
+    else:
+        with reader:
+            _rewrite(reader, out_dir / PREFIX, cast=set(), drop={k.encode() for k in keys}, object_graph=object_graph)
+    _refresh_fingerprint(out_dir)
+
+
+def _refresh_fingerprint(model_dir: Path) -> None:
+    """fingerprint.pb's checkpoint_hash is a hash of variables.index
+    (tensorflow/cc/saved_model/fingerprinting.cc): computed again for the new index."""
+    from tpubuild.savedmodel.reproducible import FINGERPRINT_PB, write_fingerprint
+
+    if (model_dir / FINGERPRINT_PB).is_file():
+        write_fingerprint(model_dir)
 
 
 def slice_key_prefix(key: bytes) -> bytes:
