@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 from tests.cli import tpubuild
-from tests.tolerances import BFLOAT16, assert_close, computes_in
+from tests.tolerances import BFLOAT16, REORDERED, assert_close, computes_in
 from tpubuild.savedmodel import tensor_bundle
 from tpubuild.tpu.twin import make_cpu_twin
 
@@ -93,3 +93,10 @@ def test_a_sharded_model_builds_and_keeps_its_shards(tmp_path: Path) -> None:
     want = tf.saved_model.load(str(source)).signatures["serving_default"](x=x)["y"].numpy()
     assert computes_in(published) == "bfloat16"
     assert_close(got, want, BFLOAT16)  # four tanh layers rounded to bfloat16: within BFLOAT16's bound
+    # A C++-style load (TF Serving's) runs the graph's own restore function instead: its
+    # RestoreV2 reads the full tensors from the slices in the shards, as bfloat16.
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], str(tmp_path / "twin"))
+        signature = meta.signature_def["serving_default"]
+        served = session.run(signature.outputs["y"].name, {signature.inputs["x"].name: x.numpy()})
+    assert_close(served, got, REORDERED["bfloat16"])  # the same bfloat16 computation, run by a session
