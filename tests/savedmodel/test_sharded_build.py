@@ -25,6 +25,11 @@ converter:
   bfloat16_optimization_options: {scope: ALL}
 verify: {samples: 4, rtol: 0.05}
 """
+# The same, its published checkpoint resharded into files of at most 1 MiB (the reshard stage).
+RESHARDED = RECIPE.replace("name: sharded", "name: resharded") + "variables: {max_shard_size: 1MiB}\n"
+
+
+N = 512  # 1 MiB float32 kernels
 
 
 class Placed(tf.Module):
@@ -33,16 +38,16 @@ class Placed(tf.Module):
     def __init__(self) -> None:
         super().__init__()
         rng = np.random.default_rng(11)
-        self.kernels = [tf.Variable(rng.normal(scale=0.2, size=(32, 32)).astype(np.float32)) for _ in range(4)]
-        self.offsets = tf.Variable(np.arange(32, dtype=np.int64))
+        self.kernels = [tf.Variable(rng.normal(scale=0.05, size=(N, N)).astype(np.float32)) for _ in range(4)]
+        self.offsets = tf.Variable(np.arange(N, dtype=np.int64))
 
-    @tf.function(input_signature=[tf.TensorSpec([None, 32], tf.float32)])
+    @tf.function(input_signature=[tf.TensorSpec([None, N], tf.float32)])
     def tpu_func(self, x):
         for kernel in self.kernels:
             x = tf.tanh(tf.matmul(x, kernel))
         return x
 
-    @tf.function(input_signature=[tf.TensorSpec([None, 32], tf.float32, name="x")])
+    @tf.function(input_signature=[tf.TensorSpec([None, N], tf.float32, name="x")])
     def serve(self, x):
         return {"y": self.tpu_func(x) + 0.01 * tf.cast(self.offsets, tf.float32)}
 
@@ -57,9 +62,10 @@ def test_a_sharded_model_builds_and_keeps_its_shards(tmp_path: Path) -> None:
     (ws / "recipes").mkdir(parents=True)
     (ws / "tpubuild.yaml").write_text('recipes: ["recipes/*.yaml"]\n')
     (ws / "recipes" / "sharded.yaml").write_text(RECIPE)
+    (ws / "recipes" / "resharded.yaml").write_text(RESHARDED)
     source = ws / "recipes" / "models" / "sharded"
     model = Placed()
-    policy = tf.train.experimental.MaxShardSizePolicy(max_shard_size=1500)  # 4 KiB kernels: sliced across shards
+    policy = tf.train.experimental.MaxShardSizePolicy(max_shard_size=300_000)  # 1 MiB kernels: sliced across shards
     tf.saved_model.save(model, str(source), signatures={"serving_default": model.serve},
                         options=tf.saved_model.SaveOptions(function_aliases={"tpu_func": model.tpu_func},
                                                            experimental_sharding_callback=policy))
@@ -88,7 +94,7 @@ def test_a_sharded_model_builds_and_keeps_its_shards(tmp_path: Path) -> None:
     # The artifact loads (TensorFlow's reader assembling the slices from the shards) and
     # runs: its CPU twin (TPU calls made ordinary calls, bfloat16 kept) beside the source.
     make_cpu_twin(published, tmp_path / "twin")
-    x = tf.constant(np.random.default_rng(5).normal(size=(3, 32)).astype(np.float32))
+    x = tf.constant(np.random.default_rng(5).normal(size=(3, N)).astype(np.float32))
     got = tf.saved_model.load(str(tmp_path / "twin")).signatures["serving_default"](x=x)["y"].numpy()
     want = tf.saved_model.load(str(source)).signatures["serving_default"](x=x)["y"].numpy()
     assert computes_in(published) == "bfloat16"
@@ -100,3 +106,15 @@ def test_a_sharded_model_builds_and_keeps_its_shards(tmp_path: Path) -> None:
         signature = meta.signature_def["serving_default"]
         served = session.run(signature.outputs["y"].name, {signature.inputs["x"].name: x.numpy()})
     assert_close(served, got, REORDERED["bfloat16"])  # the same bfloat16 computation, run by a session
+
+    # variables.max_shard_size: the reshard stage ran after bfloat16, before verify, which passed.
+    resharded = ws / "out" / "resharded" / "1"
+    rows = {row["stage"]: row["status"] for row in json.loads(done.stdout)["rows"] if row["recipe"] == "resharded"}
+    assert list(rows).index("bfloat16") < list(rows).index("reshard") < list(rows).index("verify"), rows
+    assert json.loads((resharded / "tpubuild-report.json").read_text())["verify"]["passed"] is True
+    files = _data_files(resharded)
+    sizes = [(resharded / "variables" / name).stat().st_size for name in files]
+    assert 1 < len(files) < len(shards) and max(sizes) <= 1 << 20, (files, sizes)
+    ours = tf.train.load_checkpoint(str(resharded / "variables" / "variables"))
+    for name in dtypes:  # the same values as the artifact that kept the source's shards
+        assert np.asarray(ours.get_tensor(name)).tobytes() == np.asarray(reader.get_tensor(name)).tobytes()

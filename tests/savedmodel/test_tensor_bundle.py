@@ -233,3 +233,34 @@ def test_mask_is_crc32c_h_mask() -> None:
     assert tensor_bundle.crc32c(b"123456789") == 0xE3069283
     for crc in (0, 1, 0xE3069283, 0xFFFFFFFF):
         assert tensor_bundle.unmask(tensor_bundle.mask(crc)) == crc
+
+
+@pytest.mark.parametrize("max_shard_size", [1 << 20, 15000, 5000])
+def test_reshard_lays_the_tensors_out_in_files_of_a_size(sharded: Path, tmp_path: Path, max_shard_size: int) -> None:
+    out = _copy(sharded, tmp_path / "out")
+    summary = checkpoint.reshard(sharded, out, max_shard_size)
+    files = _shards(out)
+    assert summary["before"] == len(_shards(sharded)) and summary["shards"] == len(files)
+    with tensor_bundle.Reader.open(sharded / PREFIX) as src, tensor_bundle.Reader.open(out / PREFIX) as dst:
+        assert dst.header.num_shards == len(files)
+        sizes = [(out / "variables" / name).stat().st_size for name in files]
+        for shard, size in enumerate(sizes):
+            held = [k for k, e in dst.entries.items() if not e.slices and e.shard_id == shard]
+            assert size <= max_shard_size or len(held) == 1  # over the size: one tensor alone
+        # The source's order, packed: a file ends only where the next tensor would not fit.
+        order = dst.in_file_order()
+        assert order == src.in_file_order()
+        for before, after in zip(order, order[1:]):
+            a, b = dst.entries[before], dst.entries[after]
+            if a.shard_id != b.shard_id:
+                assert sizes[a.shard_id] + b.size > max_shard_size
+        assert summary["oversized"] == sum(1 for k in order if src.entries[k].size > max_shard_size)
+        for key, entry in src.entries.items():  # the bytes and checksums as they were
+            got = dst.entries[key]
+            assert (got.dtype, got.shape, got.size, got.crc32c, list(got.slices)) == \
+                (entry.dtype, entry.shape, entry.size, entry.crc32c, list(entry.slices))
+    if max_shard_size == 1 << 20:
+        assert files == ["variables.data-00000-of-00001"]
+    tf_src, tf_out = tf.train.load_checkpoint(str(sharded / PREFIX)), tf.train.load_checkpoint(str(out / PREFIX))
+    for name in tf_src.get_variable_to_dtype_map():
+        assert np.asarray(tf_out.get_tensor(name)).tobytes() == np.asarray(tf_src.get_tensor(name)).tobytes()

@@ -69,6 +69,43 @@ def write_without(src_dir: Path, out_dir: Path, keys: set[str], object_graph: by
     _refresh_fingerprint(out_dir)
 
 
+def reshard(src_dir: Path, out_dir: Path, max_shard_size: int) -> dict[str, int]:
+    """Rewrite out_dir's checkpoint in data files of at most `max_shard_size` bytes: the
+    tensors (slices of a sliced tensor too) in the source's order, each copied as its bytes,
+    a new file when the next tensor would pass the size. A tensor larger than the size is a
+    file of its own, not sliced (TensorFlow's MaxShardSizePolicy slices it; reading is the
+    same either way). Returns {"before", "shards", "largest_shard", "oversized"}."""
+    from tpubuild.errors import ConversionError
+
+    try:
+        reader = tensor_bundle.Reader.open(src_dir / PREFIX)
+    except tensor_bundle.Unsupported as exc:
+        raise ConversionError(f"variables.max_shard_size: the checkpoint cannot be resharded ({exc})") from None
+    with reader:
+        order = reader.in_file_order()
+        shard_of, sizes = {}, [0]
+        for key in order:
+            size = reader.entries[key].size
+            if sizes[-1] and sizes[-1] + size > max_shard_size:
+                sizes.append(0)
+            shard_of[key] = len(sizes) - 1
+            sizes[-1] += size
+        with tensor_bundle.Writer(out_dir / PREFIX, len(sizes), reader.header.version) as writer:
+            for key in order:
+                entry = reader.entries[key]
+                if entry.dtype == tensor_bundle.DT_STRING:
+                    writer.add_raw(key, entry, [tensor_bundle.string_bytes(reader.strings(key))[0]], shard_of[key])
+                else:
+                    writer.add_raw(key, entry, reader.chunks(key), shard_of[key])
+            for key, entry in reader.entries.items():
+                if entry.slices:
+                    writer.add_metadata(key, entry)
+        summary = {"before": reader.header.num_shards, "shards": len(sizes), "largest_shard": max(sizes),
+                   "oversized": sum(1 for k in order if reader.entries[k].size > max_shard_size)}
+    _refresh_fingerprint(out_dir)
+    return summary
+
+
 def _refresh_fingerprint(model_dir: Path) -> None:
     """fingerprint.pb's checkpoint_hash is a hash of variables.index
     (tensorflow/cc/saved_model/fingerprinting.cc): computed again for the new index."""
