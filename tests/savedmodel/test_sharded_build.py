@@ -111,7 +111,10 @@ def test_a_sharded_model_builds_and_keeps_its_shards(tmp_path: Path) -> None:
     resharded = ws / "out" / "resharded" / "1"
     rows = {row["stage"]: row["status"] for row in json.loads(done.stdout)["rows"] if row["recipe"] == "resharded"}
     assert list(rows).index("bfloat16") < list(rows).index("reshard") < list(rows).index("verify"), rows
-    assert json.loads((resharded / "tpubuild-report.json").read_text())["verify"]["passed"] is True
+    report = json.loads((resharded / "tpubuild-report.json").read_text())
+    assert report["verify"]["passed"] is True
+    assert report["stages"]["reshard"]["shards"] == len(_data_files(resharded))
+    assert "Checkpoint: " in (resharded / "tpubuild-report.md").read_text()
     files = _data_files(resharded)
     sizes = [(resharded / "variables" / name).stat().st_size for name in files]
     assert 1 < len(files) < len(shards) and max(sizes) <= 1 << 20, (files, sizes)

@@ -25,8 +25,9 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     model.save(Path(output_dir))
     if not (Path(input_dir) / checkpoint.PREFIX).with_suffix(".index").is_file():
         context.log("reshard: the model has no variables")
-        return StageResult(summary={"shards": 0}, warnings=[])
-    summary = checkpoint.reshard(Path(input_dir), Path(output_dir), options["max_shard_size"])
+        return StageResult(summary={"before": 0, "shards": 0, "max_shard_size": options["max_shard_size"]}, warnings=[])
+    summary = {**checkpoint.reshard(Path(input_dir), Path(output_dir), options["max_shard_size"]),
+               "max_shard_size": options["max_shard_size"]}
     context.log(f"reshard: {summary['before']} -> {summary['shards']} data files of at most "
                 f"{options['max_shard_size']} bytes")
     warnings = []
