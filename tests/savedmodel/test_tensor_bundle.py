@@ -264,3 +264,17 @@ def test_reshard_lays_the_tensors_out_in_files_of_a_size(sharded: Path, tmp_path
     tf_src, tf_out = tf.train.load_checkpoint(str(sharded / PREFIX)), tf.train.load_checkpoint(str(out / PREFIX))
     for name in tf_src.get_variable_to_dtype_map():
         assert np.asarray(tf_out.get_tensor(name)).tobytes() == np.asarray(tf_src.get_tensor(name)).tobytes()
+
+
+def test_every_truncated_or_flipped_index_is_data_loss_or_read(tmp_path: Path) -> None:
+    _save_v2(tmp_path / "ckpt", ["a", "b/c"], [np.ones(3, np.float32), np.array(b"s", dtype=object)])
+    index = tmp_path / "ckpt.index"
+    good = index.read_bytes()
+    broken = [good[:n] for n in range(len(good))]
+    broken += [good[:i] + bytes([good[i] ^ 0x55]) + good[i + 1:] for i in range(len(good))]
+    for raw in broken:
+        index.write_bytes(raw)
+        try:
+            tensor_bundle.Reader.open(tmp_path / "ckpt")  # a flip in the footer's padding reads fine
+        except tensor_bundle.DataLoss as exc:  # one line naming the file, never a struct.error or IndexError
+            assert str(exc).startswith(f"{index}: ") and "\n" not in str(exc)

@@ -44,6 +44,8 @@ import google_crc32c
 from tensorflow.core.framework import versions_pb2
 from tensorflow.core.protobuf import tensor_bundle_pb2
 
+from tpubuild.errors import ConversionError
+
 # tensorflow/core/framework/types.proto
 DT_STRING = 7
 DT_VARIANT = 21
@@ -65,8 +67,9 @@ class Unsupported(Exception):
     """A checkpoint this module does not read or write; use TensorFlow's reader and SaveV2."""
 
 
-class DataLoss(Exception):
-    """A checkpoint whose bytes do not match its checksums."""
+class DataLoss(ConversionError):
+    """A checkpoint whose bytes do not match its checksums or its format: the model's fault,
+    one line naming the file (a stage error, never a traceback)."""
 
 
 # crc32c.h: a stored crc is masked, since a crc of bytes holding crcs is weak.
@@ -187,11 +190,18 @@ class Reader:
         prefix = Path(prefix)
         header = None
         entries: dict[bytes, tensor_bundle_pb2.BundleEntryProto] = {}
-        for key, value in _table_entries(index_path(prefix).read_bytes()):
-            if key == HEADER_KEY:
-                header = tensor_bundle_pb2.BundleHeaderProto.FromString(value)
-            else:
-                entries[key] = tensor_bundle_pb2.BundleEntryProto.FromString(value)
+        from google.protobuf.message import DecodeError
+
+        try:
+            for key, value in _table_entries(index_path(prefix).read_bytes()):
+                if key == HEADER_KEY:
+                    header = tensor_bundle_pb2.BundleHeaderProto.FromString(value)
+                else:
+                    entries[key] = tensor_bundle_pb2.BundleEntryProto.FromString(value)
+        except DataLoss as exc:
+            raise DataLoss(f"{index_path(prefix)}: {exc}") from None
+        except DecodeError:
+            raise DataLoss(f"{index_path(prefix)}: an entry is not a BundleEntryProto") from None
         if header is None:
             raise DataLoss(f"{index_path(prefix)}: no header entry")
         if header.endianness != tensor_bundle_pb2.BundleHeaderProto.LITTLE:
