@@ -34,6 +34,7 @@ MAIN_STAGES = {
     "bfloat16": "tpubuild.stages.bfloat16",
     "io_shape": "tpubuild.stages.io_shape",
     "batch": "tpubuild.stages.batch",
+    "reshard": "tpubuild.stages.reshard",  # variables.max_shard_size: the checkpoint in files of a size
     "verify": "tpubuild.stages.verify",
     "warmup": "tpubuild.stages.warmup",  # TF Serving warmup requests for the published SavedModels
     "report": "tpubuild.stages.report",

@@ -154,3 +154,14 @@ def test_verify_datasets_override_quantization_datasets_for_verify_only(ws):
     assert stages["verify"].files == ["data/v.tfrecord"]
     assert stages["quantize"].options["representative_datasets"] == {"serving_default": {"tfrecord_file_path": "data/q.tfrecord"}}
     assert stages["quantize"].files == ["data/q.tfrecord"]
+
+
+def test_max_shard_size_spellings_canonicalize_alike_and_add_the_reshard_stage(ws):
+    recipes = [load_recipe_file(ws.write(f"recipes/{name}.yaml", "model: {saved_model: ../models/toy}\n"
+                                         f"variables: {{max_shard_size: {size}}}\n"))
+               for name, size in (("a", "1GiB"), ("b", "1 GiB"), ("c", 1073741824))]
+    assert {r.canonical["variables"]["max_shard_size"] for r in recipes} == {1 << 30}
+    assert "reshard" in stage_names(recipes[0].canonical)
+    assert stage_names(recipes[0].canonical).index("reshard") < stage_names(recipes[0].canonical).index("verify")
+    plain = load_recipe_file(ws.write("recipes/d.yaml", "model: {saved_model: ../models/toy}\n"))
+    assert "variables" not in plain.canonical and "reshard" not in stage_names(plain.canonical)

@@ -245,3 +245,13 @@ def test_workspace_file_errors_are_located(ws):
         "tpubuild.yaml:3:1: output: unknown key 'output' (did you mean 'output_dir'?)",
     ]
 
+
+
+def test_max_shard_size_below_one_mib(ws):
+    assert errors_of(ws, MODEL + "variables: {max_shard_size: 64KiB}\n") == [
+        "recipes/r.yaml:2:29: variables.max_shard_size: must be >= 1MiB (1048576 bytes), got 64KiB"
+    ]
+    ws.write("recipes/r.yaml", MODEL)
+    assert errors_of(ws, MODEL + "variables: {max_shard_size: 1000}\n", "s") == [
+        "recipes/s.yaml:2:29: variables.max_shard_size: must be >= 1048576, got 1000"
+    ]

@@ -116,6 +116,8 @@ MUTATIONS = [
     # The recipe batches, so warmup runs by default: off removes the stage, max_records keys it.
     ("warmup.enabled", ("warmup", "enabled"), False),
     ("warmup.max_records", ("warmup", "max_records"), 10),
+    # Adds the reshard stage (and changes what verify and everything after it read).
+    ("variables.max_shard_size", ("variables", "max_shard_size"), "2MiB"),
     # Where versions are published and how TF Serving labels them: in no key, so never reported.
     ("publish_to", ("publish_to",), "s3://bucket/models"),
     ("serving.version_labels", ("serving", "version_labels"), {"stable": 3}),

@@ -56,7 +56,17 @@ def canonicalize(data: dict[str, Any], name: str, root: Path) -> dict[str, Any]:
         # Present only when the recipe has a `warmup:` section (which turns it on).
         **({"warmup": {"enabled": True, "max_records": WARMUP_MAX_RECORDS, **data["warmup"]}}
            if "warmup" in data else {}),
+        # Present only when set (the reshard stage runs then): the size in bytes.
+        **({"variables": {"max_shard_size": _bytes(data["variables"]["max_shard_size"])}}
+           if (data.get("variables") or {}).get("max_shard_size") is not None else {}),
     }
+
+
+def _bytes(value: int | str) -> int:
+    """`1GiB`, `512MiB` or a number of bytes -> bytes: spellings of one size canonicalize alike."""
+    from tpubuild.config.sizes import parse_size
+
+    return value if isinstance(value, int) else parse_size(value)
 
 
 def _targets(targets: dict[str, Any]) -> dict[str, Any]:

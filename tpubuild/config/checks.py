@@ -38,6 +38,8 @@ MAX_BATCH_SIZE = 1 << 16
 # caps in-flight batches at its pool of kBatchThreadPoolSize = 128 (batch_kernels.cc).
 MAX_BATCH_THREADS = 1024
 INT32_MAX = 2**31 - 1
+# variables.max_shard_size's floor (the schema's minimum): smaller files only multiply them.
+MIN_SHARD_SIZE = 1 << 20
 
 
 class Checker:
@@ -67,6 +69,7 @@ class Checker:
             (self.check_targets, self.data.get("targets")),
             (self.check_op_libraries, self.data.get("op_libraries") or []),
             (self.check_publish_to, self.data.get("publish_to")),
+            (self.check_max_shard_size, (self.data.get("variables") or {}).get("max_shard_size")),
         )
         for check, *args in checks:
             # The schema's errors are reported too; a check that meets a value of the
@@ -76,6 +79,13 @@ class Checker:
             except (TypeError, KeyError, IndexError, AttributeError, ValueError):
                 pass
         return self.problems
+
+    def check_max_shard_size(self, value: Any) -> None:
+        """A size with a unit is checked here, an integer by the schema: at least 1 MiB."""
+        from tpubuild.config.sizes import parse_size
+
+        if isinstance(value, str) and parse_size(value) < MIN_SHARD_SIZE:
+            self.error(("variables", "max_shard_size"), f"must be >= 1MiB (1048576 bytes), got {value}")
 
     def check_publish_to(self, url: Any) -> None:
         """A recipe's publish destination and `oci:`, as the workspace's (config/remote_url.py)."""

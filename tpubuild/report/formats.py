@@ -179,6 +179,9 @@ def _stage_line(name: str, summary: dict[str, Any]) -> str:
     if name == "io_shape":
         changed = sum(len(f.get("inputs", [])) + len(f.get("outputs", [])) for f in summary.get("functions", []))
         return f"IO shape: {changed} TPU input/output(s) reshaped in {len(summary.get('functions', []))} function(s)"
+    if name == "reshard":
+        return (f"Checkpoint: {summary.get('before')} -> {summary.get('shards')} data file(s) of at most "
+                f"{summary.get('max_shard_size')} bytes (largest {summary.get('largest_shard')})")
     if name == "dataset":
         counts = ", ".join(f"{k}: {v['samples']} from {v['source']}" for k, v in sorted(summary.get("datasets", {}).items()))
         return f"Representative datasets: {counts}"

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
-from tensorflow.core.protobuf import trackable_object_graph_pb2
+from tensorflow.core.protobuf import tensor_bundle_pb2, trackable_object_graph_pb2
 
+from tpubuild.savedmodel import tensor_bundle
 from tpubuild.savedmodel.model import SavedModel
 
 OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 PREFIX = Path("variables") / "variables"
+DT_BFLOAT16 = 14  # tensorflow/core/framework/types.proto
 
 
 def _reader(model_dir: Path):
@@ -36,8 +39,146 @@ def checkpoint_keys(model: SavedModel, node_ids: set[int]) -> set[str]:
 
 def write_bfloat16(src_dir: Path, out_dir: Path, keys: set[str]) -> None:
     """Rewrite out_dir's checkpoint with `keys` stored as bfloat16 (same keys, same values
-    rounded); the files are written beside the published ones and renamed into place, so
-    hardlinks to the source checkpoint are replaced, never written through."""
+    rounded by TensorFlow's cast, the source's shards and order kept). One tensor at a time
+    (tensor_bundle.py), a chunk of it at a time: the peak is a chunk, not the model; the
+    tensors that do not change are copied as their bytes, checked against their crc.
+    The files are written beside the published ones and renamed into place, so hardlinks
+    to the source checkpoint are replaced, never written through."""
+    try:
+        reader = tensor_bundle.Reader.open(src_dir / PREFIX)
+    except tensor_bundle.Unsupported:
+        _write_bfloat16_whole(src_dir, out_dir, keys)
+    else:
+        with reader:
+            _rewrite(reader, out_dir / PREFIX, cast={k.encode() for k in keys}, drop=set(), object_graph=None)
+    _refresh_fingerprint(out_dir)
+
+
+def write_without(src_dir: Path, out_dir: Path, keys: set[str], object_graph: bytes) -> None:
+    """Rewrite out_dir's checkpoint without `keys` and with a new object graph (after
+    variables were removed from the SavedModel); as `write_bfloat16`: tensor by tensor,
+    shards kept (a shard left with no tensor is an empty file), the files renamed into
+    place, so hardlinks to the source checkpoint are never written through."""
+    try:
+        reader = tensor_bundle.Reader.open(src_dir / PREFIX)
+    except tensor_bundle.Unsupported:
+        _write_without_whole(src_dir, out_dir, keys, object_graph)
+    else:
+        with reader:
+            _rewrite(reader, out_dir / PREFIX, cast=set(), drop={k.encode() for k in keys}, object_graph=object_graph)
+    _refresh_fingerprint(out_dir)
+
+
+def reshard(src_dir: Path, out_dir: Path, max_shard_size: int) -> dict[str, int]:
+    """Rewrite out_dir's checkpoint in data files of at most `max_shard_size` bytes: the
+    tensors (slices of a sliced tensor too) in the source's order, each copied as its bytes,
+    a new file when the next tensor would pass the size. A tensor larger than the size is a
+    file of its own, not sliced (TensorFlow's MaxShardSizePolicy slices it; reading is the
+    same either way). Returns {"before", "shards", "largest_shard", "oversized"}."""
+    from tpubuild.errors import ConversionError
+
+    try:
+        reader = tensor_bundle.Reader.open(src_dir / PREFIX)
+    except tensor_bundle.Unsupported as exc:
+        raise ConversionError(f"variables.max_shard_size: the checkpoint cannot be resharded ({exc})") from None
+    with reader:
+        order = reader.in_file_order()
+        shard_of, sizes = {}, [0]
+        for key in order:
+            size = reader.entries[key].size
+            if sizes[-1] and sizes[-1] + size > max_shard_size:
+                sizes.append(0)
+            shard_of[key] = len(sizes) - 1
+            sizes[-1] += size
+        with tensor_bundle.Writer(out_dir / PREFIX, len(sizes), reader.header.version) as writer:
+            for key in order:
+                entry = reader.entries[key]
+                if entry.dtype == tensor_bundle.DT_STRING:
+                    writer.add_raw(key, entry, [tensor_bundle.string_bytes(reader.strings(key))[0]], shard_of[key])
+                else:
+                    writer.add_raw(key, entry, reader.chunks(key), shard_of[key])
+            for key, entry in reader.entries.items():
+                if entry.slices:
+                    writer.add_metadata(key, entry)
+        summary = {"before": reader.header.num_shards, "shards": len(sizes), "largest_shard": max(sizes),
+                   "oversized": sum(1 for k in order if reader.entries[k].size > max_shard_size)}
+    _refresh_fingerprint(out_dir)
+    return summary
+
+
+def _refresh_fingerprint(model_dir: Path) -> None:
+    """fingerprint.pb's checkpoint_hash is a hash of variables.index
+    (tensorflow/cc/saved_model/fingerprinting.cc): computed again for the new index."""
+    from tpubuild.savedmodel.reproducible import FINGERPRINT_PB, write_fingerprint
+
+    if (model_dir / FINGERPRINT_PB).is_file():
+        write_fingerprint(model_dir)
+
+
+def slice_key_prefix(key: bytes) -> bytes:
+    """What the keys of a sliced tensor's slices start with (a sharded save slices a tensor
+    across shards, tensorflow/python/checkpoint/sharding/sharding_policies.py): the
+    name as tensorflow/core/util/saved_tensor_slice_util.cc EncodeTensorNameSlice writes
+    it, OrderedCode (tensorflow/core/lib/strings/ordered_code.cc) WriteNumIncreasing(0)
+    then WriteString(name): 0x00 and 0xff escaped as 0x00 0xff and 0xff 0x00, ended by
+    0x00 0x01 (a terminator no escaped name holds)."""
+    escaped = b"".join(b"\x00\xff" if b == 0 else b"\xff\x00" if b == 0xFF else bytes([b]) for b in key)
+    return b"\x00" + escaped + b"\x00\x01"
+
+
+def _owners(reader: tensor_bundle.Reader, keys: set[bytes]) -> set[bytes]:
+    """`keys` and the keys of their slices."""
+    prefixes = tuple(slice_key_prefix(k) for k in keys if reader.entries.get(k) is not None
+                     and reader.entries[k].slices)
+    return set(keys) | ({k for k in reader.entries if k.startswith(prefixes)} if prefixes else set())
+
+
+def _rewrite(reader: tensor_bundle.Reader, prefix: Path, cast: set[bytes], drop: set[bytes],
+             object_graph: bytes | None) -> None:
+    """The reader's checkpoint again at `prefix`: the same shards, each tensor in its shard
+    at its place in the source's order; `cast` (and their slices) as bfloat16, `drop` (and
+    theirs) left out, the object graph replaced when given."""
+    cast, drop = _owners(reader, cast), _owners(reader, drop)
+    graph_key = OBJECT_GRAPH_KEY.encode()
+    with tensor_bundle.Writer(prefix, reader.header.num_shards, reader.header.version) as writer:
+        for key in reader.in_file_order():
+            entry = reader.entries[key]
+            shape = [d.size for d in entry.shape.dim]
+            if key in drop:
+                continue
+            if key == graph_key and object_graph is not None:
+                writer.add_strings(key, shape, [object_graph], entry.shard_id)
+            elif key in cast:
+                writer.add(key, DT_BFLOAT16, shape, _cast_bfloat16(reader.chunks(key), entry.dtype), entry.shard_id)
+            elif entry.dtype == tensor_bundle.DT_STRING:
+                writer.add_raw(key, entry, [tensor_bundle.string_bytes(reader.strings(key))[0]], entry.shard_id)
+            else:
+                writer.add_raw(key, entry, reader.chunks(key), entry.shard_id)
+        for key, entry in reader.entries.items():
+            if entry.slices and key not in drop:
+                if key in cast:
+                    entry = tensor_bundle_pb2.BundleEntryProto.FromString(entry.SerializeToString())
+                    entry.dtype = DT_BFLOAT16  # type: ignore[assignment]
+                writer.add_metadata(key, entry)
+
+
+def _cast_bfloat16(chunks: Iterator[bytes], dtype: int) -> Iterator[bytes]:
+    """Each chunk of a tensor's bytes cast to bfloat16 by TensorFlow (round to nearest
+    even, as tf.cast does for the whole tensor: the cast is elementwise, so chunking does not
+    change a bit). A chunk is a whole number of elements (tensor_bundle.CHUNK is a multiple
+    of every element size)."""
+    import numpy as np
+    import tensorflow as tf
+
+    numpy_dtype = tf.dtypes.as_dtype(dtype).as_numpy_dtype
+    for piece in chunks:
+        yield tf.cast(np.frombuffer(piece, numpy_dtype), tf.bfloat16).numpy().tobytes()
+
+
+def _write_bfloat16_whole(src_dir: Path, out_dir: Path, keys: set[str]) -> None:
+    """write_bfloat16 for a checkpoint tensor_bundle.py does not read (variant tensors, a
+    big-endian or compressed bundle): TensorFlow's reader and one SaveV2 of every tensor,
+    which holds the whole model in memory, as one shard."""
     import tensorflow as tf
 
     reader = _reader(src_dir)
@@ -53,6 +194,8 @@ def _write(out_dir: Path, names: list[str], tensors: list) -> None:
     """SaveV2 into a staging directory beside out_dir's checkpoint, then rename into place."""
     import tensorflow as tf
 
+    from tpubuild.atomic import fsync_path
+
     variables = out_dir / PREFIX.parent
     staging = Path(tempfile.mkdtemp(dir=variables, prefix=".ckpt-"))
     try:
@@ -62,18 +205,24 @@ def _write(out_dir: Path, names: list[str], tensors: list) -> None:
             shape_and_slices=[""] * len(names),
             tensors=tensors,
         )
-        for written in sorted(staging.iterdir()):
-            os.replace(written, variables / written.name)
+        written = sorted(staging.iterdir())
+        for path in written:
+            fsync_path(path)
+        for path in written:
+            os.replace(path, variables / path.name)
+        kept = {path.name for path in written}
+        for stale in variables.iterdir():  # a sharded source's other data files
+            if stale.name.startswith(f"{PREFIX.name}.data-") and stale.name not in kept:
+                stale.unlink()
+        fsync_path(variables)
     finally:
         for left in staging.iterdir():
             left.unlink()
         staging.rmdir()
 
 
-def write_without(src_dir: Path, out_dir: Path, keys: set[str], object_graph: bytes) -> None:
-    """Rewrite out_dir's checkpoint without `keys` and with a new object graph (after
-    variables were removed from the SavedModel); like `write_bfloat16`, the files are
-    renamed into place, so hardlinks to the source checkpoint are never written through."""
+def _write_without_whole(src_dir: Path, out_dir: Path, keys: set[str], object_graph: bytes) -> None:
+    """write_without for what tensor_bundle.py does not read, as `_write_bfloat16_whole`."""
     import tensorflow as tf
 
     reader = _reader(src_dir)

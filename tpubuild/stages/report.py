@@ -20,14 +20,14 @@ SPEC = StageSpec(
     runs_models=True,
     options=lambda r: {"tags": slices.tags(r)},
     consumes=(MODEL, SOURCE),
-    summaries=("dataset", "quantize", "tpu", "bfloat16", "io_shape", "batch", "verify"),
+    summaries=("dataset", "quantize", "tpu", "bfloat16", "io_shape", "batch", "reshard", "verify"),
     # It embeds verify's measured errors.
     machine_dependent=lambda options: True,
 )
 
 HLO_DIR = "hlo"
 # Summaries of earlier stages that belong in the report as they are.
-STAGE_SECTIONS = ("dataset", "tpu", "bfloat16", "io_shape", "batch")
+STAGE_SECTIONS = ("dataset", "tpu", "bfloat16", "io_shape", "batch", "reshard")
 
 
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:

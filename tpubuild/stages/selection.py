@@ -13,7 +13,7 @@ from tpubuild.stages.slices import converter, effective_state, generated_dataset
 Canonical = dict[str, Any]
 
 # Model-changing stages: each writes a SavedModel that the next one reads as `input_dir`.
-TRANSFORM_ORDER = ("source", "export", "quantize", "tpu", "bfloat16", "io_shape", "batch")
+TRANSFORM_ORDER = ("source", "export", "quantize", "tpu", "bfloat16", "io_shape", "batch", "reshard")
 TRANSFORMS = frozenset(TRANSFORM_ORDER)
 
 
@@ -32,6 +32,7 @@ def main_chain(recipe: Canonical) -> set[str]:
         "bfloat16": effective_state(conv, "bfloat16_optimization") and (has_tpu or bf16_scope_all),
         "io_shape": effective_state(conv, "io_shape_optimization") and has_tpu,
         "batch": bool(conv["batch_options"]),
+        "reshard": "variables" in recipe,  # variables.max_shard_size: the checkpoint's files, values unchanged
         "verify": True,
         "warmup": warmup_enabled(recipe),
         "report": True,
