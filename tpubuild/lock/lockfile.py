@@ -57,7 +57,8 @@ def lock_document(
         "stages": [
             {"stage": s["stage"], "key": s["key"], "output": s["output"], "measured": bool(s.get("measured")),
              "key_measured": bool(s.get("key_measured")),
-             **({"discovered": dict(sorted(s["discovered"].items()))} if s.get("discovered") else {})}
+             **({"discovered": dict(sorted(s["discovered"].items()))} if s.get("discovered") else {}),
+             **({"peak_memory": s["peak_memory"]} if s.get("peak_memory") is not None else {})}
             for s in stages
         ],
         "artifact": [(name, value, bool(measured)) for name, value, measured in (artifact or [])],
@@ -105,6 +106,8 @@ def lock_text(document: dict[str, Any]) -> str:
         if stage.get("discovered"):  # what its user code imported or looked for and found absent; packages it used
             lines.append("  discovered:  # what its code imported or used, and where an import looked and found nothing")
             lines.extend(f"    {_scalar(k)}: {_scalar(v)}" for k, v in stage["discovered"].items())
+        if stage.get("peak_memory") is not None:  # bytes: its worker's peak resident set when it was built
+            lines.append(f"  peak_memory: {_scalar(stage['peak_memory'])}  {MEASURED}")
     lines.append("artifact:  # what was published: a reviewer's view of the change")
     if document.get("artifact"):
         for name, value, measured in document["artifact"]:
