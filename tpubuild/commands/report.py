@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -118,9 +119,9 @@ def peak_memory(lock_file: Path, manifest: dict) -> dict | None:
     from tpubuild.lock import read_lock
 
     lock = read_lock(lock_file) or {}
-    recorded = {s.get("key"): s.get("peak_memory") for s in lock.get("stages") or [] if isinstance(s, dict)}
-    stages = {s["stage"]: recorded[s["key"]] for s in manifest.get("stages") or []
-              if isinstance(s, dict) and isinstance(recorded.get(s.get("key")), int)}
+    recorded: dict[Any, Any] = {s.get("key"): s.get("peak_memory") for s in lock.get("stages") or [] if isinstance(s, dict)}
+    stages: dict[str, int] = {s["stage"]: recorded[s["key"]] for s in manifest.get("stages") or []
+                              if isinstance(s, dict) and isinstance(recorded.get(s.get("key")), int)}
     if not stages:
         return None
     return {"build": max(stages.values()), "stages": stages, "measured": "on the building machine"}
