@@ -169,12 +169,12 @@ def main() -> None:
              for name in names}
     print(f"tpubuild build -j 2 of both: exit {result.returncode}, {seconds:.1f} s, machine peak used +{mib(peak)} "
           f"({peak / max(size, 1):.2f}x one model's size)")
+    from tpubuild.lock import read_lock
+
     for name in names:
-        lock = ws / "recipes" / f"{name}.lock.yaml"
-        figures = [line.strip() for line in lock.read_text().splitlines() if "peak_memory" in line] \
-            if lock.exists() else []
-        print(f"  {name}: {'built' if built[name] else 'NOT built'}; lock file: "
-              + ("; ".join(f.split('  #')[0] for f in figures) or "-"))
+        lock = read_lock(ws / "recipes" / f"{name}.lock.yaml") or {}
+        figures = ", ".join(f"{s['stage']} {mib(s['peak_memory'])}" for s in lock.get("stages", []) if "peak_memory" in s)
+        print(f"  {name}: {'built' if built[name] else 'NOT built'}; lock file peak_memory: {figures or '-'}")
     warnings = [line for line in result.stderr.splitlines() if "memory" in line]
     for line in warnings:
         print(f"  stderr: {line}")

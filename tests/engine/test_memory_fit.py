@@ -120,3 +120,23 @@ def test_a_stage_over_the_machine_says_so_in_one_line_and_runs(make_workspace):
     assert lines == ["recipes/big.yaml: stage export: warning: its memory estimate 2.2 GiB exceeds this machine's "
                      "memory (1.0 GiB); it runs anyway, when no other stage runs"], result.stderr
     assert "published: big -> out/big/1" in result.stdout
+
+
+def test_the_live_line_says_a_stage_waits_for_memory():
+    """On a terminal, a stage the pool holds back says so on the live line until it starts."""
+    import io
+    from types import SimpleNamespace
+
+    from tpubuild.commands.build_output import NORMAL, BuildOutput
+
+    out = io.StringIO()
+    printer = BuildOutput(out, NORMAL, tty=True, colour=False, display=str)
+    printer.total = 4
+    run = SimpleNamespace(name="big")
+    printer.started(run, "verify")
+    printer.waiting(run, "verify", True)
+    printer._draw()
+    assert out.getvalue().endswith("[0/4] running big: verify waiting for memory 0 s")
+    printer.waiting(run, "verify", False)
+    printer._draw()
+    assert out.getvalue().endswith("[0/4] running big: verify 0 s")
