@@ -110,7 +110,7 @@ def test_with_memory_for_both_they_run_at_once(make_workspace, tmp_path):
     assert overlap(spans) > 0.5e6, spans  # most of the 1.5 s sleeps, together
 
 
-@pytest.mark.slow  # ~16 s
+@pytest.mark.slow  # ~25 s: two builds
 def test_a_stage_over_the_machine_says_so_in_one_line_and_runs(make_workspace):
     ws = make_workspace({"big": export_recipe("big", "models/copy_export.py", "models/notes.py")})
     machine = GiB  # above every other stage's estimate of the tiny model, below the export's
@@ -120,6 +120,11 @@ def test_a_stage_over_the_machine_says_so_in_one_line_and_runs(make_workspace):
     assert lines == ["recipes/big.yaml: stage export: warning: its memory estimate 2.2 GiB exceeds this machine's "
                      "memory (1.0 GiB); it runs anyway, when no other stage runs"], result.stderr
     assert "published: big -> out/big/1" in result.stdout
+    # Once it made a model, the export is estimated by that model's size (the tiny one's): no warning.
+    script = ws / "recipes" / "models" / "copy_export.py"
+    script.write_text(script.read_text() + "# edited\n")
+    again = tpubuild(ws, "build", env={"TPUBUILD_MEMORY_AVAILABLE": str(machine)}, code=0)
+    assert "export: built" in again.stdout and "memory" not in again.stderr, again.stderr
 
 
 def test_the_live_line_says_a_stage_waits_for_memory():

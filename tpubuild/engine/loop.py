@@ -391,14 +391,32 @@ class Engine(RunVersion):
         from tpubuild.report.formats import human_bytes
         from tpubuild.stages.base import DATASET, ModelSizes
 
+        stage = spec(planned.name)
         trees = [run.outputs[name].files for role, name in planned.consumes.items() if role != DATASET]
-        estimate = spec(planned.name).memory_estimate.bytes(ModelSizes.of(trees) if trees else None)
+        if not trees and stage.runs_user_code:  # export: the model it made last time, once it made one
+            earlier = self._earlier_output(run, planned.name)
+            trees = [earlier] if earlier else []
+        estimate = stage.memory_estimate.bytes(ModelSizes.of(trees) if trees else None)
         machine = total_memory_bytes()
         if machine is not None and estimate > machine and self.executor == "local":
             self.errors(f"{run.recipe.rel_file}: stage {planned.name}: warning: its memory estimate "
                         f"{human_bytes(estimate)} exceeds this machine's memory ({human_bytes(machine)}); "
                         "it runs anyway, when no other stage runs")
         return estimate
+
+    def _earlier_output(self, run: RecipeRun, stage: str) -> list[Any] | None:
+        """The files stage `stage` of `run` made in the build its lock file records, when
+        the store still holds that record (a size to estimate by; None: not known)."""
+        from tpubuild.lock import read_lock_keys
+
+        recorded = read_lock_keys(run.recipe.lock_file) or {}
+        key = next((s.get("key") for s in recorded.get("stages") or []
+                    if isinstance(s, dict) and s.get("stage") == stage), None)
+        if not isinstance(key, str):
+            return None
+        with self.state_lock:
+            entry = self.store.get(key)
+        return entry.files if entry is not None else None
 
     def workers(self) -> WorkerPool | RayExecutor:
         with self.pool_lock:

@@ -7,7 +7,9 @@ tree, the published version), in a fixed order so diffs are readable and two
 changes to two recipes never touch the same file (dvc.lock's merge conflicts).
 
 Lines whose value may legitimately differ between machines (outputs holding measured
-floats, such as verification errors, and everything keyed on them) end with MEASURED:
+floats, such as verification errors, and everything keyed on them; each stage's
+`peak_memory`, its worker's peak resident set in bytes when it was built, and the build's
+among the artifact's facts) end with MEASURED:
 `.ci/run` rebuilds the example workspace on a machine that did not write the lock files
 (`build --relock`) and compares them with `git diff --exit-code -I '<MEASURED>$'`.
 

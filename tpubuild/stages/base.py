@@ -92,8 +92,9 @@ STREAMS_CHECKPOINT = MemoryEstimate(TF_BASELINE, graph=4.0, largest=2.0)
 # 98 MiB model, workers/pool.py), so 1.5x, conservative.
 LOADS_MODEL = MemoryEstimate(TF_BASELINE, model=1.5)
 # User code (export, dataset generators): what it does is the user's; it is estimated as
-# a model load of its input, or of UNKNOWN_MODEL bytes of model when it starts from
-# nothing (export: its output's size is known only once it ran).
+# a model load of its input, or, for export (which starts from nothing), of the model it
+# made in the build its lock file records (engine/loop.py _earlier_output), else of
+# UNKNOWN_MODEL bytes.
 UNKNOWN_MODEL = 1024 * MiB
 RUNS_USER_CODE = MemoryEstimate(TF_BASELINE, model=1.5, unknown_model=UNKNOWN_MODEL)
 
