@@ -396,7 +396,17 @@ class Engine(RunVersion):
         if not trees and stage.runs_user_code:  # export: the model it made last time, once it made one
             earlier = self._earlier_output(run, planned.name)
             trees = [earlier] if earlier else []
-        estimate = stage.memory_estimate.bytes(ModelSizes.of(trees) if trees else None)
+        sizes = ModelSizes.of(trees) if trees else None
+        if sizes is not None and stage.memory_estimate.largest:  # streams the checkpoint: its largest tensor
+            from dataclasses import replace
+
+            from tpubuild.savedmodel.bundle_index import largest_tensor_bytes
+
+            known = [largest_tensor_bytes(run.outputs[name].directory)
+                     for role, name in planned.consumes.items() if role != DATASET]
+            if known and None not in known:
+                sizes = replace(sizes, largest=max(n for n in known if n is not None))
+        estimate = stage.memory_estimate.bytes(sizes)
         machine = total_memory_bytes()
         if machine is not None and estimate > machine and self.executor == "local":
             self.errors(f"{run.recipe.rel_file}: stage {planned.name}: warning: its memory estimate "

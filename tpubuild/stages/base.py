@@ -31,7 +31,10 @@ class ModelSizes:
 
     model: int = 0  # every file: variables and graph
     graph: int = 0  # saved_model.pb
-    largest: int = 0  # the largest variables data file: an upper bound of the largest tensor
+    # The largest tensor: for a stage that streams the checkpoint, read from variables.index
+    # (savedmodel/bundle_index.py, by the engine); else the largest variables data file, its
+    # upper bound.
+    largest: int = 0
 
     @classmethod
     def of(cls, trees: list[list[Any]]) -> ModelSizes:
@@ -79,11 +82,12 @@ TF_BASELINE = 720 * MiB
 GRAPH_ONLY = MemoryEstimate(TF_BASELINE, model=1.25)
 # A stage that streams the checkpoint tensor by tensor (read one, cast, write: bfloat16
 # after issue 54 item 1): the graph a few times (parsed, edited, serialized) and the float32
-# tensor with its cast. The largest tensor is not known without reading the checkpoint's
-# index, so the largest variables data file stands in for it: conservative (a one-shard
-# checkpoint counts as one tensor the size of the model). Not measured: bfloat16 in this
-# tree still casts the whole model (its measured 1.09x is under GRAPH_ONLY's), so it keeps
-# the default until it streams.
+# tensor with its cast (2x the float32 tensor: conservative, the cast is half its size).
+# The largest tensor is read from the checkpoint's index without TensorFlow
+# (savedmodel/bundle_index.py); where it cannot be, the largest variables data file stands
+# in for it (a one-shard checkpoint then counts as one tensor the size of the model). Not
+# measured: bfloat16 in this tree still casts the whole model (its measured 1.09x is under
+# GRAPH_ONLY's), so it keeps GRAPH_ONLY until it streams (issue 54 item 1).
 STREAMS_CHECKPOINT = MemoryEstimate(TF_BASELINE, graph=4.0, largest=2.0)
 # Stages that load the model with TensorFlow's runtime and run it (verify, report,
 # quantize, warmup, the targets' builds and verifications): measured 1.03x above (verify's
