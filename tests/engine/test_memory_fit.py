@@ -16,6 +16,7 @@ from tests.cli import tpubuild
 from tests.engine.conftest import build_json, export_recipe
 from tests.trace_rules import complete_events, read_trace
 from tpubuild.lock import MEASURED, read_lock
+from tpubuild.report.formats import human_bytes
 from tpubuild.stages.base import RUNS_USER_CODE, TF_BASELINE
 
 GiB = 2**30
@@ -117,8 +118,8 @@ def test_a_stage_over_the_machine_says_so_in_one_line_and_runs(make_workspace):
     assert TF_BASELINE < machine < EXPORT_ESTIMATE
     result = tpubuild(ws, "build", env={"TPUBUILD_MEMORY_AVAILABLE": str(machine)}, code=0)
     lines = [line for line in result.stderr.splitlines() if "memory" in line]
-    assert lines == ["recipes/big.yaml: stage export: warning: its memory estimate 2.2 GiB exceeds this machine's "
-                     "memory (1.0 GiB); it runs anyway, when no other stage runs"], result.stderr
+    assert lines == [f"recipes/big.yaml: stage export: warning: its memory estimate {human_bytes(EXPORT_ESTIMATE)} "
+                     "exceeds this machine's memory (1.0 GiB); it runs anyway, when no other stage runs"], result.stderr
     assert "published: big -> out/big/1" in result.stdout
     # Once it made a model, the export is estimated by that model's size (the tiny one's): no warning.
     script = ws / "recipes" / "models" / "copy_export.py"
@@ -145,3 +146,32 @@ def test_the_live_line_says_a_stage_waits_for_memory():
     printer.waiting(run, "verify", False)
     printer._draw()
     assert out.getvalue().endswith("[0/4] running big: verify 0 s")
+
+
+def test_the_gate_starts_a_stage_only_while_the_estimates_fit(monkeypatch):
+    """workers/pool.py MemoryGate with TPUBUILD_MEMORY_AVAILABLE: a stage that does not fit
+    beside the running one waits (and is told so) until it leaves; with nothing running,
+    any stage starts, however large."""
+    import threading
+
+    from tpubuild.workers.pool import MemoryGate
+
+    monkeypatch.setenv("TPUBUILD_MEMORY_AVAILABLE", str(10 * GiB))
+    gate = MemoryGate()
+    first = gate.enter(6 * GiB)
+    told: list[bool] = []
+    entered = threading.Event()
+
+    def second() -> None:
+        gate.leave(gate.enter(6 * GiB, told.append))
+        entered.set()
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    assert not entered.wait(1.0) and told == [True]  # 6 + 6 GiB > 10 GiB: it waits
+    small = gate.enter(3 * GiB)  # 6 + 3 fits beside the first
+    gate.leave(small)
+    gate.leave(first)
+    assert entered.wait(5.0) and told == [True, False]
+    thread.join()
+    gate.leave(gate.enter(100 * GiB))  # nothing runs: it starts
