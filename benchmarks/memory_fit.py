@@ -13,7 +13,11 @@ the lock files' `peak_memory` figures, and, as the reference, the same figures f
 fresh-process `tf.saved_model.load` + `tf.saved_model.save` of one of the models.
 The machine may be shared: the used memory counts everyone's. Asserts nothing.
 
-Run: python benchmarks/memory_fit.py [--gib 6] [--keep DIR]
+With --memory-available BYTES the build runs under TPUBUILD_MEMORY_AVAILABLE=BYTES: a smaller
+machine, to see the pool hold stages back with small models. The seconds stages waited for
+memory are read from the build's trace (`build --profile`).
+
+Run: python benchmarks/memory_fit.py [--gib 6] [--memory-available BYTES] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -129,6 +133,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gib", type=float, default=6.0, help="each model's size in GiB of float32 (default 6)")
     parser.add_argument("--keep", type=Path, help="build in this directory and keep it")
+    parser.add_argument("--memory-available", type=int, help="TPUBUILD_MEMORY_AVAILABLE for the build (bytes)")
     args = parser.parse_args()
     width = max(64, int(round((args.gib * 2**30 / 4 / LAYERS) ** 0.5 / 64)) * 64)
     root = args.keep or Path(tempfile.mkdtemp(prefix="tpubuild-memory-fit-"))
@@ -159,7 +164,13 @@ def main() -> None:
 
     shutil.rmtree(ws / ".tpubuild", ignore_errors=True)
     shutil.rmtree(ws / "out", ignore_errors=True)
-    result, seconds, peak = run([sys.executable, "-m", "tpubuild", "build", "-j", "2", "--json"], cwd=ws)
+    trace = root / "trace.json"
+    if args.memory_available is not None:
+        os.environ["TPUBUILD_MEMORY_AVAILABLE"] = str(args.memory_available)
+        print(f"the build runs under TPUBUILD_MEMORY_AVAILABLE={args.memory_available} ({mib(args.memory_available)})")
+    result, seconds, peak = run([sys.executable, "-m", "tpubuild", "build", "-j", "2", "--json",
+                                 "--profile", str(trace)], cwd=ws)
+    os.environ.pop("TPUBUILD_MEMORY_AVAILABLE", None)
     try:
         document = json.loads(result.stdout)
     except ValueError:
@@ -175,6 +186,12 @@ def main() -> None:
         lock = read_lock(ws / "recipes" / f"{name}.lock.yaml") or {}
         figures = ", ".join(f"{s['stage']} {mib(s['peak_memory'])}" for s in lock.get("stages", []) if "peak_memory" in s)
         print(f"  {name}: {'built' if built[name] else 'NOT built'}; lock file peak_memory: {figures or '-'}")
+    try:
+        events = json.loads(trace.read_text())["traceEvents"]
+    except (OSError, ValueError, KeyError):
+        events = []
+    waited = [e["dur"] / 1e6 for e in events if e.get("ph") == "X" and e.get("name") == "waiting for memory"]
+    print(f"  stages that waited for memory: {len(waited)}, {sum(waited):.1f} s in all")
     warnings = [line for line in result.stderr.splitlines() if "memory" in line]
     for line in warnings:
         print(f"  stderr: {line}")
