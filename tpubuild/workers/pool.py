@@ -7,6 +7,10 @@ A reply's `seconds` is the stage's own work, timed here without TensorFlow's imp
 A worker exits when its parent dies (stdin EOF, and PR_SET_PDEATHSIG on Linux), so a
 killed build leaves no stage running behind it.
 
+With `-j N`, a stage starts only while the memory estimates of the stages running fit
+the memory available (MemoryGate; each stage's estimate is its StageSpec's, from its input
+model's size), and always when nothing else runs.
+
 Workers get a scrubbed environment (keys.worker_env): only what is in every stage key,
 plus what a process needs to start. Stages that run user code (export scripts,
 dataset generators) get a fresh worker for each run, which records the workspace
