@@ -175,3 +175,37 @@ def test_the_gate_starts_a_stage_only_while_the_estimates_fit(monkeypatch):
     assert entered.wait(5.0) and told == [True, False]
     thread.join()
     gate.leave(gate.enter(100 * GiB))  # nothing runs: it starts
+
+
+def test_without_the_knob_free_memory_is_mem_available_less_what_running_stages_will_still_take(monkeypatch):
+    """A running stage's estimate counts less what its worker already holds (MemAvailable
+    has counted that); a stage larger than the machine waits while another runs."""
+    import os
+
+    from tpubuild.memory import available_memory_bytes, process_rss_bytes, total_memory_bytes
+    from tpubuild.workers.pool import MemoryGate
+
+    monkeypatch.delenv("TPUBUILD_MEMORY_AVAILABLE", raising=False)
+    gate = MemoryGate()
+    ballast = b"\1" * GiB  # this process, standing for a stage's worker, holds 1 GiB of it already
+    held = process_rss_bytes(os.getpid())
+    assert held and held > GiB
+    running = gate.enter(held + 2 * GiB)
+    gate.started(running, os.getpid())
+    before = available_memory_bytes()
+    free = gate.free()
+    after = available_memory_bytes()
+    assert before and after and free is not None
+    # 2 GiB still to come, not all of held + 2 GiB (0.5 GiB of slack: others on a shared machine).
+    assert max(before, after) - 2.5 * GiB < free < min(before, after) - 1.5 * GiB, (before, free, after, held)
+    del ballast
+    told: list[bool] = []
+    import threading
+
+    waiter = threading.Thread(target=lambda: gate.leave(gate.enter(4 * (total_memory_bytes() or 0), told.append)))
+    waiter.start()
+    waiter.join(1.0)
+    assert waiter.is_alive() and told == [True]
+    gate.leave(running)
+    waiter.join(5.0)
+    assert not waiter.is_alive() and told == [True, False]
