@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import os
 from functools import cache
 
 
@@ -37,3 +38,54 @@ def release_memory(collect: bool = True) -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+
+
+# --- how much memory the machine has ------------------------------------------------------
+# TPUBUILD_MEMORY_AVAILABLE=<bytes>: the memory a build may use, instead of what
+# /proc/meminfo says (tests, and users who share a machine). A scheduling knob: it decides
+# when a stage starts (workers/pool.py MemoryGate), never what it makes, so it is in no key.
+AVAILABLE_ENV = "TPUBUILD_MEMORY_AVAILABLE"
+
+
+def _meminfo(field: str) -> int | None:
+    """A field of /proc/meminfo in bytes (proc(5): values in kB), None where there is none."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def memory_override() -> int | None:
+    """TPUBUILD_MEMORY_AVAILABLE in bytes, or None when unset (a bad value: UsageError)."""
+    from tpubuild.workers import bytes_knob
+
+    value = bytes_knob(AVAILABLE_ENV, -1)
+    return None if value < 0 else value
+
+
+def available_memory_bytes() -> int | None:
+    """The memory available to new work now: TPUBUILD_MEMORY_AVAILABLE when set, else the
+    kernel's MemAvailable (what can be allocated without swapping: free memory plus the
+    page cache and slabs it can reclaim). None when neither is known (not Linux)."""
+    override = memory_override()
+    return override if override is not None else _meminfo("MemAvailable")
+
+
+def total_memory_bytes() -> int | None:
+    """The machine's memory: TPUBUILD_MEMORY_AVAILABLE when set (all a build may use),
+    else MemTotal. None when unknown."""
+    override = memory_override()
+    return override if override is not None else _meminfo("MemTotal")
+
+
+def process_rss_bytes(pid: int) -> int | None:
+    """The resident set size of process `pid` now (/proc/<pid>/statm: pages), None if gone."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None

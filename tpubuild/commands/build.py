@@ -141,7 +141,7 @@ def command(ctx: click.Context, recipe_patterns: tuple[str, ...], jobs: int, dry
                              BuildOptions(jobs=jobs, memo=memo, since_ns=since_ns, remote=remote, keep_going=keep_going,
                                           relock=relock),
                              BuildEvents(printer=output.row, errors=output.error, started=output.started,
-                                         planned=output.planned, notes=output.note))
+                                         planned=output.planned, notes=output.note, waiting=output.waiting))
     finally:
         output.close()  # the live line goes, also on Ctrl-C or an error
     memo.save(ws)

@@ -10,7 +10,8 @@
 - The summary line last: `14 recipes: 108 built, 2 cached, 1 failed`, and `1 not
   published to its destination` for a recipe whose `publish_to:` publish failed.
 - On a terminal, one live line at the bottom, redrawn in place: `[n/N]` stages done of
-  the build's, the stages running and for how long (Bazel's `[n / N]`), and a copy,
+  the build's, the stages running and for how long (Bazel's `[n / N]`; a stage the pool
+  holds back until the memory it is estimated to need is free says `waiting for memory`), and a copy,
   hash, upload or download that has run for a few seconds with its bytes done and rate
   (`[1/9] copying into the cache 412.0 MiB of 1.2 GiB, 350.1 MiB/s · running big: source 4 s`:
   tpubuild/progress.py). Colour for
@@ -60,6 +61,7 @@ class BuildOutput:
         self.total = 0
         self.done = 0
         self.running: dict[tuple[str, str], float] = {}
+        self.waiting_memory: set[tuple[str, str]] = set()  # stages the pool holds back (workers/pool.py MemoryGate)
         self.drawn: str | None = None  # the live line on screen now
         self.stop = threading.Event()
         self.ticker: threading.Thread | None = None
@@ -81,10 +83,26 @@ class BuildOutput:
             if self.ticker is not None:
                 self._draw()
 
+    def waiting(self, run: Any, stage: str, waits: bool) -> None:
+        """A stage waits for memory (True) or has started after waiting (False): said on the
+        live line, `toy: verify waiting for memory 3 s`, its clock restarted when it starts."""
+        if not self.live:
+            return
+        with self.lock:
+            key = (run.name, stage)
+            if waits:
+                self.waiting_memory.add(key)
+            else:
+                self.waiting_memory.discard(key)
+                self.running[key] = time.monotonic()
+            if self.ticker is not None:
+                self._draw()
+
     def row(self, run: Any, row: Any) -> None:
         with self.lock:
             self.done += 1
             self.running.pop((row.recipe, row.stage), None)
+            self.waiting_memory.discard((row.recipe, row.stage))
             lines = []
             if self.verbosity >= VERBOSE or (self.verbosity >= NORMAL and row.status in ("built", "failed")):
                 lines.append(stage_line(row.recipe, row.stage, self._word(row), self._detail(row), self.colour))
@@ -179,7 +197,8 @@ class BuildOutput:
     def _draw(self) -> None:
         """The live line (the lock held): `[3/12] running toy: tpu 4 s, other: verify 1 s`."""
         now = time.monotonic()
-        running = ", ".join(f"{recipe}: {stage} {now - since:.0f} s"
+        running = ", ".join(f"{recipe}: {stage}{' waiting for memory' if (recipe, stage) in self.waiting_memory else ''}"
+                            f" {now - since:.0f} s"
                             for (recipe, stage), since in sorted(self.running.items(), key=lambda item: item[1]))
         idle = "finishing" if self.done >= self.total else "checking the cache"  # lock files, workers' exit
         # A copy, hash or transfer that has run for a few seconds, first: cut last.

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -77,8 +78,10 @@ def command(ctx: click.Context, recipe_pattern: str | None, fmt: str | None, ver
         # Serving targets beside the TPU SavedModel: from the manifest (report/targets.py).
         manifest = read_manifest(recipe_dir / str(chosen)) or {}
         table = targets_report.rows(manifest) if manifest.get("targets") else []
+        peaks = peak_memory(recipe.lock_file, manifest)
         if fmt == "json":
-            click.echo(report_format.to_json({**report, "targets": table} if table else report), nl=False)
+            shown = {**report, "targets": table} if table else report
+            click.echo(report_format.to_json({**shown, "peak_memory": peaks} if peaks else shown), nl=False)
         elif fmt == "markdown":  # as published: shared by every recipe with this build, it names none
             click.echo(report_format.to_markdown(report), nl=False)
             if table:
@@ -88,6 +91,8 @@ def command(ctx: click.Context, recipe_pattern: str | None, fmt: str | None, ver
             click.echo(report_format.to_text({"recipe": recipe.name, **report}), nl=False)
             if table:
                 click.echo(targets_report.to_text(table), nl=False)
+            if peaks:
+                click.echo(peak_memory_text(peaks), nl=False)
     return 0
 
 
@@ -104,3 +109,26 @@ def _load(recipe_dir: Path, name: str, number: int, numbers: list[int]) -> dict:
         raise UsageError(f"{name}: version {number} has no {REPORT_JSON}") from None
     except ValueError as exc:
         raise UsageError(f"{path}: not valid JSON: {exc}") from None
+
+
+def peak_memory(lock_file: Path, manifest: dict) -> dict | None:
+    """Each stage's peak memory (its worker's peak resident set, measured when it was built)
+    and the build's (the largest), from the recipe's lock file, for the stages whose key the
+    version's manifest records (the lock file describes the newest build; an older
+    version's stages that it does not record are left out). None when none is known."""
+    from tpubuild.lock import read_lock
+
+    lock = read_lock(lock_file) or {}
+    recorded: dict[Any, Any] = {s.get("key"): s.get("peak_memory") for s in lock.get("stages") or [] if isinstance(s, dict)}
+    stages: dict[str, int] = {s["stage"]: recorded[s["key"]] for s in manifest.get("stages") or []
+                              if isinstance(s, dict) and isinstance(recorded.get(s.get("key")), int)}
+    if not stages:
+        return None
+    return {"build": max(stages.values()), "stages": stages, "measured": "on the building machine"}
+
+
+def peak_memory_text(peaks: dict) -> str:
+    from tpubuild.report.formats import human_bytes
+
+    stages = ", ".join(f"{name} {human_bytes(size)}" for name, size in peaks["stages"].items())
+    return f"peak memory (measured on the building machine): build {human_bytes(peaks['build'])}; {stages}\n"

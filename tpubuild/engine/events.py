@@ -67,3 +67,5 @@ class BuildEvents:
     started: Callable[[RecipeRun, str], None] = _nothing  # a stage begins to run
     notes: Callable[[str], None] = _nothing  # what the build did beside its stages (stdout)
     planned: Callable[[list[RecipeRun]], None] = _nothing  # the runs, each with its plan, before any stage
+    # A stage that waits for memory (workers/pool.py MemoryGate): True when it starts to, False when it starts.
+    waiting: Callable[[RecipeRun, str, bool], None] = _nothing

@@ -67,7 +67,8 @@ def lock_for(run: RecipeRun, stat: StatCache, ws_file: Path) -> dict[str, Any]:
         # file of a cache (engine/lockcheck.py). Nothing found is not written.
         discovered = out.record.get("discovered")
         stages.append({"stage": planned.name, "key": out.key, "output": out.tree, "key_measured": key_measured,
-                       "measured": output_measured, **({"discovered": discovered} if discovered else {})})
+                       "measured": output_measured, **({"discovered": discovered} if discovered else {}),
+                       "peak_memory": out.peak_memory})
     # Whether the published model's output may differ between machines.
     model_measured = dict(zip((p.name for p in run.plan), (m for _, m in flags)))[run.plan[-1].consumes["model"]]
     recipe = run.recipe
@@ -105,6 +106,11 @@ def artifact_facts(run: RecipeRun, model_measured: bool) -> list[tuple[str, Any,
     if summary.get("argmax_agreement") is not None:
         facts.append(("argmax_agreement", f"{100 * summary['argmax_agreement']:.1f}%", True))
     facts.append(("warnings", sum(len(out.warnings) for out in run.outputs.values()), False))
+    # The build's peak memory: the largest of its stages' (each its worker's peak resident
+    # set, measured when it was built; a cached stage keeps its build's figure).
+    peaks = [out.peak_memory for out in run.outputs.values() if out.peak_memory is not None]
+    if peaks:
+        facts += [("peak_memory", human_bytes(max(peaks)), True), ("peak_memory_bytes", max(peaks), True)]
     return facts + target_facts(run)
 
 

@@ -350,10 +350,12 @@ class Engine(RunVersion):
                                 for role, name in planned.consumes.items()}
             request["keyed"] = {field: record[field] for field in ("code", "toolchain", "env")}
             request["declared"] = {k[5:]: v for k, v in record["inputs"].items() if k.startswith("file:")}
+        memory = self._memory_estimate(run, planned)
         try:
             asked = time.monotonic()
             reply = self.workers().run(request, self.timeout, Path(run.recipe.root) if stage.runs_user_code else None,
-                                       spare=spare)
+                                       spare=spare, memory=memory,
+                                       waiting=lambda waits: self.events.waiting(run, planned.name, waits))
             worker_ran(run.name, planned.name, key, reply, asked, time.monotonic())  # build --profile's events
             timing = WorkerTime.of(reply, time.monotonic() - asked)
             if not reply["ok"]:
@@ -373,12 +375,58 @@ class Engine(RunVersion):
                     key = self.resolver.add_discovered(key, discovered)
                 record = dict(record, discovered=discovered)
             with self.state_lock:
-                stored = self.store.put(key, planned.name, out_dir, reply["summary"], reply["warnings"], record, self.stat)
+                stored = self.store.put(key, planned.name, out_dir, reply["summary"], reply["warnings"], record, self.stat,
+                                        peak_memory=_peak(reply.get("peak_rss_bytes")))
             return stored, reply.get("peak_rss_bytes"), timing
         finally:
             self.store.remove_workdir(work)  # by descriptor, from the session's own
             if planned.name == "verify":
                 self.beside.finish(run.name, self.pool)
+
+    def _memory_estimate(self, run: RecipeRun, planned: PlannedStage) -> int:
+        """The stage's estimated peak memory from its input model's size (StageSpec.memory);
+        one that exceeds the machine's memory is said in one line before it starts, and runs
+        anyway (the pool starts it once nothing else runs: workers/pool.py MemoryGate)."""
+        from tpubuild.memory import total_memory_bytes
+        from tpubuild.report.formats import human_bytes
+        from tpubuild.stages.base import DATASET, ModelSizes
+
+        stage = spec(planned.name)
+        trees = [run.outputs[name].files for role, name in planned.consumes.items() if role != DATASET]
+        if not trees and stage.runs_user_code:  # export: the model it made last time, once it made one
+            earlier = self._earlier_output(run, planned.name)
+            trees = [earlier] if earlier else []
+        sizes = ModelSizes.of(trees) if trees else None
+        if sizes is not None and stage.memory_estimate.largest:  # streams the checkpoint: its largest tensor
+            from dataclasses import replace
+
+            from tpubuild.savedmodel.bundle_index import largest_tensor_bytes
+
+            known = [largest_tensor_bytes(run.outputs[name].directory)
+                     for role, name in planned.consumes.items() if role != DATASET]
+            if known and None not in known:
+                sizes = replace(sizes, largest=max(n for n in known if n is not None))
+        estimate = stage.memory_estimate.bytes(sizes)
+        machine = total_memory_bytes()
+        if machine is not None and estimate > machine and self.executor == "local":
+            self.errors(f"{run.recipe.rel_file}: stage {planned.name}: warning: its memory estimate "
+                        f"{human_bytes(estimate)} exceeds this machine's memory ({human_bytes(machine)}); "
+                        "it runs anyway, when no other stage runs")
+        return estimate
+
+    def _earlier_output(self, run: RecipeRun, stage: str) -> list[Any] | None:
+        """The files stage `stage` of `run` made in the build its lock file records, when
+        the store still holds that record (a size to estimate by; None: not known)."""
+        from tpubuild.lock import read_lock_keys
+
+        recorded = read_lock_keys(run.recipe.lock_file) or {}
+        key = next((s.get("key") for s in recorded.get("stages") or []
+                    if isinstance(s, dict) and s.get("stage") == stage), None)
+        if not isinstance(key, str):
+            return None
+        with self.state_lock:
+            entry = self.store.get(key)
+        return entry.files if entry is not None else None
 
     def workers(self) -> WorkerPool | RayExecutor:
         with self.pool_lock:
@@ -517,6 +565,11 @@ def _result(out: Output) -> dict[str, Any]:
     """What a later stage sees of an earlier one: its summary, with its warnings (the
     checks' findings) so the report can show them even when the stage was cached."""
     return {**out.summary, "warnings": list(out.warnings)} if out.warnings else out.summary
+
+
+def _peak(value: Any) -> int | None:
+    """A worker's measured peak RSS as its reply says it (None: not measured)."""
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def _keyed(pending: Pending) -> tuple[str, dict[str, Any]]:

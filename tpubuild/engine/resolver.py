@@ -310,7 +310,7 @@ class Resolver:
 
     def output_of(self, planned: PlannedStage, entry: StageEntry, directory: Path) -> Output:
         return Output.of(planned.name, entry.key, entry.tree, directory, entry.files, summary=entry.summary,
-                         warnings=list(entry.warnings), record=entry.record)
+                         warnings=list(entry.warnings), record=entry.record, peak_memory=entry.peak_memory)
 
     # --- publish ------------------------------------------------------------------
     def publish_files(self, run: RecipeRun) -> list[FileEntry]:

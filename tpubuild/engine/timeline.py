@@ -145,6 +145,8 @@ def worker_ran(recipe: str, stage: str, key: str, reply: dict[str, Any], asked: 
     _worker_event.pending = (f"{recipe}: {stage}", began, began + own, where,
                              {"recipe": recipe, "stage": stage, "verdict": verdict, "key": key, "worker": label,
                               "peak_rss_bytes": reply.get("peak_rss_bytes"),
+                              # On Ray: what the task was granted (its memory= reservation among them).
+                              **({"ray_resources": node.get("resources")} if isinstance(node, dict) else {}),
                               "error": None if reply.get("ok") else reply.get("error")})
 
 

@@ -36,6 +36,9 @@ class StageEntry:
     summary: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     record: dict[str, Any] = field(default_factory=dict)
+    # The peak resident set of the worker that built it (bytes), measured on the building
+    # machine: a cached stage keeps the figure of its build (lock files' `peak_memory`).
+    peak_memory: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -48,6 +51,7 @@ class StageEntry:
             "warnings": self.warnings,
             "record": self.record,
             "created": time.time(),
+            **({"peak_memory": self.peak_memory} if self.peak_memory is not None else {}),
         }
 
     @classmethod
@@ -60,7 +64,13 @@ class StageEntry:
             summary=data.get("summary", {}),
             warnings=data.get("warnings", []),
             record=data.get("record", {}),
+            peak_memory=_bytes_or_none(data.get("peak_memory")),
         )
+
+
+def _bytes_or_none(value: Any) -> int | None:
+    """A measured byte count as a record holds it, else None (a record of an older tpubuild)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def discovered_final_key(declared_key: str, discovered: dict[str, str]) -> str:

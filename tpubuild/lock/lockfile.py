@@ -7,7 +7,9 @@ tree, the published version), in a fixed order so diffs are readable and two
 changes to two recipes never touch the same file (dvc.lock's merge conflicts).
 
 Lines whose value may legitimately differ between machines (outputs holding measured
-floats, such as verification errors, and everything keyed on them) end with MEASURED:
+floats, such as verification errors, and everything keyed on them; each stage's
+`peak_memory`, its worker's peak resident set in bytes when it was built, and the build's
+among the artifact's facts) end with MEASURED:
 `.ci/run` rebuilds the example workspace on a machine that did not write the lock files
 (`build --relock`) and compares them with `git diff --exit-code -I '<MEASURED>$'`.
 
@@ -57,7 +59,8 @@ def lock_document(
         "stages": [
             {"stage": s["stage"], "key": s["key"], "output": s["output"], "measured": bool(s.get("measured")),
              "key_measured": bool(s.get("key_measured")),
-             **({"discovered": dict(sorted(s["discovered"].items()))} if s.get("discovered") else {})}
+             **({"discovered": dict(sorted(s["discovered"].items()))} if s.get("discovered") else {}),
+             **({"peak_memory": s["peak_memory"]} if s.get("peak_memory") is not None else {})}
             for s in stages
         ],
         "artifact": [(name, value, bool(measured)) for name, value, measured in (artifact or [])],
@@ -105,6 +108,8 @@ def lock_text(document: dict[str, Any]) -> str:
         if stage.get("discovered"):  # what its user code imported or looked for and found absent; packages it used
             lines.append("  discovered:  # what its code imported or used, and where an import looked and found nothing")
             lines.extend(f"    {_scalar(k)}: {_scalar(v)}" for k, v in stage["discovered"].items())
+        if stage.get("peak_memory") is not None:  # bytes: its worker's peak resident set when it was built
+            lines.append(f"  peak_memory: {_scalar(stage['peak_memory'])}  {MEASURED}")
     lines.append("artifact:  # what was published: a reviewer's view of the change")
     if document.get("artifact"):
         for name, value, measured in document["artifact"]:

@@ -55,8 +55,10 @@ def _pinned(document: dict[str, Any]) -> dict[str, Any]:
     any other, so that a lock file edited by hand or stitched by a merge goes to the full
     check (engine/lockcheck.py compares its outputs with the cache), but `planning` and the
     artifact's facts (a reviewer's, no key among them), and what may differ on the next
-    machine: a measured key or output (a build keeps the recorded one, lockfile.same_keys)."""
-    stages = [{**stage, "key": None if stage.get("key_measured") else stage.get("key"),
+    machine: a measured key or output (a build keeps the recorded one, lockfile.same_keys)
+    and a stage's measured peak memory."""
+    stages = [{**{k: v for k, v in stage.items() if k != "peak_memory"},  # measured: differs on the next machine
+               "key": None if stage.get("key_measured") else stage.get("key"),
                "output": None if stage.get("measured") else stage.get("output")}
               if isinstance(stage, dict) else stage for stage in document.get("stages") or []]
     return {**{name: value for name, value in document.items() if name not in ("planning", "artifact")},

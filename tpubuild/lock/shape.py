@@ -18,7 +18,7 @@ from typing import Any, Callable
 # The fields lockfile.lock_document writes, at the top and in each stage.
 FIELDS = frozenset({"schema", "recipe", "recipe_digest", "toolchain", "planning", "inputs", "stages",
                     "published_version", "artifact"})
-STAGE_FIELDS = frozenset({"stage", "key", "output", "measured", "key_measured", "discovered"})
+STAGE_FIELDS = frozenset({"stage", "key", "output", "measured", "key_measured", "discovered", "peak_memory"})
 
 
 def defect(text: str, display: str, stages: Collection[str] | None = None) -> str | None:

@@ -21,6 +21,91 @@ MODEL = "model"  # the SavedModel made by the nearest earlier model-changing sta
 SOURCE = "source"  # the SavedModel the chain starts from (`source` or `export` output)
 DATASET = "dataset"  # the TFRecord files written by the `dataset` stage
 
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class ModelSizes:
+    """What a stage's memory estimate reads of its input SavedModel (the largest one it
+    consumes: verify loads the source and the artifact one after the other)."""
+
+    model: int = 0  # every file: variables and graph
+    graph: int = 0  # saved_model.pb
+    # The largest tensor: for a stage that streams the checkpoint, read from variables.index
+    # (savedmodel/bundle_index.py, by the engine); else the largest variables data file, its
+    # upper bound.
+    largest: int = 0
+
+    @classmethod
+    def of(cls, trees: list[list[Any]]) -> ModelSizes:
+        """Of the consumed outputs' file lists (FileEntry: path, size), the largest model's."""
+        sizes = [cls(sum(f.size for f in files),
+                     sum(f.size for f in files if f.path.rsplit("/", 1)[-1] in ("saved_model.pb", "saved_model.pbtxt")),
+                     max((f.size for f in files if f.path.startswith("variables/variables.data")), default=0))
+                 for files in trees]
+        return max(sizes, key=lambda s: s.model, default=cls())
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """A stage's peak memory (its worker's resident set), from its input model's size:
+    fixed + model x the model's bytes + graph x saved_model.pb's + largest x the largest
+    variables file's. A stage that starts from nothing it can measure (export: user code)
+    assumes `unknown_model` bytes of model. The local pool starts a stage only while the
+    estimates of what runs fit the available memory (workers/pool.py MemoryGate); Ray
+    reserves it (workers/ray.py). Each constant says where it was measured."""
+
+    fixed: int
+    model: float = 0.0
+    graph: float = 0.0
+    largest: float = 0.0
+    unknown_model: int = 0
+
+    def bytes(self, sizes: ModelSizes | None) -> int:
+        if sizes is None or sizes.model == 0:
+            sizes = ModelSizes(self.unknown_model, 0, 0)
+        return int(self.fixed + self.model * sizes.model + self.graph * sizes.graph + self.largest * sizes.largest)
+
+
+# The constants below were measured with benchmarks/memory_fit.py's models (dense stacks
+# of 32 float32 matrices, tanh between; bfloat16 and verify on 8 samples), each stage's
+# peak RSS from `tpubuild build --json` / the lock file (TF 2.21, 2 cores, a shared
+# machine). `-j 1`, at 128 MiB of model: tpu 841 MiB, bfloat16 848, io_shape 840, verify
+# 856, report 862; at 512 MiB: tpu 1,237, bfloat16 1,268, io_shape 1,244, verify 1,250,
+# report 1,255. The line through them meets a model of 0 bytes at ~709 MiB: a worker that
+# imported TensorFlow (without JAX, workers/lean_import.py) and holds what its earlier
+# stages left. `-j 2` of two 1,013 MiB models (workers shared by both recipes, so a stage
+# may start on the leftovers of the other recipe's): tpu 1,751 and 1,748 MiB, bfloat16
+# 1,812 and 2,362, io_shape 1,768 and 2,312, verify 2,291 and 2,329, report 2,291 and
+# 2,326: up to 1.62x the model above the baseline.
+TF_BASELINE = 720 * MiB
+# Graph-only edits (tpu, batch, io_shape): they rewrite the graph and link the variables;
+# but tpu's checks (tpu/runtime_check.py) still load the model, and the measured peaks grow
+# with the model (1.02-1.09x in a worker of their own recipe, 1.62x on another's
+# leftovers), so the model counts: 1.5x.
+GRAPH_ONLY = MemoryEstimate(TF_BASELINE, model=1.5)
+# A stage that streams the checkpoint tensor by tensor (read one, cast, write: bfloat16
+# after issue 54 item 1): the graph a few times (parsed, edited, serialized) and the float32
+# tensor with its cast (2x the float32 tensor: conservative, the cast is half its size).
+# The largest tensor is read from the checkpoint's index without TensorFlow
+# (savedmodel/bundle_index.py); where it cannot be, the largest variables data file stands
+# in for it (a one-shard checkpoint then counts as one tensor the size of the model). Not
+# measured: bfloat16 in this tree still casts the whole model (its measured 1.09x is under
+# GRAPH_ONLY's), so it keeps GRAPH_ONLY until it streams (issue 54 item 1).
+STREAMS_CHECKPOINT = MemoryEstimate(TF_BASELINE, graph=4.0, largest=2.0)
+# Stages that load the model with TensorFlow's runtime and run it (verify, report,
+# quantize, warmup, the targets' builds and verifications): measured 1.03x at 512 MiB and
+# 1.55-1.59x at 1 GiB (verify's source and artifact, report's); loading a model with TF
+# allocates a tensor per variable beside the checkpoint read's buffers (ResNet50 verify in
+# its own worker: 833 MiB for a 98 MiB model, workers/pool.py), so 1.75x.
+LOADS_MODEL = MemoryEstimate(TF_BASELINE, model=1.75)
+# User code (export, dataset generators): what it does is the user's; it is estimated as
+# a model load of its input, or, for export (which starts from nothing), of the model it
+# made in the build its lock file records (engine/loop.py _earlier_output), else of
+# UNKNOWN_MODEL bytes.
+UNKNOWN_MODEL = 1024 * MiB
+RUNS_USER_CODE = MemoryEstimate(TF_BASELINE, model=1.75, unknown_model=UNKNOWN_MODEL)
+
 
 @dataclass(frozen=True)
 class StageSpec:
@@ -48,6 +133,17 @@ class StageSpec:
     # Its output may legitimately differ between CPUs (measured floats), for these options:
     # lock files mark it, and everything keyed on it, as measured on the building machine.
     machine_dependent: Callable[[dict[str, Any]], bool] = lambda options: False
+    # Its peak memory from its input model's size (MemoryEstimate); None: LOADS_MODEL for
+    # a stage that runs models or user code, else GRAPH_ONLY.
+    memory: MemoryEstimate | None = None
+
+    @property
+    def memory_estimate(self) -> MemoryEstimate:
+        if self.memory is not None:
+            return self.memory
+        if self.runs_user_code:
+            return RUNS_USER_CODE
+        return LOADS_MODEL if self.runs_models else GRAPH_ONLY
 
     @property
     def discovers(self) -> bool:

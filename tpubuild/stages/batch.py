@@ -7,7 +7,7 @@ from typing import Any
 
 from tpubuild.errors import ConversionError
 from tpubuild.stages import slices
-from tpubuild.stages.base import StageContext, StageResult, StageSpec
+from tpubuild.stages.base import GRAPH_ONLY, StageContext, StageResult, StageSpec
 
 SPEC = StageSpec(
     "batch",
@@ -16,6 +16,7 @@ SPEC = StageSpec(
         "tpu_functions": slices.converter(r)["tpu_functions"],
         "batch_options": slices.converter(r)["batch_options"],
     },
+    memory=GRAPH_ONLY,  # its peak memory (stages/base.py, measured there)
 )
 
 WHERE = "batch_options[0].experimental"

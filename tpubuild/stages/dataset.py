@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tpubuild.stages import slices
-from tpubuild.stages.base import MODEL, StageContext, StageResult, StageSpec
+from tpubuild.stages.base import MODEL, RUNS_USER_CODE, StageContext, StageResult, StageSpec
 
 SPEC = StageSpec(
     "dataset",
@@ -21,6 +21,7 @@ SPEC = StageSpec(
                             for f in ([s["npz"]] if "npz" in s else [s["module_file"], *s.get("deps", [])])}),
     consumes=(MODEL,),  # the signatures' input specs
     runs_user_code=True,
+    memory=RUNS_USER_CODE,  # its peak memory (stages/base.py, measured there)
 )
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tpubuild.errors import StageError
-from tpubuild.stages.base import StageContext, StageResult, StageSpec
+from tpubuild.stages.base import RUNS_USER_CODE, StageContext, StageResult, StageSpec
 from tpubuild.user_code import missing_file_hint
 
 SPEC = StageSpec(
@@ -20,6 +20,7 @@ SPEC = StageSpec(
     files=lambda r: [r["model"]["export"]["script"], *r["model"]["export"]["deps"]],
     consumes=(),
     runs_user_code=True,
+    memory=RUNS_USER_CODE,  # its peak memory (stages/base.py, measured there)
 )
 
 

@@ -6,11 +6,12 @@ from pathlib import Path
 from typing import Any
 
 from tpubuild.stages import slices
-from tpubuild.stages.base import StageContext, StageResult, StageSpec
+from tpubuild.stages.base import GRAPH_ONLY, StageContext, StageResult, StageSpec
 
 SPEC = StageSpec(
     "io_shape",
     options=lambda r: {"tags": slices.tags(r), "tpu_functions": slices.converter(r)["tpu_functions"]},
+    memory=GRAPH_ONLY,  # its peak memory (stages/base.py, measured there)
 )
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from tpubuild.errors import ConversionError, StageError
 from tpubuild.stages import slices
-from tpubuild.stages.base import DATASET, MODEL, StageContext, StageResult, StageSpec
+from tpubuild.stages.base import DATASET, LOADS_MODEL, MODEL, StageContext, StageResult, StageSpec
 
 SPEC = StageSpec(
     "quantize",
@@ -26,6 +26,7 @@ SPEC = StageSpec(
     # Calibration statistics are float sums over the dataset: their last digit differs
     # between CPUs and kernels (oneDNN on/off), and so do the int8 scales written from them.
     machine_dependent=lambda options: options["method"] == "STATIC_RANGE",
+    memory=LOADS_MODEL,  # its peak memory (stages/base.py, measured there)
 )
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from tpubuild.report.formats import REPORT_JSON, REPORT_MD
 from tpubuild.stages import slices
-from tpubuild.stages.base import MODEL, SOURCE, StageContext, StageResult, StageSpec
+from tpubuild.stages.base import LOADS_MODEL, MODEL, SOURCE, StageContext, StageResult, StageSpec
 
 SPEC = StageSpec(
     "report",
@@ -23,6 +23,7 @@ SPEC = StageSpec(
     summaries=("dataset", "quantize", "tpu", "bfloat16", "io_shape", "batch", "reshard", "verify"),
     # It embeds verify's measured errors.
     machine_dependent=lambda options: True,
+    memory=LOADS_MODEL,  # its peak memory (stages/base.py, measured there)
 )
 
 HLO_DIR = "hlo"

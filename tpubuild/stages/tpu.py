@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from tpubuild.stages import slices
-from tpubuild.stages.base import StageContext, StageResult, StageSpec
+from tpubuild.stages.base import GRAPH_ONLY, StageContext, StageResult, StageSpec
 
 SPEC = StageSpec(
     "tpu",
@@ -17,6 +17,7 @@ SPEC = StageSpec(
         # Unbatched TPU calls with a dynamic batch dimension get a recompilation warning.
         "batched": bool(slices.converter(r)["batch_options"]),
     },
+    memory=GRAPH_ONLY,  # its peak memory (stages/base.py, measured there)
 )
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from tpubuild.errors import StageError
 from tpubuild.stages import slices
-from tpubuild.stages.base import DATASET, MODEL, StageContext, StageResult, StageSpec
+from tpubuild.stages.base import DATASET, LOADS_MODEL, MODEL, StageContext, StageResult, StageSpec
 
 
 def batch_sizes(recipe: dict[str, Any]) -> list[int]:
@@ -42,6 +42,7 @@ SPEC = StageSpec(
     },
     files=lambda r: slices.tfrecord_files(slices.verify_datasets(r)),
     consumes=(MODEL, DATASET),
+    memory=LOADS_MODEL,  # its peak memory (stages/base.py, measured there)
 )
 
 

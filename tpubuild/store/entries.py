@@ -179,6 +179,7 @@ class StageRecords(StoreObjects):
         warnings: list[str],
         record: dict,
         stat_cache: StatCache | None = None,
+        peak_memory: int | None = None,
     ) -> StageEntry:
         """Move the files of `out_dir` (in this process's session) into the store and
         record them under `key`. Each file is opened once without following a link, made
@@ -200,7 +201,7 @@ class StageRecords(StoreObjects):
                             continue
                         os.fsync(fd)
                         self.move_in(name, parent_fd, digest, os.fstat(fd), os.path.join(out_dir, rel))
-        entry = self._record(key, stage, entries, summary, warnings, record)
+        entry = self._record(key, stage, entries, summary, warnings, record, peak_memory)
         self.sessions.remove(out_dir)
         return entry
 
@@ -217,13 +218,14 @@ class StageRecords(StoreObjects):
         """Record an entry whose objects are already in the store, verified (one fetched
         from the remote cache, remote/cache.py)."""
         self.sessions.open()
-        return self._record(entry.key, entry.stage, entry.files, entry.summary, entry.warnings, entry.record)
+        return self._record(entry.key, entry.stage, entry.files, entry.summary, entry.warnings, entry.record,
+                            entry.peak_memory)
 
     def _record(self, key: str, stage: str, files: list[FileEntry], summary: dict, warnings: list[str],
-                record: dict) -> StageEntry:
+                record: dict, peak_memory: int | None = None) -> StageEntry:
         """Write the stage entry of objects already in the store (atomic, durable, indexed;
         read-only, readable by every user of the cache: gc reads everyone's)."""
-        entry = StageEntry(key, stage, tree_digest(files), files, summary, warnings, record)
+        entry = StageEntry(key, stage, tree_digest(files), files, summary, warnings, record, peak_memory)
         data = entry.to_json()
         mac_key = self._mac_key(create=True)
         text = json.dumps(record_mac.seal(data, mac_key) if mac_key else data, sort_keys=True)

@@ -7,6 +7,10 @@ A reply's `seconds` is the stage's own work, timed here without TensorFlow's imp
 A worker exits when its parent dies (stdin EOF, and PR_SET_PDEATHSIG on Linux), so a
 killed build leaves no stage running behind it.
 
+With `-j N`, a stage starts only while the memory estimates of the stages running fit
+the memory available (MemoryGate; each stage's estimate is its StageSpec's, from its input
+model's size), and always when nothing else runs.
+
 Workers get a scrubbed environment (keys.worker_env): only what is in every stage key,
 plus what a process needs to start. Stages that run user code (export scripts,
 dataset generators) get a fresh worker for each run, which records the workspace
@@ -99,6 +103,75 @@ class StageTimeout(StageError):
     pass
 
 
+class MemoryGate:
+    """Starts a stage only while the memory estimates of the stages running fit the memory
+    available (StageSpec.memory_estimate). Free memory is the kernel's MemAvailable read
+    now, less what each running stage is estimated to take still (its estimate less its
+    worker's resident set now: what it already holds, MemAvailable has already counted).
+    With TPUBUILD_MEMORY_AVAILABLE (tpubuild/memory.py), that figure stands for what was
+    available at the build's start, read once: less every running stage's whole estimate.
+    A stage always starts when nothing runs (progress); one that waits is told
+    (`waiting(True)` once, `waiting(False)` when it starts) and is re-checked every
+    POLL_SECONDS, memory the rest of the machine frees counting too."""
+
+    POLL_SECONDS = 0.5
+
+    def __init__(self) -> None:
+        from tpubuild.memory import memory_override
+
+        self.fixed = memory_override()  # the knob: a bad value stops the build before it starts
+        self.cond = threading.Condition()
+        self.running: dict[int, list[Any]] = {}  # id -> [estimate, the worker's pid or None]
+        self.next_id = 0
+
+    def free(self) -> int | None:
+        """The memory a stage may start into now (the condition held); None: unknown."""
+        from tpubuild.memory import available_memory_bytes, process_rss_bytes
+
+        if self.fixed is not None:
+            return self.fixed - sum(estimate for estimate, _ in self.running.values())
+        available = available_memory_bytes()
+        if available is None:
+            return None
+        still = 0
+        for estimate, pid in self.running.values():
+            held = process_rss_bytes(pid) if pid is not None else None
+            still += max(0, estimate - (held or 0))
+        return available - still
+
+    def enter(self, estimate: int, waiting: Any = None) -> int:
+        """Wait until a stage estimated at `estimate` bytes fits; its id, for started/leave."""
+        from tpubuild.trace_events import waiting as traced_wait
+
+        with self.cond:
+            told = False
+            with traced_wait("memory", estimate=estimate):  # build --profile's event
+                while self.running:
+                    free = self.free()
+                    if free is None or estimate <= free:
+                        break
+                    if not told and waiting is not None:
+                        waiting(True)
+                        told = True
+                    self.cond.wait(self.POLL_SECONDS)
+            ident = self.next_id
+            self.next_id += 1
+            self.running[ident] = [estimate, None]
+        if told:
+            waiting(False)
+        return ident
+
+    def started(self, ident: int, pid: int) -> None:
+        with self.cond:
+            if ident in self.running:
+                self.running[ident][1] = pid
+
+    def leave(self, ident: int) -> None:
+        with self.cond:
+            self.running.pop(ident, None)
+            self.cond.notify_all()
+
+
 def loaded_libraries(request: dict[str, Any]) -> tuple[str, ...] | None:
     """What a stage's op_libraries leave registered in its worker: the installed modules
     (name and version, fixed for a build), or None when a `.so` is among them (its file may
@@ -129,44 +202,56 @@ class WorkerPool:
         self.kept: dict[str, Worker] = {}
         self.spare_lock = threading.Lock()
         self.beside: dict[str, Worker] = {}  # run_beside's workers, by token
+        self.memory = MemoryGate()
 
     def run(self, request: dict[str, Any], timeout: float | None, fresh_in: Path | None = None,
-            spare: bool = False) -> dict[str, Any]:
+            spare: bool = False, memory: int = 0, waiting: Any = None) -> dict[str, Any]:
         """Run one stage; `fresh_in` (the workspace) asks for a fresh worker that records
         the workspace modules the stage imports and exits afterwards. `own_worker` (a
         `runs_models` stage reading own_worker_min_bytes() or more) asks for a worker of its
         own, closed after it. `spare`: a later stage of this recipe will want a worker of
-        its own; one is started now, beside this stage (see _take_spare)."""
+        its own; one is started now, beside this stage (see _take_spare). `memory`: the
+        stage's estimated peak in bytes; it starts once that fits (MemoryGate), `waiting`
+        told while it waits."""
         libraries = loaded_libraries(request)
         with self.slots:
-            if fresh_in is not None:
-                worker = self._fresh(fresh_in)
-            elif request.get("own_worker"):
-                # Nothing of an earlier stage under its peak: a spare has imported
-                # TensorFlow and run nothing. Or the worker an earlier stage handed on.
-                worker = self._take_kept(request.get("take"), libraries) or self._take_spare(libraries) \
-                    or self._new(self.env)
-            else:  # the worker an earlier stage handed on to this one, else any idle one
-                worker = self._take_kept(request.get("take"), libraries) or self._acquire(libraries)
-            if spare:  # for a later stage of the same recipe: the same op libraries (pipeline.plan)
-                self._start_spare(request["options"].get("op_libraries") or [])
+            admitted = self.memory.enter(memory, waiting)
             try:
-                reply = worker.call(request, timeout)
-            except BaseException:
-                worker.kill()
-                raise
-            reply["log"] = str(worker.log_path)  # where a failure's traceback is
-            if request.get("keep_for") and reply.get("ok") and reply.get("reusable", True) and libraries is not None:
-                worker.libraries = libraries
-                with self.lock:
-                    self.kept[request["keep_for"]] = worker
-            elif fresh_in is not None or libraries is None or not reply.get("reusable", True) \
-                    or request.get("own_worker"):
-                worker.close()
-            else:
-                worker.libraries = libraries
-                self.idle.put(worker)
-            return reply
+                return self._run(request, timeout, fresh_in, spare, libraries, admitted)
+            finally:
+                self.memory.leave(admitted)
+
+    def _run(self, request: dict[str, Any], timeout: float | None, fresh_in: Path | None, spare: bool,
+             libraries: tuple[str, ...] | None, admitted: int) -> dict[str, Any]:
+        if fresh_in is not None:
+            worker = self._fresh(fresh_in)
+        elif request.get("own_worker"):
+            # Nothing of an earlier stage under its peak: a spare has imported
+            # TensorFlow and run nothing. Or the worker an earlier stage handed on.
+            worker = self._take_kept(request.get("take"), libraries) or self._take_spare(libraries) \
+                or self._new(self.env)
+        else:  # the worker an earlier stage handed on to this one, else any idle one
+            worker = self._take_kept(request.get("take"), libraries) or self._acquire(libraries)
+        if spare:  # for a later stage of the same recipe: the same op libraries (pipeline.plan)
+            self._start_spare(request["options"].get("op_libraries") or [])
+        self.memory.started(admitted, worker.proc.pid)
+        try:
+            reply = worker.call(request, timeout)
+        except BaseException:
+            worker.kill()
+            raise
+        reply["log"] = str(worker.log_path)  # where a failure's traceback is
+        if request.get("keep_for") and reply.get("ok") and reply.get("reusable", True) and libraries is not None:
+            worker.libraries = libraries
+            with self.lock:
+                self.kept[request["keep_for"]] = worker
+        elif fresh_in is not None or libraries is None or not reply.get("reusable", True) \
+                or request.get("own_worker"):
+            worker.close()
+        else:
+            worker.libraries = libraries
+            self.idle.put(worker)
+        return reply
 
     def _new(self, env: dict[str, str]) -> Worker:
         with self.lock:

@@ -124,11 +124,22 @@ class RayExecutor:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise RayUnavailable(f"cannot connect to the Ray cluster at {self.address}: {first}") from None
         self.task = ray.remote(run_on_node)
+        self.largest_node = largest_node_memory(ray)
+
+    def memory_request(self, estimate: int) -> int | None:
+        """The `memory=` a stage's task reserves: its estimated peak (StageSpec.memory), capped at
+        the largest node's memory, so a task can always be scheduled (Ray keeps a task whose
+        request no node can hold pending forever). None: nothing to reserve."""
+        if estimate <= 0:
+            return None
+        return min(estimate, self.largest_node) if self.largest_node else estimate
 
     def run(self, request: dict[str, Any], timeout: float | None, fresh_in: Path | None = None,
-            spare: bool = False) -> dict[str, Any]:
+            spare: bool = False, memory: int = 0, waiting: Any = None) -> dict[str, Any]:
         """Run one stage on a node Ray chooses (`spare` is WorkerPool's: a node's task starts
-        its own worker)."""
+        its own worker). `memory`: its estimated peak, reserved with Ray (`memory=`, which
+        Ray's scheduler counts against each node's memory resource) unless `ray.resources`
+        in tpubuild.yaml gives the stage's; Ray's queue is the waiting (`waiting` unused)."""
         stage = request["stage"]
         trees = request["trees"]
         self._push_inputs([f for rows in trees.values() for f in _files(rows)])
@@ -142,6 +153,8 @@ class RayExecutor:
             options["num_gpus"] = resources.pop("GPU")
         if "memory" in resources:  # bytes of heap the task reserves: Ray's own option
             options["memory"] = resources.pop("memory")
+        elif self.memory_request(memory):
+            options["memory"] = self.memory_request(memory)
         if resources:
             options["resources"] = resources
         ref = self.task.options(**options).remote(node_request, timeout, self.remote_url)
@@ -170,7 +183,8 @@ class RayExecutor:
         # Where it ran and how long its transfers took there: build --profile's events
         # (engine/timeline.py), anchored at this reply's arrival.
         reply["node"] = {"host": result["host"], "pid": result.get("pid"), "received": received,
-                         "fetch_seconds": result.get("fetch_seconds"), "upload_seconds": result.get("upload_seconds")}
+                         "fetch_seconds": result.get("fetch_seconds"), "upload_seconds": result.get("upload_seconds"),
+                         "resources": result.get("resources")}
         # The nodes' transfers are this build's too: the summary line and --json count them.
         self.remote.count(bytes_down=result.get("bytes_down", 0), bytes_up=result.get("bytes_up", 0))
         if reply.get("ok"):
@@ -219,6 +233,15 @@ class RayExecutor:
                 except Exception:  # already finished, or the cluster is gone
                     pass
         self.ray.shutdown()
+
+
+def largest_node_memory(ray: Any) -> int:
+    """The largest memory resource of the cluster's live nodes (bytes; 0: unknown)."""
+    try:
+        return int(max((node.get("Resources", {}).get("memory", 0) for node in ray.nodes() if node.get("Alive")),
+                       default=0))
+    except Exception:  # an older or newer Ray's shape: nothing is capped, as before
+        return 0
 
 
 # --- the node side: the Ray task ---------------------------------------------------------
@@ -313,6 +336,16 @@ def node_pool(env: dict[str, str], logs: Path) -> Any:
     return _pools[key]
 
 
+def _assigned_resources() -> dict[str, float] | None:
+    """What Ray granted this task (CPU, memory in bytes, custom resources), for the profile."""
+    try:
+        import ray
+
+        return {k: float(v) for k, v in ray.get_runtime_context().get_assigned_resources().items()}
+    except Exception:  # not in a Ray task, or another Ray's API
+        return None
+
+
 def run_on_node(request: dict[str, Any], timeout: float | None, remote_url: str) -> dict[str, Any]:
     """The Ray task: check the node, fetch the input trees, run the stage in a tpubuild
     worker process, upload the outputs. Returns {"reply", "files", "host"}; raises
@@ -332,7 +365,8 @@ def run_on_node(request: dict[str, Any], timeout: float | None, remote_url: str)
 
     def result(reply: dict[str, Any], files: list[FileEntry]) -> dict[str, Any]:
         return {"reply": reply, "files": _rows(files), "host": host, "pid": os.getpid(), **phases,
-                "bytes_down": remote.stats.bytes_down, "bytes_up": remote.stats.bytes_up}
+                "bytes_down": remote.stats.bytes_down, "bytes_up": remote.stats.bytes_up,
+                "resources": _assigned_resources()}
 
     refresh_installed()
     problem = mismatch(request) or workspace_problem(request)
