@@ -37,3 +37,28 @@ def release_memory(collect: bool = True) -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+
+
+MEMORY_AVAILABLE_ENV = "TPUBUILD_MEMORY_AVAILABLE"
+
+
+def available_memory_bytes() -> int | None:
+    """What the machine can still give without swapping: /proc/meminfo's MemAvailable (the
+    kernel's estimate of free + reclaimable page cache, Linux >= 3.14), or the whole number of
+    bytes TPUBUILD_MEMORY_AVAILABLE says (tests, and machines whose limit is elsewhere: a
+    cgroup's). None where neither says (not Linux): callers decide as if memory were not
+    the limit. A knob that is not a whole number of bytes is an error (workers.bytes_knob)."""
+    import os
+
+    if os.environ.get(MEMORY_AVAILABLE_ENV, "").strip():
+        from tpubuild.workers import bytes_knob
+
+        return bytes_knob(MEMORY_AVAILABLE_ENV, 0)
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

@@ -97,7 +97,7 @@ class Engine(RunVersion):
         # Where stage records are looked up, and built ones recorded (engine/cache.py).
         self.cache = LayeredCache([LocalLayer(self.resolver, self.state_lock)])
         # verify's source side, started beside the stages before it (engine/beside.py).
-        self.beside = ReferenceBeside(self.store, self.jobs, self.executor, self.timeout)
+        self.beside = ReferenceBeside(self.store, self.jobs, self.executor, self.timeout, self.notes)
         # The thread that computes the source's standard digests (_digests_ahead).
         self._ahead: ThreadPoolExecutor | None = None
         self.ahead_futures: dict[str, Future[None]] = {}  # recipe name -> its source's
