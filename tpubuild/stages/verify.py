@@ -230,7 +230,7 @@ def _outputs(runnable: Path, source_dir: Path, tags: list[str], tpu_placed: bool
             why = compare.batch_dimension_problem(model, key, samples) if sizes else None
             if sizes and why is None:
                 try:
-                    batched = [compare.run_signature_batched(model, key, samples, size) for size in sizes]
+                    batched = [_trimmed(compare.run_signature_batched(model, key, samples, size)) for size in sizes]
                     by_key[key] = _Runs({run.batch_size: run.outputs for run in batched}, batched)
                     continue
                 except compare.NotBatchMajor as exc:
@@ -242,6 +242,16 @@ def _outputs(runnable: Path, source_dir: Path, tags: list[str], tpu_placed: bool
     if _keep_or_let_go(model, runnable, tags, tpu_placed):
         log("the CPU twin stays loaded for report")
     return reference, candidate
+
+
+def _trimmed(run: Any) -> Any:
+    """`run`, once the memory its calls freed is handed back (memory.py): each batch size's
+    activations are freed pages in malloc's arenas after it, under the next, larger one's
+    (ResNet50 batched, sizes 4, 8, 16, in-process: verify's peak 1,184 MiB with, 1,232 without)."""
+    from tpubuild.memory import release_memory
+
+    release_memory(collect=False)
+    return run
 
 
 def _compared(reference: dict[str, dict[str, Any]], candidate: Candidate, rtol: float,
