@@ -47,13 +47,17 @@ def available_memory_bytes() -> int | None:
     kernel's estimate of free + reclaimable page cache, Linux >= 3.14), or the whole number of
     bytes TPUBUILD_MEMORY_AVAILABLE says (tests, and machines whose limit is elsewhere: a
     cgroup's). None where neither says (not Linux): callers decide as if memory were not
-    the limit. A knob that is not a whole number of bytes is an error (workers.bytes_knob)."""
+    the limit. A knob that is not a whole number of bytes is an error."""
     import os
 
-    if os.environ.get(MEMORY_AVAILABLE_ENV, "").strip():
-        from tpubuild.workers import bytes_knob
+    value = os.environ.get(MEMORY_AVAILABLE_ENV, "").strip()
+    if value:  # as workers.bytes_knob says it, which this low layer cannot import
+        if not value.isdigit():
+            from tpubuild.errors import UsageError
 
-        return bytes_knob(MEMORY_AVAILABLE_ENV, 0)
+            raise UsageError(f"{MEMORY_AVAILABLE_ENV}={value!r}: expected a whole number of bytes (default: "
+                             "/proc/meminfo MemAvailable)")
+        return int(value)
     try:
         with open("/proc/meminfo", "rb") as f:
             for line in f:
