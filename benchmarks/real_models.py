@@ -146,6 +146,25 @@ converter:
   bfloat16_optimization_options: {scope: TPU}
 verify: {samples: 8}
 """),
+    # The recipe the speed issue named (issue 54 item 6): placement, bfloat16, IO shapes,
+    # batching (verify calls the artifact at every allowed batch size), 16 verify samples,
+    # report and publish (both on by default).
+    "resnet50_batched": ("resnet50", """\
+name: resnet50_batched
+model: {saved_model: ../sources/resnet50}
+converter:
+  tpu_functions: [{function_alias: tpu_func}]
+  bfloat16_optimization: ENABLED
+  bfloat16_optimization_options: {scope: TPU}
+  io_shape_optimization: ENABLED
+  batch_options:
+    - num_batch_threads: 2
+      max_batch_size: 16
+      batch_timeout_micros: 5000
+      allowed_batch_sizes: [4, 8, 16]
+      max_enqueued_batches: 10
+verify: {samples: 16}
+"""),
     "resnet50_int8": ("resnet50", """\
 name: resnet50_int8
 model: {saved_model: ../sources/resnet50}
@@ -386,6 +405,24 @@ def _disk_row(ws: Path, name: str, env: dict[str, str]) -> None:
              if linked is not None else f"link_type hardlink: build failed: {done.stderr.strip()[-300:]}"))
 
 
+def _batch_calls_line(version: Path | None) -> None:
+    """What verify ran per batch size of a batched recipe (its summary in the published
+    report): calls, padded rows and the largest error at each size, against the source's
+    outputs computed once, on each sample alone."""
+    report = version / "tpubuild-report.json" if version else None
+    if report is None or not report.is_file():
+        return
+    verify = json.loads(report.read_text()).get("verify") or {}
+    for key, calls in sorted((verify.get("batch_calls") or {}).items()):
+        if "not_batched" in calls:
+            print(f"  verify {key}: each sample alone, not in batches: {calls['not_batched']}")
+            continue
+        sizes = ", ".join(f"{c['batch_size']}: {c['calls']} calls ({c['padded_rows']} padded rows), max abs error "
+                          f"{c['max_abs_error']:.3g}{'' if c['passed'] else ' FAILED'}" for c in calls["sizes"])
+        counts = {k: v["count"] for k, v in verify.get("samples", {}).items()}
+        print(f"  verify {key}: source once on {counts.get(key, '?')} samples alone; artifact per batch size: {sizes}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=",".join(RECIPES), help="comma-separated recipes")
@@ -469,6 +506,7 @@ def main() -> None:
         out = ws / "out" / name
         versions = sorted((p for p in out.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)) if out.is_dir() else []
         artifact = _size(versions[-1]) if versions else 0
+        _batch_calls_line(versions[-1] if versions else None)
         own = sum(row["seconds"] for row in rows if row["status"] == "built")
         waited = sum(row.get("worker_startup_seconds") or 0.0 for row in rows)
         print(f"  stages' own seconds {own:.2f} s, worker start-up waited for {waited:.2f} s")

@@ -89,3 +89,30 @@ def process_rss_bytes(pid: int) -> int | None:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
+MEMORY_AVAILABLE_ENV = "TPUBUILD_MEMORY_AVAILABLE"
+
+
+def available_memory_bytes() -> int | None:
+    """What the machine can still give without swapping: /proc/meminfo's MemAvailable (the
+    kernel's estimate of free + reclaimable page cache, Linux >= 3.14), or the whole number of
+    bytes TPUBUILD_MEMORY_AVAILABLE says (tests, and machines whose limit is elsewhere: a
+    cgroup's). None where neither says (not Linux): callers decide as if memory were not
+    the limit. A knob that is not a whole number of bytes is an error."""
+    import os
+
+    value = os.environ.get(MEMORY_AVAILABLE_ENV, "").strip()
+    if value:  # as workers.bytes_knob says it, which this low layer cannot import
+        if not value.isdigit():
+            from tpubuild.errors import UsageError
+
+            raise UsageError(f"{MEMORY_AVAILABLE_ENV}={value!r}: expected a whole number of bytes (default: "
+                             "/proc/meminfo MemAvailable)")
+        return int(value)
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

@@ -29,7 +29,8 @@ converter:
   bfloat16_optimization_options: {scope: ALL}
 verify: {samples: 5, rtol: 0.05}
 """
-BESIDE = {"TPUBUILD_REFERENCE_BESIDE_MIN_BYTES": "0"}  # the tiny model as a large one
+# The tiny model as a large one, on a machine with memory for it (engine/beside.py beside_fits).
+BESIDE = {"TPUBUILD_REFERENCE_BESIDE_MIN_BYTES": "0", "TPUBUILD_MEMORY_AVAILABLE": str(2**40)}
 TAKEN = "[verify] the source's outputs were computed beside the earlier stages"
 
 
@@ -141,3 +142,38 @@ def test_a_threshold_that_is_not_a_number_stops_the_build_before_it_starts(make_
         expected = "error: TPUBUILD_REFERENCE_BESIDE_MIN_BYTES='256M': expected a whole number of bytes (default 268435456)\n"
         assert (result.returncode, result.stderr) == (2, expected), result.stderr
     assert not (ws / "out").exists()
+
+
+def test_no_worker_beside_where_memory_would_not_hold_it(tmp_path):
+    """With less memory available than the worker, the running stage and the margin need,
+    nothing starts beside (the build says why) and verify runs the source itself (with
+    enough, it starts: the test above, TPUBUILD_MEMORY_AVAILABLE 1 TiB)."""
+    from tests.cli import tpubuild
+    from tpubuild.engine.beside import beside_bytes
+
+    model = save_placed_model(tmp_path / "model", False)
+    available = 2 * beside_bytes(0)  # the tiny model: about TensorFlow's own, twice, and no margin
+    ws = write_workspace(tmp_path / "ws", model, {"placed": RECIPE})
+    done = tpubuild(ws, "build", env={**BESIDE, "TPUBUILD_MEMORY_AVAILABLE": str(available)})
+    assert done.returncode == 0, done.stderr
+    if _two_cpus():  # one CPU: nothing runs beside whatever the memory, and nothing is said
+        assert ("placed: verify's source side does not run beside the earlier stages: "
+                f"{available / 2**20:,.0f} MiB available, ") in done.stdout, done.stdout
+    assert "runs beside the earlier stages" not in done.stdout
+    assert "computed beside" not in _logs(ws)
+    assert _verify_json(ws)["passed"] is True
+
+
+def test_available_memory_is_the_kernels_or_the_knobs(monkeypatch):
+    from tpubuild.errors import UsageError
+    from tpubuild.memory import available_memory_bytes
+
+    monkeypatch.delenv("TPUBUILD_MEMORY_AVAILABLE", raising=False)
+    with open("/proc/meminfo") as f:
+        kernel = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    assert abs(available_memory_bytes() - kernel) < 2**30  # the machine is shared: it moves
+    monkeypatch.setenv("TPUBUILD_MEMORY_AVAILABLE", "12345")
+    assert available_memory_bytes() == 12345
+    monkeypatch.setenv("TPUBUILD_MEMORY_AVAILABLE", "8GiB")
+    with pytest.raises(UsageError, match=r"^TPUBUILD_MEMORY_AVAILABLE='8GiB': expected a whole number of bytes"):
+        available_memory_bytes()

@@ -135,3 +135,20 @@ def test_a_verify_not_handed_on_keeps_no_twin(tmp_path, tpu_saved_model):
     workers = _stages_per_worker(list((ws / ".tpubuild" / "logs").glob("worker-*.log")))
     assert [stages[-1] for stages in workers].count("verify") == 1 and ["report"] in workers, workers
     assert not any("stays loaded for report" in text or "HLO from the CPU twin verify" in text for text in logs)
+
+
+@pytest.mark.slow  # a cold build: the slow tier
+def test_a_batched_recipe_hands_verifys_worker_through_warmup_to_report(tmp_path, tpu_saved_model):
+    """warmup (between verify and report when a recipe batches) runs in verify's worker and
+    hands it on: report takes the twin verify loaded, in no new worker (engine/loop.py HANDOFF)."""
+    batched = RECIPE.replace("converter:\n", "converter:\n  batch_options:\n    - {num_batch_threads: 1, "
+                             "max_batch_size: 4, batch_timeout_micros: 0, allowed_batch_sizes: [2, 4], "
+                             "max_enqueued_batches: 10}\n")
+    ws = write_workspace(tmp_path / "ws", tpu_saved_model, {"placed": batched})
+    done = build_json(ws, env={"TPUBUILD_OWN_WORKER_MIN_BYTES": "1"})
+    assert [statuses(done, "placed")[s] for s in ("verify", "warmup", "report")] == ["built"] * 3, done
+    logs = list((ws / ".tpubuild" / "logs").glob("worker-*.log"))
+    assert any(stages[-3:] == ["verify", "warmup", "report"] for stages in _stages_per_worker(logs))
+    [shared] = [log.read_text() for log in logs if "--- stage verify" in log.read_text()]
+    assert "[verify] verify called the artifact in batches of 2, 4 rows" in shared
+    assert "[report] HLO from the CPU twin verify loaded and ran" in shared

@@ -162,37 +162,9 @@ def lookup(tmp_path_factory) -> Path:
     return path
 
 
-def test_source_beside_the_artifact_gives_the_verdict_of_one_model_at_a_time(
-        runner: Runner, dense: Path, quantized: Path, monkeypatch) -> None:
-    """A large source runs in a thread beside the artifact's checks and run
-    (SIDE_BY_SIDE_MIN_BYTES); the verdict, its samples and figures are the ones a run of one
-    model at a time measures, the random-input check included."""
-    from tpubuild.stages import verify
-
-    rng = np.random.default_rng(5)
-    write_tfrecord(runner.workspace / "data.tfrecord", "serving_default",
-                   [{"x": (rng.standard_normal((2, 64)) * 0.1).astype(np.float32)} for _ in range(4)])
-    options = verify_options(["quantize"], datasets={"serving_default": {"tfrecord_file_path": "data.tfrecord"}})
-    monkeypatch.setattr(verify, "SIDE_BY_SIDE_MIN_BYTES", 1 << 60)
-    _, alone = runner.run("verify", quantized, options)
-    monkeypatch.setattr(verify, "SIDE_BY_SIDE_MIN_BYTES", 0)
-    _, result = runner.run("verify", quantized, options)
-    # The same kernels on the same samples; TF promises no bit-reproducibility between runs.
-    close = FLOAT32_REORDERED.rtol
-    for got, want in zip([*result.summary["outputs"], *result.summary["random_inputs"]["outputs"]],
-                         [*alone.summary["outputs"], *alone.summary["random_inputs"]["outputs"]], strict=True):
-        assert {k: v for k, v in got.items() if "error" not in k} == {k: v for k, v in want.items() if "error" not in k}
-        assert got["max_abs_error"] == pytest.approx(want["max_abs_error"], rel=close, abs=1e-9)
-    assert result.summary["samples"] == alone.summary["samples"] and result.summary["passed"] is True
-
-
-def test_beside_a_source_that_cannot_take_random_inputs_the_verdict_is_on_the_dataset(
-        runner: Runner, lookup: Path, monkeypatch) -> None:
-    from tpubuild.stages import verify
-
+def test_a_source_that_cannot_take_random_inputs_is_judged_on_the_dataset(runner: Runner, lookup: Path) -> None:
     write_tfrecord(runner.workspace / "ids.tfrecord", "serving_default",
                    [{"ids": np.array([[0, 1, 1]], np.int32)}, {"ids": np.array([[1, 0, 0]], np.int32)}])
-    monkeypatch.setattr(verify, "SIDE_BY_SIDE_MIN_BYTES", 0)
     runner.inputs["source"] = lookup
     _, result = runner.run("verify", lookup, verify_options(
         [], datasets={"serving_default": {"tfrecord_file_path": "ids.tfrecord"}}))

@@ -9,18 +9,25 @@ so when the first stage after the source starts, a worker of its own (outside `-
 slots) loads the source and runs it on verify's samples, on the core the transforms leave
 idle, and verify is handed the directory it writes (`reference_dir`).
 
-Only where it pays and fits: a second CPU; a source of stages/verify.py
-SIDE_BY_SIDE_MIN_BYTES or more (verify runs source and artifact side by side from that size
-on anyway: two loaded models at once is the price either way); `-j 1` (with
-more jobs, the other cores run stages). The knob TPUBUILD_REFERENCE_BESIDE_MIN_BYTES moves
-the size (tests set 0); it changes no output, so no key: verify uses the outputs only when
-they are for exactly its own samples, and runs the source itself otherwise.
+Only where it pays and fits: a second CPU; a source of REFERENCE_BESIDE_MIN_BYTES or more
+(below, TensorFlow's own start-up and per-model memory cost more than the run saves); `-j 1`
+(with more jobs, the other cores run stages); and memory for it. The worker is a second
+process holding a loaded model while the stage beside it runs, so it starts only when the
+machine's available memory (memory.py available_memory_bytes, /proc/meminfo MemAvailable or
+TPUBUILD_MEMORY_AVAILABLE) holds both, with a margin: beside_bytes for the worker, the same
+for the running stage (a bound: that stage holds at most one loaded model of this size),
+and MEMORY_MARGIN. Else verify computes the source's outputs itself, one model at a time
+(stages/verify.py), and the build's output says why. The knob
+TPUBUILD_REFERENCE_BESIDE_MIN_BYTES moves the size (tests set 0); neither knob changes an
+output, so no key: verify uses the outputs only when they are for exactly its own samples,
+and runs the source itself otherwise.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,19 +57,55 @@ class _Started:
         return self.workdir / "out"
 
 
+# From this size of source on, the prefetch pays (BERT-base, 420 MiB, issue 48: verify 9.2 s
+# of a 20.7 s build); below, TensorFlow's start-up in one more process costs about what it saves.
+REFERENCE_BESIDE_MIN_BYTES = 256 * 2**20
+
+# A process that loaded a SavedModel and ran it on verify's samples one at a time, measured
+# (VmHWM of a fresh process: after `import tensorflow`, then after tf.saved_model.load and 8
+# calls; size on disk): ResNet50 (100 MiB): 809 MiB, then 1,057 MiB (+2.49x the model);
+# BERT-base with tensorflow_text (419 MiB): 926 MiB, then 1,521 MiB (+1.42x). The larger of
+# each, rounded up: a bound, not a mean (a small model's per-run memory weighs more).
+TF_BASELINE_BYTES = 950 * 2**20
+LOADED_MODEL_FACTOR = 2.5
+# Above both estimates: what the estimates miss, and the page cache the kernel would have to
+# give back (MemAvailable counts it as available).
+MEMORY_MARGIN = 1024 * 2**20
+
+
+def beside_bytes(source_bytes: int) -> int:
+    """The peak memory of the worker that runs the source beside the transforms."""
+    return int(TF_BASELINE_BYTES + LOADED_MODEL_FACTOR * source_bytes)
+
+
+def beside_fits(source_bytes: int, available: int | None) -> tuple[bool, str]:
+    """Whether the worker fits beside the running stage, and the line that says so."""
+    worker = beside_bytes(source_bytes)
+    needed = 2 * worker + MEMORY_MARGIN  # the worker, the running stage (bounded alike), the margin
+    mib = 2**20
+    if available is None:
+        return False, "the machine's available memory is unknown (no /proc/meminfo; TPUBUILD_MEMORY_AVAILABLE)"
+    said = (f"{available / mib:,.0f} MiB available, {needed / mib:,.0f} MiB needed (the worker ~{worker / mib:,.0f} "
+            f"MiB, the running stage as much, a margin of {MEMORY_MARGIN / mib:,.0f} MiB)")
+    return available >= needed, said
+
+
 class ReferenceBeside:
     """The prefetches of one build, by recipe name."""
 
-    def __init__(self, store: Store, jobs: int, executor: str, timeout: float | None):
-        from tpubuild.stages.verify import SIDE_BY_SIDE_MIN_BYTES
+    def __init__(self, store: Store, jobs: int, executor: str, timeout: float | None,
+                 notes: Callable[[str], None] | None = None):
+        from tpubuild.memory import available_memory_bytes
         from tpubuild.workers import bytes_knob
 
         self.store = store
         self.timeout = timeout
-        self.min_bytes = bytes_knob(REFERENCE_BESIDE_ENV, SIDE_BY_SIDE_MIN_BYTES)  # a bad value: said at start
+        self.notes = notes or (lambda line: None)
+        self.min_bytes = bytes_knob(REFERENCE_BESIDE_ENV, REFERENCE_BESIDE_MIN_BYTES)  # a bad value: said at start
+        available_memory_bytes()  # a bad TPUBUILD_MEMORY_AVAILABLE: said at start too
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         self.enabled = executor == "local" and jobs == 1 and cpus >= 2
-        self.started: dict[str, _Started] = {}
+        self.started: dict[str, _Started | None] = {}  # None: decided not to start
         self.lock = threading.Lock()
         self.threads: ThreadPoolExecutor | None = None
 
@@ -79,12 +122,22 @@ class ReferenceBeside:
         roles = {role: name for role, name in verify.consumes.items() if role != MODEL}
         if SOURCE not in roles or any(name not in run.outputs for name in roles.values()):
             return
-        if sum(f.size for f in run.outputs[roles[SOURCE]].files) < self.min_bytes:
+        source_bytes = sum(f.size for f in run.outputs[roles[SOURCE]].files)
+        if source_bytes < self.min_bytes:
             return
         from tpubuild.workers import WorkerPool, stage_request
 
         if not isinstance(pool, WorkerPool):
             return
+        from tpubuild.memory import available_memory_bytes
+
+        fits, said = beside_fits(source_bytes, available_memory_bytes())
+        if not fits:
+            self.started[run.name] = None  # decided for this build: verify runs the source itself
+            self.notes(f"{run.name}: verify's source side does not run beside the earlier stages: {said}; "
+                       "verify runs it, one model at a time")
+            return
+        self.notes(f"{run.name}: verify's source side runs beside the earlier stages: {said}")
         workdir = self.store.new_workdir("verify-reference")
         directory = workdir / "out"
         directory.mkdir()

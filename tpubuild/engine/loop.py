@@ -54,7 +54,11 @@ __all__ = ["BuildEvents", "BuildOptions", "Engine", "RecipeRun", "Row", "build",
 # peak in verify's worker, ResNet50 bf16 with TensorFlow imported without JAX
 # (workers/lean_import.py): see benchmarks/real_models.py; the goal, 3x the model +
 # TensorFlow's own, holds.
-HANDOFF = {"verify": "report"}
+HANDOFF = {"verify": ("report", "warmup"), "warmup": ("report",)}
+# A batched recipe runs warmup between verify and report: verify's worker (its CPU twin still
+# loaded) is handed through warmup, which loads no model, on to report, instead of report
+# starting a worker that imports TensorFlow and loads the twin again (ResNet50 batched, issue
+# 54: report 4.5 s, 3.5 s of it a new worker's start-up).
 # Besides HANDOFF, a stage of the shared pool (tpu, bfloat16, io_shape: no `runs_models`)
 # hands its worker on to the very next step of the plan when that step runs models (verify
 # after io_shape): that stage then starts in a worker that has imported TensorFlow (and
@@ -97,7 +101,7 @@ class Engine(RunVersion):
         # Where stage records are looked up, and built ones recorded (engine/cache.py).
         self.cache = LayeredCache([LocalLayer(self.resolver, self.state_lock)])
         # verify's source side, started beside the stages before it (engine/beside.py).
-        self.beside = ReferenceBeside(self.store, self.jobs, self.executor, self.timeout)
+        self.beside = ReferenceBeside(self.store, self.jobs, self.executor, self.timeout, self.notes)
         # The thread that computes the source's standard digests (_digests_ahead).
         self._ahead: ThreadPoolExecutor | None = None
         self.ahead_futures: dict[str, Future[None]] = {}  # recipe name -> its source's
@@ -217,7 +221,8 @@ class Engine(RunVersion):
         if stage.runs_user_code:  # a fresh worker, closed after it
             return False
         if stage.runs_models:
-            return big and HANDOFF.get(planned.name) == upcoming
+            # warmup hands on whatever its own size: what it was handed, verify's worker.
+            return (big or planned.name == "warmup") and upcoming in HANDOFF.get(planned.name, ())
         return True
 
     def _handed_a_worker(self, run: RecipeRun, name: str) -> bool:
@@ -232,7 +237,7 @@ class Engine(RunVersion):
         stage = spec(before.name)
         if stage.runs_user_code:
             return False
-        return HANDOFF.get(before.name) == name if stage.runs_models else True
+        return name in HANDOFF.get(before.name, ()) if stage.runs_models else True
 
     def action(self, run: RecipeRun, planned: PlannedStage) -> bool:
         """Run the stage (doit calls this only when `uptodate` said no). False fails the

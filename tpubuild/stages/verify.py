@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from tpubuild.stages.base import (
     StageSpec,
 )
 from tpubuild.stages.selection import applied_transforms
+from tpubuild.stages.warmup import batch_sizes
 from tpubuild.verify.verdict import (
     error_summary,
     raise_on_failure,
@@ -47,6 +48,8 @@ SPEC = StageSpec(
         "applied": applied_transforms(r),
         **r["verify"],
         "representative_datasets": slices.verify_datasets(r),
+        # A batched model is called at every batch size its server forms (stages/warmup.py).
+        **({"batch_sizes": batch_sizes(r)} if batch_sizes(r) else {}),
     },
     files=lambda r: slices.tfrecord_files(slices.verify_datasets(r)),
     consumes=(MODEL, SOURCE, DATASET),
@@ -56,30 +59,16 @@ SPEC = StageSpec(
 
 VERIFY_JSON = "verify.json"
 
-# A source this large or larger is loaded and run in a thread beside the rest of the
-# stage (the serving-load check, the CPU twin's making, the artifact's load and run; the
-# verdict is the same, only the order of the work changes): its
-# run takes every core (TensorFlow's intra-op pool) while most of the rest runs on one (a
-# v1 session's graph import and restore, protobuf edits, tf.saved_model.load's Python),
-# so on 2 cores the stage takes about the longer of the two instead of their sum
-# (BERT-base, 420 MiB, in-process: 7.8 s instead of 11.1 s). Its price is memory, two
-# loaded models at once: for a model this large its weights dominate, and the stage stays
-# within the peak goal of 3x the model + TensorFlow's own (BERT-base: 1,735 MiB against
-# 2,033); for a small one TensorFlow's per-model and per-run memory dominates and the
-# goal does not hold (ResNet50 bf16, 100 MiB: 1,068 MiB against 957), so it runs one
-# model at a time. Which thread runs what changes no output.
-SIDE_BY_SIDE_MIN_BYTES = 256 * 2**20
-
 
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
     from tpubuild.memory import release_memory
     from tpubuild.savedmodel.model import INIT_OP_KEY, SavedModel
-    from tpubuild.verify import compare
     from tpubuild.verify.serving_load import check_serving_load
 
     tags = options["tags"]
     applied = list(options.get("applied", []))
     kind, rtol, atol = tolerances(applied, options, "verify")
+    sizes = list(options.get("batch_sizes", []))
     source_dir = context.inputs["source"]
     source = SavedModel.load(source_dir, tags)
     artifact = SavedModel.load(input_dir, tags)
@@ -92,43 +81,30 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     sample_sets = [samples_by_key, *([random_samples] if random_samples else [])]
     del source, artifact  # the protos: only the loaded models below are needed now
     tpu_placed = "tpu" in applied
-    side_by_side = _tree_bytes(source_dir) >= SIDE_BY_SIDE_MIN_BYTES
-    with tempfile.TemporaryDirectory(prefix=".twin-", dir=output_dir) as scratch, \
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpubuild-verify-source") as beside:
-        # A large source runs beside all that follows (SIDE_BY_SIDE_MIN_BYTES). Else one
-        # model at a time, and the serving-load check first, while this process holds no
-        # other model: each model a process has loaded leaves some of its footprint behind
-        # (memory.py), and this load set the stage's peak when it came after the two others
-        # (ResNet50 bf16, in-process: stage peak 901 MiB with it last, 831 MiB with it
+    with tempfile.TemporaryDirectory(prefix=".twin-", dir=output_dir) as scratch:
+        # One model at a time, and the serving-load check first, while this process holds
+        # no other model: each model a process has loaded leaves some of its footprint
+        # behind (memory.py), and this load set the stage's peak when it came after the two
+        # others (ResNet50 bf16, in-process: stage peak 901 MiB with it last, 831 MiB with it
         # first; the load + save floor is 814).
-        # Or its outputs are being computed beside the earlier stages (verify/reference.py):
-        # the thread waits for them, and runs the source itself if they are not these samples'.
-        if context.reference_dir is not None:
-            source_run = beside.submit(_prefetched_or_run, context.reference_dir, source_dir, tags, sample_sets,
-                                       context.log)
-        elif side_by_side:
-            source_run = beside.submit(compare.signature_outputs, source_dir, tags, sample_sets)
-        else:
-            source_run = None
         # What is published must load where it is served, not only in TF2's loader.
         check_serving_load(input_dir, tags, "the TPU SavedModel")
         runnable = _runnable(input_dir, Path(scratch), tags, tpu_placed)
         try:
             try:
-                reference, candidate = _outputs(runnable, source_dir, tags, tpu_placed, sample_sets, source_run,
-                                                context.log)
+                reference, candidate = _outputs(runnable, source_dir, tags, tpu_placed, sample_sets, sizes,
+                                                context.reference_dir, context.log)
             except ValueError as exc:
                 if not random_samples:
                     raise
                 # The random-input check is not part of the verdict: a model that cannot
                 # take random inputs (ids past an embedding's rows) is judged on its dataset.
                 random_samples, skipped, sample_sets = {}, str(exc), [samples_by_key]
-                if source_run is not None:
-                    wait([source_run])  # one source in memory at a time
                 release_memory()  # what the failed run loaded (cycles), before the retry loads again
-                reference, candidate = _outputs(runnable, source_dir, tags, tpu_placed, sample_sets, None, context.log)
-            errors = compare.compare_all(reference[0], candidate[0], rtol, atol)
-            random_errors = compare.compare_all(reference[1], candidate[1], rtol, atol) if random_samples else []
+                reference, candidate = _outputs(runnable, source_dir, tags, tpu_placed, sample_sets, sizes, None,
+                                                context.log)
+            errors, batch_calls = _compared(reference[0], candidate[0], rtol, atol)
+            random_errors = _compared(reference[1], candidate[1], rtol, atol)[0] if random_samples else []
         except ValueError as exc:
             raise StageError(str(exc)) from None
     random_inputs = random_check_summary(random_samples, skipped, random_errors)
@@ -138,6 +114,8 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
         "signatures_not_in_artifact": dropped,
         "verdict_on": verdict_inputs(origin),
         **({"random_inputs": random_inputs} if random_inputs else {}),
+        # A batched model: each signature's calls at every batch size its server forms.
+        **({"batch_calls": batch_calls} if sizes else {}),
     }
     write_json(output_dir / VERIFY_JSON, summary)
     try:
@@ -149,6 +127,8 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
                          "recipe change that fixes it") from None
     warnings = [dropped_warning(k, applied) for k in dropped]
     warnings += vacuous_warnings(errors, rtol, atol)
+    warnings += [f"verify: signature {key!r} was called on each sample alone, not in batches: {calls['not_batched']}"
+                 for key, calls in sorted(batch_calls.items()) if "not_batched" in calls]
     return StageResult(summary=summary, warnings=warnings)
 
 
@@ -208,25 +188,108 @@ def _prefetched_or_run(directory: Path, source_dir: Path, tags: list[str], sampl
     return taken if taken is not None else compare.signature_outputs(source_dir, tags, sample_sets)
 
 
+@dataclass
+class _Runs:
+    """The artifact's outputs for one signature on one set of samples, per sample as
+    compare.run_signature stacks them: by the batch size of its calls (None: each sample
+    alone); the batched runs; why it was not called in batches, if it was not."""
+
+    outputs: dict[int | None, dict[str, Any]]
+    batched: list[Any] = field(default_factory=list)
+    not_batched: str | None = None
+
+
+Candidate = dict[str, _Runs]
+
+
 def _outputs(runnable: Path, source_dir: Path, tags: list[str], tpu_placed: bool,
-             sample_sets: list[dict[str, list[Any]]], source_run: Future | None,
-             log: Callable[[str], None]) -> tuple[list[Any], list[Any]]:
-    """(the source's outputs, the artifact's) on every set of samples: the source's from
-    `source_run` when it runs beside (SIDE_BY_SIDE_MIN_BYTES), else computed first. The
-    artifact (its CPU twin) runs last either way: it may stay loaded for report."""
+             sample_sets: list[dict[str, list[Any]]], sizes: list[int], reference_dir: Path | None,
+             log: Callable[[str], None]) -> tuple[list[Any], list[Candidate]]:
+    """(the source's outputs, the artifact's) on every set of samples, one model loaded at a
+    time: the source's first (taken from `reference_dir` when they were computed beside the
+    earlier stages, engine/beside.py; else computed here), the source let go, then the
+    artifact (its CPU twin): on each sample alone, or, batched (`sizes`), at every batch size
+    on the same samples grouped into batches, against the same source outputs. The artifact
+    runs last: it may stay loaded for report."""
     import tensorflow as tf
 
     from tpubuild.verify import compare
 
-    if source_run is None:
-        reference = compare.signature_outputs(source_dir, tags, sample_sets)
+    if reference_dir is not None:  # waits for the worker beside, if it still runs
+        reference = _prefetched_or_run(reference_dir, source_dir, tags, sample_sets, log)
+    else:
+        reference = compare.signature_outputs(source_dir, tags, sample_sets)  # the source let go when it returns
     model = tf.saved_model.load(str(runnable), tags=tags)
-    candidate = compare.run_sample_sets(model, sample_sets)
-    if source_run is not None:
-        reference = source_run.result()
-    if _keep_or_let_go(model, runnable, tags, tpu_placed):  # no other thread runs a model now
+    candidate = []
+    for samples_by_key in sample_sets:
+        missing = sorted(k for k in samples_by_key if k not in model.signatures)
+        if missing:
+            raise ValueError(f"the artifact has no signature {missing[0]!r}")
+        by_key: Candidate = {}
+        for key, samples in sorted(samples_by_key.items()):
+            why = compare.batch_dimension_problem(model, key, samples) if sizes else None
+            if sizes and why is None:
+                try:
+                    batched = [_trimmed(compare.run_signature_batched(model, key, samples, size)) for size in sizes]
+                    by_key[key] = _Runs({run.batch_size: run.outputs for run in batched}, batched)
+                    continue
+                except compare.NotBatchMajor as exc:
+                    why = str(exc)
+            by_key[key] = _Runs({None: compare.run_signature(model, key, samples)}, not_batched=why)
+        candidate.append(by_key)
+    if sizes:
+        log("verify called the artifact in batches of " + ", ".join(map(str, sizes)) + " rows")
+    if _keep_or_let_go(model, runnable, tags, tpu_placed):
         log("the CPU twin stays loaded for report")
     return reference, candidate
+
+
+def _trimmed(run: Any) -> Any:
+    """`run`, once the memory its calls freed is handed back (memory.py): each batch size's
+    activations are freed pages in malloc's arenas after it, under the next, larger one's
+    (ResNet50 batched, sizes 4, 8, 16, in-process: verify's peak 1,184 MiB with, 1,232 without)."""
+    from tpubuild.memory import release_memory
+
+    release_memory(collect=False)
+    return run
+
+
+def _compared(reference: dict[str, dict[str, Any]], candidate: Candidate, rtol: float,
+              atol: float) -> tuple[list[Any], dict[str, Any]]:
+    """Every output of every signature compared with the source's, at every batch size the
+    artifact was called at; (for each output its worst comparison, the batch calls made per
+    signature). Whatever the batch size, the same source outputs and tolerances."""
+    from tpubuild.verify import compare
+
+    errors: list[Any] = []
+    calls: dict[str, Any] = {}
+    for key in sorted(reference):
+        worst: dict[str, Any] = {}
+        runs = candidate[key]
+        found = {}
+        for size, outputs in runs.outputs.items():
+            found[size] = compare.compare_outputs(key, reference[key], outputs, rtol, atol)
+            for error in found[size]:
+                error.batch_size = size
+                if error.output not in worst or _excess(error, rtol, atol) > _excess(worst[error.output], rtol, atol):
+                    worst[error.output] = error
+        errors += [worst[name] for name in sorted(worst)]
+        if runs.not_batched is not None:
+            calls[key] = {"not_batched": runs.not_batched}
+        elif runs.batched:
+            calls[key] = {"sizes": [
+                {"batch_size": run.batch_size, "calls": run.calls, "padded_rows": run.padded_rows,
+                 "max_abs_error": max((e.max_abs_error for e in found[run.batch_size]), default=0.0),
+                 "passed": all(e.passed for e in found[run.batch_size])}
+                for run in runs.batched]}
+    return errors, calls
+
+
+def _excess(error: Any, rtol: float, atol: float) -> tuple[int, int, float]:
+    """How badly a comparison fails, to pick an output's worst batch size: NaN first, then
+    elements outside the tolerance, then how far past its bound the largest error is."""
+    return (error.nan_in_artifact + error.nan_in_source, error.mismatched,
+            error.max_abs_error - (atol + rtol * error.max_reference))
 
 
 def _keep_or_let_go(model: Any, runnable: Path, tags: list[str], tpu_placed: bool) -> bool:
@@ -247,10 +310,6 @@ def _keep_or_let_go(model: Any, runnable: Path, tags: list[str], tpu_placed: boo
     del model
     release_memory()
     return False
-
-
-def _tree_bytes(directory: Path) -> int:
-    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
 
 
 def _runnable(artifact: Path, scratch: Path, tags: list[str], tpu_placed: bool) -> Path:

@@ -61,13 +61,16 @@ class OutputError:
     # Compared element for element (integer, bool, string outputs: class ids, token ids):
     # any difference fails, so no tolerance can make the comparison vacuous.
     exact: bool = False
+    # The artifact called on batches of this many rows (a batched model: verify's worst
+    # batch size for this output), else None: on each sample alone.
+    batch_size: int | None = None
 
     @property
     def passed(self) -> bool:
         return self.mismatched == 0 and self.nan_in_artifact == 0 and self.nan_in_source == 0
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {k: v for k, v in self.__dict__.items() if k != "batch_size" or v is not None}
 
 
 def run_signature(model: Any, key: str, samples: list[Sample]) -> dict[str, np.ndarray]:
@@ -174,3 +177,87 @@ def compare_models(
     (candidate,) = signature_outputs(artifact, tags, [samples_by_key])
     (reference,) = signature_outputs(source, tags, [samples_by_key])
     return compare_all(reference, candidate, rtol, atol)
+
+
+def batch_dimension_problem(model: Any, key: str, samples: list[Sample]) -> str | None:
+    """Why signature `key` of a loaded model cannot be called on its samples grouped into
+    batches (an input whose first dimension is static or absent, samples whose inputs
+    disagree on their rows), or None when it can."""
+    _, specs = model.signatures[key].structured_input_signature
+    for name, spec in sorted(specs.items()):
+        if spec.shape.rank == 0:
+            return f"input {name!r} is a scalar"
+        if spec.shape.rank is not None and spec.shape[0] is not None:
+            return f"input {name!r} has a static batch dimension {spec.shape[0]}"
+    for i, sample in enumerate(samples):
+        rows = {np.shape(value)[0] if np.ndim(value) else None for value in sample.values()}
+        if len(rows) != 1 or None in rows or 0 in rows:
+            return f"the inputs of sample {i} do not share one first dimension"
+    return None
+
+
+class NotBatchMajor(ValueError):
+    """An output of a signature called on a batch is not one row per row of the batch."""
+
+
+@dataclass
+class BatchedRun:
+    """The outputs of one signature with its samples' rows grouped into calls of `batch_size`
+    rows: per sample, as run_signature stacks them (comparable with the source's)."""
+
+    batch_size: int
+    outputs: dict[str, np.ndarray]
+    calls: int
+    padded_rows: int  # rows of padding added to the last call (copies of its first row)
+
+
+def run_signature_batched(model: Any, key: str, samples: list[Sample], batch_size: int) -> BatchedRun:
+    """Call signature `key` with the samples' rows grouped in order into batches of exactly
+    `batch_size` rows, as a batching server forms a batch of that size from the requests it
+    holds (requests concatenated along dimension 0). The last batch, when the rows run out,
+    is padded the way BatchFunction pads a batch up to an allowed size: with copies of the
+    first row of its first request (tensorflow/core/kernels/batching_util/
+    batch_resource_base.cc, BatchResourceBase::ConcatInputTensors); the padding's outputs
+    are dropped, as SplitOutputTensors drops them. Each sample's outputs are then its own
+    rows of the batches it fell in, so a model whose row depends on the other rows of its
+    batch differs from the source, which is run on every sample alone. NotBatchMajor naming
+    an output whose first dimension is not the batch's; ValueError when a call fails."""
+    function = model.signatures[key]
+    names = sorted(samples[0])
+    rows = [int(np.shape(sample[names[0]])[0]) for sample in samples]
+    pooled = {name: np.concatenate([np.asarray(sample[name]) for sample in samples]) for name in names}
+    total = sum(rows)
+    pieces: dict[str, list[np.ndarray]] = {}
+    calls = padded = 0
+    for start in range(0, total, batch_size):
+        real = min(batch_size, total - start)
+        batch = {}
+        for name, values in pooled.items():
+            chunk = values[start:start + real]
+            if real < batch_size:
+                chunk = np.concatenate([chunk, np.repeat(chunk[:1], batch_size - real, axis=0)])
+            batch[name] = chunk
+        padded += batch_size - real
+        calls += 1
+        try:
+            result = function(**{name: tf.constant(value) for name, value in batch.items()})
+        except tf.errors.OpError as exc:
+            from tpubuild.telling import telling_line
+
+            raise ValueError(
+                f"signature {key!r} fails on its verification samples in batches of {batch_size}: "
+                f"{telling_line(exc.message) or type(exc).__name__}") from None
+        for name, tensor in result.items():
+            value = tensor.numpy()
+            if value.ndim == 0 or value.shape[0] != batch_size:
+                raise NotBatchMajor(
+                    f"signature {key!r} output {name!r}: its first dimension is {list(value.shape[:1]) or 'absent'} "
+                    f"on a batch of {batch_size} rows, not the batch: a batching server could not split it "
+                    "between requests")
+            pieces.setdefault(name, []).append(value[:real])
+    outputs = {}
+    bounds = np.cumsum([0, *rows])
+    for name, parts in pieces.items():
+        joined = np.concatenate(parts)
+        outputs[name] = np.stack([joined[bounds[i]:bounds[i + 1]] for i in range(len(rows))])
+    return BatchedRun(batch_size, outputs, calls, padded)

@@ -129,8 +129,10 @@ def raise_on_failure(errors: list[Any], rtol: float, atol: float, prefix: str = 
 def describe_failure(error: Any, rtol: float, atol: float) -> str:
     """One line with the measured error and the bound it broke."""
     bound = atol + rtol * error.max_reference
+    batched = getattr(error, "batch_size", None)
+    where = f" in batches of {batched} rows" if batched is not None else ""
     text = (
-        f"signature {error.signature!r} output {error.output!r} differs from the source: "
+        f"signature {error.signature!r} output {error.output!r}{where} differs from the source: "
         f"max abs error {error.max_abs_error:.4g} > {bound:.4g} (atol {atol:g} + rtol {rtol:g} "
         f"x max|output| {error.max_reference:.4g}); max rel error {error.max_rel_error:.4g}, "
         f"{error.mismatched}/{error.elements} elements outside"
