@@ -66,6 +66,61 @@ def _copy_range(fsrc, fdst) -> None:
         progress.advance(n)
 
 
+def copy_hashed(src: Path | str, dst: str, dst_dir_fd: int | None = None, follow: bool = False) -> str:
+    """Create `dst` (which must not exist; relative to `dst_dir_fd` when given) with the
+    content of the regular file `src`, read-only (0444) and fsynced, and return the BLAKE3
+    of what it holds, reading `src` once: a reflink where the file system can make one
+    (then the reflink's bytes are hashed: the only read), else each step of `src` read
+    once into memory, hashed and written. place_file's copy and a hash of the copy read
+    every byte twice (copy_file_range, then the hash); a store ingests a model this way.
+    `dst` is a new file (O_EXCL, O_NOFOLLOW), never one written through a link."""
+    fd, _ = open_regular(src, follow)
+    try:
+        out = os.open(dst, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                      dir_fd=dst_dir_fd)
+        try:
+            try:
+                fcntl.ioctl(out, FICLONE, fd)
+                digest = hash_fd(out, os.fstat(out).st_size)
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS,
+                                     errno.EPERM):
+                    raise
+                digest = _copy_hashing(fd, out)
+            os.fchmod(out, 0o444)
+            os.fsync(out)
+        finally:
+            os.close(out)
+        return digest
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise StageError(f"no space left on device while writing {dst}") from None
+        raise
+    finally:
+        os.close(fd)
+
+
+def _copy_hashing(fd: int, out: int) -> str:
+    """Copy the open file `fd` (from its offset 0) into the empty `out`, a COPY_STEP at a
+    time, hashing each step as it passes (on every core: BLAKE3's tree splits a step)."""
+    import blake3
+
+    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    buffer = bytearray(COPY_STEP)
+    view = memoryview(buffer)
+    offset = 0
+    while n := os.preadv(fd, [buffer], offset):
+        step = view[:n]
+        hasher.update(step)
+        done = 0
+        while done < n:
+            done += os.write(out, step[done:])
+        offset += n
+        progress.advance(n)
+    view.release()
+    return hasher.hexdigest()
+
+
 def open_regular(src: Path | str, follow: bool = False) -> tuple[int, os.stat_result]:
     """An fd of `src` and its fstat, when `src` is a regular file. Opened without following
     a final symbolic link unless `follow`, and without blocking (a FIFO would block a
