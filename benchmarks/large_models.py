@@ -290,6 +290,8 @@ def main() -> None:
               + ("" if build["rc"] == 0 else f"   FAILED (exit {build['rc']}): "
                  f"{(build['err'].strip().splitlines() or ['?'])[-1]}"))
         _print_procs(build["procs"])
+        print("    (a process's counters include those of every child it waited for: the kernel adds a reaped "
+              "child's to its parent's, so the build's hold its finished workers')")
         accounted = any(row.get("io") for row in rows)
         for row in rows:
             io = row.get("io") or {}

@@ -172,16 +172,31 @@ def place_file(src: Path | str, dst: Path | str, link_type: str = "copy", durabl
             except OSError as exc:
                 if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
                     raise
+        copied_hash = None  # a checked copy's hash, taken as its bytes passed
         if how is None:
             out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                           dir_fd=dst_dir_fd)
             with os.fdopen(out, "wb") as fdst, os.fdopen(os.dup(fd), "rb") as fsrc:
-                how = clone_or_copy(fsrc, fdst)
+                if expect is None:
+                    how = clone_or_copy(fsrc, fdst)
+                else:  # hashed as it is copied (copy_hashed): each byte read once, not copied and read again
+                    try:
+                        fcntl.ioctl(fdst.fileno(), FICLONE, fsrc.fileno())
+                        how = "reflink"
+                    except OSError as exc:
+                        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL,
+                                             errno.ENOSYS, errno.EPERM):
+                            raise
+                        copied_hash, how = _copy_hashing(fsrc.fileno(), fdst.fileno()), "copy"
                 os.fchmod(fdst.fileno(), 0o444)
                 if durable:
                     fdst.flush()
                     os.fsync(fdst.fileno())
-        if expect is not None:
+        if copied_hash is not None and expect is not None:
+            if copied_hash != expect:
+                os.unlink(dst, dir_fd=dst_dir_fd)
+                raise StageError(_changed(src, copied_hash, expect))
+        elif expect is not None:
             # A copy's bytes were counted as they were copied; a reflink's or a link's are
             # counted as this check reads them (progress.py).
             with progress.uncounted() if how == "copy" else nullcontext():
@@ -207,8 +222,12 @@ def _check_written(src: Path | str, dst: Path | str, expect: str, dst_dir_fd: in
         os.close(fd)
     if actual != expect:
         os.unlink(dst, dir_fd=dst_dir_fd)
-        raise StageError(f"cache object {src} changed after it was checked (what was read from it hashes "
-                         f"{actual[:16]}, not {expect[:16]}); nothing published, build again")
+        raise StageError(_changed(src, actual, expect))
+
+
+def _changed(src: Path | str, actual: str, expect: str) -> str:
+    return (f"cache object {src} changed after it was checked (what was read from it hashes "
+            f"{actual[:16]}, not {expect[:16]}); nothing published, build again")
 
 
 def replace_file(src: Path | str, dst: Path | str, link_type: str = "copy", expect: str | None = None,
