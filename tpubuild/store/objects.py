@@ -132,8 +132,10 @@ class StoreObjects:
         this trusts less is an mtime set back by hand (utime) in this build's lifetime,
         on a read-only object of this cache."""
         known = self._verified_inodes.get((st.st_dev, st.st_ino))
-        if known is not None and known[1:] == (st.st_size, st.st_mtime_ns) and stat.S_ISREG(st.st_mode) \
-                and not st.st_mode & 0o222:
+        # Still an object this process trusts (discard_object and damage removal forget it:
+        # its inode number may be a new file's by now).
+        if known is not None and known[0] in self._verified and known[1:] == (st.st_size, st.st_mtime_ns) \
+                and stat.S_ISREG(st.st_mode) and not st.st_mode & 0o222:
             return known[0]
         return None
 
