@@ -9,7 +9,8 @@ calling `tpu_func`, the whole stack, saved under that alias); then, in the same 
 - the cold `tpubuild build --json` of a recipe with TPU placement, bfloat16, batching,
   verify on 8 samples and publish (nothing of an earlier run in the cache or out/).
 
-Each prints its wall time, the machine's peak used memory (MemTotal - MemAvailable of
+Each prints its wall time (and CPU time, user + system of it and all it waited for,
+which other work on a shared machine disturbs less), the machine's peak used memory (MemTotal - MemAvailable of
 /proc/meminfo sampled every 0.25 s, above what was used just before it started), each of
 its processes' max RSS (VmHWM/VmRSS sampled, and the workers' own per-stage peak from the
 rows), and the bytes read and written: per stage from the build's own accounting (the
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import resource
 import os
 import shutil
 import subprocess
@@ -203,13 +205,16 @@ class Sampler:
 def _measure(argv: list[str], cwd: Path, env: dict[str, str]) -> dict:
     """Run `argv`; its wall seconds, exit, output, the machine's peak used memory above the
     start, and the sampled processes (the command's own max RSS from its rusage too)."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     sampler = Sampler(proc.pid)
     out, err = proc.communicate()
     seconds = time.monotonic() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     sampler.stop()
-    return {"seconds": seconds, "rc": proc.returncode, "out": out, "err": err,
+    cpu = after.ru_utime - used.ru_utime + after.ru_stime - used.ru_stime
+    return {"seconds": seconds, "cpu": cpu, "rc": proc.returncode, "out": out, "err": err,
             "memory": max(0, sampler.peak_used - sampler.before), "rss_sum": sampler.peak_rss_sum,
             "procs": sampler.procs}
 
@@ -282,7 +287,7 @@ def main() -> None:
         shutil.rmtree(floor_dir, ignore_errors=True)
         floor = _measure([sys.executable, "-c", FLOOR, str(source), str(floor_dir)], ws, env)
         shutil.rmtree(floor_dir, ignore_errors=True)
-        print(f"  load + save (fresh process)  {floor['seconds']:7.1f} s   peak used memory +{_mib(floor['memory'])}"
+        print(f"  load + save (fresh process)  {floor['seconds']:7.1f} s ({floor['cpu']:.1f} s CPU)   peak used memory +{_mib(floor['memory'])}"
               f"   peak RSS of its processes together {_mib(floor['rss_sum'])}"
               + ("" if floor["rc"] == 0 else f"   FAILED: {(floor['err'].strip().splitlines() or ['?'])[-1]}"))
         _print_procs(floor["procs"])
@@ -294,7 +299,7 @@ def main() -> None:
             rows = json.loads(build["out"])["rows"]
         except ValueError:
             rows = []
-        print(f"  cold tpubuild build          {build['seconds']:7.1f} s   peak used memory +{_mib(build['memory'])}"
+        print(f"  cold tpubuild build          {build['seconds']:7.1f} s ({build['cpu']:.1f} s CPU)   peak used memory +{_mib(build['memory'])}"
               f"   peak RSS of its processes together {_mib(build['rss_sum'])}"
               + ("" if build["rc"] == 0 else f"   FAILED (exit {build['rc']}): "
                  f"{(build['err'].strip().splitlines() or ['?'])[-1]}"))
@@ -311,10 +316,11 @@ def main() -> None:
         if not accounted:
             print("    (this build's rows carry no `io`: bytes per process above, from /proc/<pid>/io)")
         time_x = build["seconds"] / floor["seconds"]
+        cpu_x = build["cpu"] / max(floor["cpu"], 1e-9)
         memory_x = build["memory"] / max(floor["memory"], 1)
         rss_x = build["rss_sum"] / max(floor["rss_sum"], 1)
         print(f"  -> build / load+save: {time_x:.2f}x time (goal <= {GOAL_TIME}x: "
-              f"{'met' if time_x <= GOAL_TIME else 'NOT met'}), {memory_x:.2f}x peak memory (goal <= {GOAL_MEMORY}x: "
+              f"{'met' if time_x <= GOAL_TIME else 'NOT met'}; CPU {cpu_x:.2f}x), {memory_x:.2f}x peak memory (goal <= {GOAL_MEMORY}x: "
               f"{'met' if memory_x <= GOAL_MEMORY else 'NOT met'}; by the processes' own RSS summed: {rss_x:.2f}x)")
     if not args.keep:
         shutil.rmtree(ws, ignore_errors=True)
