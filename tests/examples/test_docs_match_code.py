@@ -82,7 +82,7 @@ def all_named() -> list[Named]:
 
 # Extensions of files a page names as data, not code (`saved_model.pb`, `verify.json`).
 DATA_EXTENSIONS = {"pb", "yaml", "yml", "json", "sig", "tflite", "txt", "sqlite", "key", "cc", "h", "cmake",
-                   "toml", "proto", "pem", "tfrecord", "npz", "log", "pbtxt", "csv", "md", "py", "so", "mlir", "hlo"}
+                   "toml", "proto", "pem", "tfrecord", "npz", "log", "pbtxt", "csv", "md", "py", "so", "mlir", "hlo", "cpb"}
 # Folders that a build, a cache or a report makes at run time, not files of this repository.
 RUNTIME_FOLDERS = {"out", "tmp", "objects", "hlo", ".tpubuild", "v1", "assets", "variables", ".pytest_cache",
                    ".hypothesis", "build", "dist"}

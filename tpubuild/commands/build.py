@@ -250,7 +250,8 @@ def _noop_fast_path(ctx: click.Context, recipe_patterns: tuple[str, ...], as_jso
     elif as_json:
         document = {
             "rows": [{"recipe": e["name"], "stage": stage, "status": "cached", "key": key, "seconds": 0.0,
-                      "remote": False, "peak_rss_bytes": None, "worker_startup_seconds": None}
+                      "remote": False, "peak_rss_bytes": None, "worker_startup_seconds": None,
+                      "io": None}
                      for e in entries for stage, key in e["rows"]],
             "versions": {e["name"]: e["version"] for e in entries},
             "hashed": {"files": 0, "bytes": 0},

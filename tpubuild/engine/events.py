@@ -27,12 +27,16 @@ class Row:
     # rest of the wait for its reply: a free slot (-j), a new worker's process start and
     # TensorFlow import (workers/import_clock.py), on Ray the task's scheduling and transfers.
     worker_startup_seconds: float | None = None
+    # A `built` stage's bytes read and written (tpubuild/io_counters.py: rchar, wchar,
+    # read_bytes, write_bytes): its worker's over the stage and the build's own for it
+    # (the source's copy into the cache, storing a stage's outputs, publishing).
+    io: dict[str, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         startup = self.worker_startup_seconds
         return {"recipe": self.recipe, "stage": self.stage, "status": self.status, "key": self.key,
                 "seconds": round(self.seconds, 3), "remote": self.remote, "peak_rss_bytes": self.peak_rss_bytes,
-                "worker_startup_seconds": None if startup is None else round(startup, 3)}
+                "worker_startup_seconds": None if startup is None else round(startup, 3), "io": self.io}
 
 
 @dataclass

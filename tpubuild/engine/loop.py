@@ -13,6 +13,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tpubuild import io_counters
 from tpubuild.digests import StatCache, worker_env
 from tpubuild.engine.beside import ReferenceBeside
 from tpubuild.engine.cache import LayeredCache, LocalLayer, RemoteLayer
@@ -252,16 +253,21 @@ class Engine(RunVersion):
         timing = WorkerTime()  # the source snapshot and publish run in this process
         try:
             peak_rss = None
+            # What this thread reads and writes for the stage (its own counters: another
+            # thread may store another recipe's stage meanwhile); a worker's are added.
+            io_before = io_counters.read(io_counters.THREAD)
             if planned.name == "source":
                 entry = self._snapshot_source(run, planned, pending)
                 self._digests_ahead(run, entry)
+                io = io_counters.since(io_before, io_counters.THREAD)
             elif planned.name == "publish":
                 self.publish_version(run)
                 self.row(run, Row(run.name, "publish", "built", self.resolver.publish_key(run, run.outputs["publish"].tree),
-                                   time.monotonic() - start))
+                                   time.monotonic() - start, io=io_counters.since(io_before, io_counters.THREAD)))
                 return True
             else:
-                entry, peak_rss, timing = self._execute(run, planned, pending)
+                entry, peak_rss, timing, worker_io = self._execute(run, planned, pending)
+                io = io_counters.add(worker_io, io_counters.since(io_before, io_counters.THREAD))
         except StageError as exc:
             return self._fail(run, planned, str(exc), start, exc.detail, timing if exc.timing is None else exc.timing)
         except Exception as exc:  # a bug in tpubuild or a full disk: the recipe fails, the build goes on
@@ -272,7 +278,7 @@ class Engine(RunVersion):
         for warning in entry.warnings:
             self.errors(f"{run.recipe.rel_file}: stage {planned.name}: warning: {warning}")
         self.row(run, Row(run.name, planned.name, "built", entry.key, timing.or_since(start),
-                          peak_rss_bytes=peak_rss, worker_startup_seconds=timing.startup))
+                          peak_rss_bytes=peak_rss, worker_startup_seconds=timing.startup, io=io))
         return True
 
     def _fail(self, run: RecipeRun, planned: PlannedStage, message: str, start: float,
@@ -311,9 +317,10 @@ class Engine(RunVersion):
             return self.store.put_files(key, "source", files, directory, record, self.stat)
 
     def _execute(self, run: RecipeRun, planned: PlannedStage,
-                 pending: Pending) -> tuple[StageEntry, int | None, WorkerTime]:
+                 pending: Pending) -> tuple[StageEntry, int | None, WorkerTime, dict[str, int] | None]:
         """Run the stage in a worker and store its output; (entry, the worker's peak RSS in
-        it, its time). A StageError raised after the worker replied carries the time too."""
+        it, its time, what the worker read and wrote in it: io_counters). A StageError
+        raised after the worker replied carries the time too."""
         stage = spec(planned.name)
         key, record = _keyed(pending)
         self.beside.start(run, planned, self.workers())  # verify's source side, if this stage comes before it
@@ -383,6 +390,8 @@ class Engine(RunVersion):
                 stored = self.store.put(key, planned.name, out_dir, reply["summary"], reply["warnings"], record, self.stat,
                                         peak_memory=_peak(reply.get("peak_rss_bytes")))
             return stored, reply.get("peak_rss_bytes"), timing
+                stored = self.store.put(key, planned.name, out_dir, reply["summary"], reply["warnings"], record, self.stat)
+            return stored, reply.get("peak_rss_bytes"), timing, reply.get("io")
         finally:
             self.store.remove_workdir(work)  # by descriptor, from the session's own
             if planned.name == "verify":

@@ -157,7 +157,9 @@ class Resolver:
         if not directory.is_dir():
             raise StageError(f"model.saved_model: {rel} is not a directory")
         if not (directory / "saved_model.pb").is_file():
-            raise StageError(f"model.saved_model: {rel} holds no saved_model.pb")
+            from tpubuild.savedmodel.proto_limit import cpb_hint
+
+            raise StageError(f"model.saved_model: {rel} holds no saved_model.pb{cpb_hint(directory)}")
         tree, files = self.stat.tree(directory)
         return tree, files, directory
 

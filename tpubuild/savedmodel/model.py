@@ -19,6 +19,7 @@ from tensorflow.core.protobuf.meta_graph_pb2 import MetaGraphDef
 
 from tpubuild.atomic import write_atomic
 from tpubuild.errors import ConversionError
+from tpubuild.savedmodel import proto_limit
 
 # make_fingerprint_reproducible is re-exported: callers imported it from here first.
 from tpubuild.savedmodel.reproducible import (  # noqa: F401
@@ -76,7 +77,8 @@ class SavedModel:
             raise ConversionError(f"{path}: no such SavedModel directory")
         pb = path / SAVED_MODEL_PB
         if not pb.is_file():
-            raise ConversionError(f"{path}: not a SavedModel (no {SAVED_MODEL_PB})")
+            raise ConversionError(f"{path}: not a SavedModel (no {SAVED_MODEL_PB}){proto_limit.cpb_hint(path)}")
+        proto_limit.check_readable(pb)  # protobuf's 2 GiB: one line, not a parse error
         proto = saved_model_pb2.SavedModel()
         try:
             proto.ParseFromString(pb.read_bytes())
@@ -250,12 +252,13 @@ class SavedModel:
         output_dir = Path(output_dir)
         if any(output_dir.iterdir()):
             raise ValueError(f"{output_dir} is not empty")
+        prepare_for_older_runtimes(self.meta_graph)
+        data = proto_limit.serialize(self.proto, output_dir)  # over protobuf's 2 GiB: one line, nothing written
         for entry in sorted(self.path.iterdir()):
             if entry.name in (SAVED_MODEL_PB, "saved_model.pbtxt", FINGERPRINT_PB):
                 continue
             _link_tree(entry, output_dir / entry.name)
-        prepare_for_older_runtimes(self.meta_graph)
-        write_atomic(output_dir / SAVED_MODEL_PB, self.proto.SerializeToString(deterministic=True))
+        write_atomic(output_dir / SAVED_MODEL_PB, data)
         write_fingerprint(output_dir)
 
 

@@ -185,7 +185,11 @@ class StageRecords(StoreObjects):
         record them under `key`. Each file is opened once without following a link, made
         read-only, hashed from that descriptor, and renamed into `objects/` only if its
         name there is then that same inode: the object holds the bytes that were hashed.
-        Symbolic links and special files in the output are a StageError naming them."""
+        Symbolic links and special files in the output are a StageError naming them.
+        A file that is a hard link of an object this process verified, its stat unchanged
+        (variables a stage left as they were: savedmodel/model.py save links them), is
+        recorded as that object without being read (known_object): one inode in the
+        store however many stages pass it on, never hashed again."""
         entries = []
         with span("storing the outputs in the cache (hashing them)", cat="cache"), \
                 self.sessions.in_session(out_dir) as out_fd:
@@ -194,6 +198,10 @@ class StageRecords(StoreObjects):
                 with opened(open_path(out_fd, parent)) as parent_fd:
                     fd, st = open_regular_at(name, parent_fd)
                     with opened(fd):
+                        known = self.known_object(st)
+                        if known is not None:  # a hard link of an object: shared, not read again
+                            entries.append(FileEntry(rel, known, st.st_size))
+                            continue
                         os.fchmod(fd, 0o444)
                         digest = hash_fd(fd, st.st_size)
                         entries.append(FileEntry(rel, digest, st.st_size))

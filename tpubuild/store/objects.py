@@ -13,7 +13,7 @@ from typing import Callable, Iterator
 from tpubuild import progress
 from tpubuild.digests import FileEntry, StatCache, hash_fd, stat_key
 from tpubuild.errors import StageError, file_kind
-from tpubuild.fs import NotAFile, fsync_fd, lstat_at, open_dir, open_regular_at, opened, place_file, remove_at
+from tpubuild.fs import NotAFile, copy_hashed, fsync_fd, lstat_at, open_dir, open_regular_at, opened, remove_at
 from tpubuild.keys import StageEntry
 from tpubuild.store.layout import CacheLayout
 from tpubuild.store.sessions import Sessions
@@ -30,6 +30,10 @@ class StoreObjects:
     sessions: Sessions
     # Objects this process hashed itself, with the stat they had (see Store.__init__).
     _verified: dict[str, list[int]]
+    # The same objects by inode (st_dev, st_ino) -> (digest, size, mtime_ns): a stage's
+    # output file that is a hard link of one (variables a stage left unchanged) is known
+    # without reading it (known_object).
+    _verified_inodes: dict[tuple[int, int], tuple[str, int, int]]
     _private: bool | None  # private(): computed once
 
     def object_path(self, digest: str) -> Path:
@@ -97,7 +101,7 @@ class StoreObjects:
         except FileNotFoundError:
             return False
         if actual == digest:
-            self._verified[digest] = stat_key(st)
+            self._trust(digest, st)
             return True
         return False
 
@@ -111,7 +115,29 @@ class StoreObjects:
             if now is None or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
                 raise StageError(f"{display} was replaced while it was being stored; not recorded (build again)")
             fsync_fd(shard)
-            self._verified[digest] = stat_key(now)
+            self._trust(digest, now)
+
+    def _trust(self, digest: str, st: os.stat_result) -> None:
+        """Remember that this process hashed the object `digest`, whose lstat is `st`."""
+        self._verified[digest] = stat_key(st)
+        self._verified_inodes[(st.st_dev, st.st_ino)] = (digest, st.st_size, st.st_mtime_ns)
+
+    def known_object(self, st: os.stat_result) -> str | None:
+        """The digest of the object whose inode `st` (an fstat) is, when this process
+        hashed it and its size and mtime are unchanged since: a hard link of it in a
+        stage's output (variables the stage left unchanged, savedmodel/model.py save) is
+        then stored without being read again. None otherwise. Not the ctime, which
+        `_verified` checks too: every hard link made or removed changes it (the checkout,
+        the stage's own link, its session's removal), and a write changes the mtime; what
+        this trusts less is an mtime set back by hand (utime) in this build's lifetime,
+        on a read-only object of this cache."""
+        known = self._verified_inodes.get((st.st_dev, st.st_ino))
+        # Still an object this process trusts (discard_object and damage removal forget it:
+        # its inode number may be a new file's by now).
+        if known is not None and known[0] in self._verified and known[1:] == (st.st_size, st.st_mtime_ns) \
+                and stat.S_ISREG(st.st_mode) and not st.st_mode & 0o222:
+            return known[0]
+        return None
 
     def has_object(self, digest: str, stat_cache: StatCache | None = None) -> bool:
         """Whether the object exists with the right content (see `object_ok`)."""
@@ -217,7 +243,7 @@ class StoreObjects:
                 with opened(fd):
                     ok = hash_fd(fd, st.st_size) == digest
                 if ok:
-                    self._verified[digest] = stat_key(st)
+                    self._trust(digest, st)
                 else:
                     self._verified.pop(digest, None)
                     remove_at(name, shard)
@@ -258,11 +284,12 @@ class StoreObjects:
                     src = os.path.join(src_root, f.path)
                     with self.sessions.in_session(work) as work_fd:
                         # Links inside the model are allowed (walk_files checked they stay inside it).
-                        place_file(src, f.hash, "copy", follow=True, dst_dir_fd=work_fd)
+                        # Copied and hashed in one read of the source (copy_hashed): the
+                        # copy's hash is of the bytes written, checked against the key's.
+                        if copy_hashed(src, f.hash, dst_dir_fd=work_fd, follow=True) != f.hash:
+                            raise StageError(f"{src} changed while it was being read")
                         fd, _ = open_regular_at(f.hash, work_fd)
-                        with opened(fd), progress.uncounted():
-                            if hash_fd(fd, os.fstat(fd).st_size) != f.hash:
-                                raise StageError(f"{src} changed while it was being read")
+                        with opened(fd):
                             self.move_in(f.hash, work_fd, f.hash, os.fstat(fd), src)
         finally:
             self.sessions.remove(work)

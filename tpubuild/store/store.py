@@ -72,6 +72,7 @@ class Store(StageRecords, StoreCheckouts, StoreScan, StoreDepFiles):
         # Objects this process hashed itself, with the stat they had: trusted while the
         # stat is unchanged (the stat cache cannot keep them: they are too fresh).
         self._verified: dict[str, list[int]] = {}
+        self._verified_inodes: dict[tuple[int, int], tuple[str, int, int]] = {}  # by inode
         self._private: bool | None = None  # private(): computed once
         self._guard = threading.RLock()
         self._key: bytes | None = None  # this user's record key (_mac_key)

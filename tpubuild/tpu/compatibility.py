@@ -213,7 +213,7 @@ def check_xla_compiles(model: SavedModel, name: str, who: str) -> str | None:
             if index not in resources:
                 return f"{who}: input '{_arg_name(model, name, index)}' is a resource that is not a variable; XLA check skipped"
             dtype, shape = resources[index]
-            variables.append(tf.Variable(tf.zeros(shape, dtype)))
+            variables.append(_placeholder_variable(shape, dtype))
         elif tensor.shape.rank is None:
             return f"{who}: input '{_arg_name(model, name, index)}' has unknown rank; XLA check skipped"
         else:
@@ -237,6 +237,21 @@ def check_xla_compiles(model: SavedModel, name: str, who: str) -> str | None:
         message = message.replace("StatefulPartitionedCall/", "")
         raise ConversionError(f"{who}: XLA cannot compile it: {message}") from None
     return None
+
+
+def _placeholder_variable(shape: list[int], dtype: tf.DType) -> tf.Variable:
+    """A variable of the weight's shape and dtype for the HLO lowering, which reads only
+    its shape and dtype (tensorflow/compiler/jit/get_compiler_ir.cc builds the XLA
+    arguments from the variables' shapes; nothing runs). Its buffer is left uninitialized
+    (tf.raw_ops.Empty, init=False), so the kernel never touches its pages: a 2 GiB weight
+    costs address space, not memory or time, where tf.zeros wrote every byte (the tpu stage
+    held a zeroed copy of the whole model: 31.6 s on an 8 GiB one). AssignVariableOp adopts
+    the buffer rather than copying it (tensorflow/core/kernels/resource_variable_ops.cc:
+    forward_input when the value has no other user). Strings and other non-numeric types
+    keep tf.zeros: Empty constructs their elements anyway."""
+    if dtype.is_numeric or dtype.is_bool:
+        return tf.Variable(tf.raw_ops.Empty(shape=shape, dtype=dtype, init=False))
+    return tf.Variable(tf.zeros(shape, dtype))
 
 
 def _library(model: SavedModel, name: str) -> dict[str, Any]:

@@ -239,13 +239,14 @@ def main() -> None:
               f"{time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
     # What a stage keeps for the next one lives in tpubuild.handoff, the module stages import
     # (this one runs as `python -m`: `__main__`, whose globals no stage sees).
-    from tpubuild import handoff
+    from tpubuild import handoff, io_counters
 
     for line in sys.stdin:
         request = json.loads(line)
         print(f"--- stage {request['stage']} (pid {os.getpid()})", file=sys.stderr, flush=True)
         _reset_peak_rss()
         children_before = _rusage_peak("RUSAGE_CHILDREN")
+        io_before = io_counters.read()
         clock.take()  # a spare's import happened before any stage
         started = time.monotonic()
         handoff.begin_stage(bool(request.get("keep_for")))
@@ -262,6 +263,7 @@ def main() -> None:
 
             reply["discovered"] = imports.discovered()
         reply["peak_rss_bytes"] = _stage_peak(children_before)
+        reply["io"] = io_counters.since(io_before)  # what the stage read and wrote
         sys.stderr.flush()
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
