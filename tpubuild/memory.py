@@ -42,9 +42,11 @@ def release_memory(collect: bool = True) -> None:
 
 # --- how much memory the machine has ------------------------------------------------------
 # TPUBUILD_MEMORY_AVAILABLE=<bytes>: the memory a build may use, instead of what
-# /proc/meminfo says (tests, and users who share a machine). A scheduling knob: it decides
-# when a stage starts (workers/pool.py MemoryGate), never what it makes, so it is in no key.
-AVAILABLE_ENV = "TPUBUILD_MEMORY_AVAILABLE"
+# /proc/meminfo says (tests, and users who share a machine or whose limit is a cgroup's). A
+# scheduling knob: it decides when a stage starts (workers/pool.py MemoryGate) and whether
+# verify's source side runs beside (engine/beside.py), never what a stage makes, so it is in
+# no key.
+AVAILABLE_ENV = MEMORY_AVAILABLE_ENV = "TPUBUILD_MEMORY_AVAILABLE"
 
 
 def _meminfo(field: str) -> int | None:
@@ -60,17 +62,25 @@ def _meminfo(field: str) -> int | None:
 
 
 def memory_override() -> int | None:
-    """TPUBUILD_MEMORY_AVAILABLE in bytes, or None when unset (a bad value: UsageError)."""
-    from tpubuild.workers import bytes_knob
+    """TPUBUILD_MEMORY_AVAILABLE in bytes, or None when unset. A value that is not a whole
+    number of bytes is a UsageError (parsed as workers.bytes_knob does, which this low layer
+    does not import: it is in every stage's key closure)."""
+    value = os.environ.get(AVAILABLE_ENV, "").strip()
+    if not value:
+        return None
+    if not value.isdigit():
+        from tpubuild.errors import UsageError
 
-    value = bytes_knob(AVAILABLE_ENV, -1)
-    return None if value < 0 else value
+        raise UsageError(f"{AVAILABLE_ENV}={value!r}: expected a whole number of bytes (default: "
+                         "/proc/meminfo MemAvailable)")
+    return int(value)
 
 
 def available_memory_bytes() -> int | None:
     """The memory available to new work now: TPUBUILD_MEMORY_AVAILABLE when set, else the
     kernel's MemAvailable (what can be allocated without swapping: free memory plus the
-    page cache and slabs it can reclaim). None when neither is known (not Linux)."""
+    page cache and slabs it can reclaim; Linux >= 3.14). None when neither is known (not
+    Linux): callers decide as if memory were not the limit."""
     override = memory_override()
     return override if override is not None else _meminfo("MemAvailable")
 
@@ -89,30 +99,3 @@ def process_rss_bytes(pid: int) -> int | None:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
-MEMORY_AVAILABLE_ENV = "TPUBUILD_MEMORY_AVAILABLE"
-
-
-def available_memory_bytes() -> int | None:
-    """What the machine can still give without swapping: /proc/meminfo's MemAvailable (the
-    kernel's estimate of free + reclaimable page cache, Linux >= 3.14), or the whole number of
-    bytes TPUBUILD_MEMORY_AVAILABLE says (tests, and machines whose limit is elsewhere: a
-    cgroup's). None where neither says (not Linux): callers decide as if memory were not
-    the limit. A knob that is not a whole number of bytes is an error."""
-    import os
-
-    value = os.environ.get(MEMORY_AVAILABLE_ENV, "").strip()
-    if value:  # as workers.bytes_knob says it, which this low layer cannot import
-        if not value.isdigit():
-            from tpubuild.errors import UsageError
-
-            raise UsageError(f"{MEMORY_AVAILABLE_ENV}={value!r}: expected a whole number of bytes (default: "
-                             "/proc/meminfo MemAvailable)")
-        return int(value)
-    try:
-        with open("/proc/meminfo", "rb") as f:
-            for line in f:
-                if line.startswith(b"MemAvailable:"):
-                    return int(line.split()[1]) * 1024  # kB
-    except (OSError, ValueError, IndexError):
-        pass
-    return None

@@ -389,8 +389,6 @@ class Engine(RunVersion):
             with self.state_lock:
                 stored = self.store.put(key, planned.name, out_dir, reply["summary"], reply["warnings"], record, self.stat,
                                         peak_memory=_peak(reply.get("peak_rss_bytes")))
-            return stored, reply.get("peak_rss_bytes"), timing
-                stored = self.store.put(key, planned.name, out_dir, reply["summary"], reply["warnings"], record, self.stat)
             return stored, reply.get("peak_rss_bytes"), timing, reply.get("io")
         finally:
             self.store.remove_workdir(work)  # by descriptor, from the session's own
