@@ -375,8 +375,8 @@ class Engine(RunVersion):
                     key = self.resolver.add_discovered(key, discovered)
                 record = dict(record, discovered=discovered)
             with self.state_lock:
-                stored = self.store.put(key, planned.name, out_dir, reply["summary"], reply["warnings"], record, self.stat,
-                                        peak_memory=_peak(reply.get("peak_rss_bytes")))
+                stored = self.store.put(key, planned.name, out_dir, reply["summary"], reply["warnings"], record,
+                                        self.stat, peak_memory=_peak(reply.get("peak_rss_bytes")))
             return stored, reply.get("peak_rss_bytes"), timing
         finally:
             self.store.remove_workdir(work)  # by descriptor, from the session's own
