@@ -184,7 +184,8 @@ def main() -> None:
 
     for name in names:
         lock = read_lock(ws / "recipes" / f"{name}.lock.yaml") or {}
-        figures = ", ".join(f"{s['stage']} {mib(s['peak_memory'])}" for s in lock.get("stages", []) if "peak_memory" in s)
+        figures = ", ".join(f"{s['stage']} {mib(s['peak_memory'])}" for s in lock.get("stages", [])
+                            if "peak_memory" in s)
         print(f"  {name}: {'built' if built[name] else 'NOT built'}; lock file peak_memory: {figures or '-'}")
     try:
         events = json.loads(trace.read_text())["traceEvents"]

@@ -29,7 +29,11 @@ def test_lock_file_contents_and_determinism(built_once, built_workspace):
     # What a reviewer reads in a pull request's diff, from the published report.
     artifact = lock["artifact"]
     assert list(artifact) == ["converter_options", "size", "size_bytes", "parameters", "cost", "max_abs_error",
-                              "warnings"]
+                              "warnings", "peak_memory", "peak_memory_bytes"]
+    # Each stage a worker ran says its worker's peak memory (measured); the build's is the largest.
+    peaks = {s["stage"]: s["peak_memory"] for s in lock["stages"] if "peak_memory" in s}
+    assert set(peaks) == {"batch", "verify", "warmup", "report"} and min(peaks.values()) > 100 * 2**20, peaks
+    assert artifact["peak_memory_bytes"] == max(peaks.values())
     report = json.loads((ws0 / "out" / "toy" / "1" / "tpubuild-report.json").read_text())
     assert artifact["size_bytes"] == report["size"]["artifact"]["total"]
     assert artifact["parameters"] == {"float32": 2}
@@ -40,7 +44,8 @@ def test_lock_file_contents_and_determinism(built_once, built_workspace):
     measured = [s["stage"] for s in lock["stages"] if s.get("measured")]
     assert measured == ["verify", "report", "publish"]
     # verify's key hashes nothing measured; the report's and publish's keys hash verify's output.
-    stages_text = text.split("\nartifact:")[0]
+    stages_text = "".join(line for line in text.split("\nartifact:")[0].splitlines(keepends=True)
+                          if not line.startswith("  peak_memory: "))  # measured too, every worker stage's
     assert stages_text.count("# measured on the building machine") == 2 * len(measured) - 1
     assert list(lock["inputs"]) == ["dir:recipes/models/tiny"]
     assert [(s["stage"], s["key"]) for s in lock["stages"]] == [

@@ -197,8 +197,9 @@ class BuildOutput:
     def _draw(self) -> None:
         """The live line (the lock held): `[3/12] running toy: tpu 4 s, other: verify 1 s`."""
         now = time.monotonic()
-        running = ", ".join(f"{recipe}: {stage}{' waiting for memory' if (recipe, stage) in self.waiting_memory else ''}"
-                            f" {now - since:.0f} s"
+        held = self.waiting_memory
+        running = ", ".join(f"{recipe}: {stage}{' waiting for memory' if (recipe, stage) in held else ''} "
+                            f"{now - since:.0f} s"
                             for (recipe, stage), since in sorted(self.running.items(), key=lambda item: item[1]))
         idle = "finishing" if self.done >= self.total else "checking the cache"  # lock files, workers' exit
         # A copy, hash or transfer that has run for a few seconds, first: cut last.

@@ -119,7 +119,8 @@ def peak_memory(lock_file: Path, manifest: dict) -> dict | None:
     from tpubuild.lock import read_lock
 
     lock = read_lock(lock_file) or {}
-    recorded: dict[Any, Any] = {s.get("key"): s.get("peak_memory") for s in lock.get("stages") or [] if isinstance(s, dict)}
+    recorded: dict[Any, Any] = {s.get("key"): s.get("peak_memory") for s in lock.get("stages") or []
+                                if isinstance(s, dict)}
     stages: dict[str, int] = {s["stage"]: recorded[s["key"]] for s in manifest.get("stages") or []
                               if isinstance(s, dict) and isinstance(recorded.get(s.get("key")), int)}
     if not stages:

@@ -30,7 +30,9 @@ if TYPE_CHECKING:
 
 # The lock file's `artifact:` figures compared when both sides have them (a key absent
 # from either side is skipped, so lock files written before a figure existed still work).
+# `peak_memory_bytes`: the build's peak memory (measured), so a change that grows it shows.
 ARTIFACT_KEYS = ("size_bytes", "parameters", "cost", "max_abs_error", "argmax_agreement", "warnings",
+                 "peak_memory_bytes",
                  *(target for target, chain in TARGET_STAGES.items() if chain))  # each target's size and error
 _MISSING = object()
 
