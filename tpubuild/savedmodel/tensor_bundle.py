@@ -237,7 +237,7 @@ class Reader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def chunks(self, key: bytes, chunk: int = CHUNK) -> Iterator[bytes]:
+    def chunks(self, key: bytes, chunk: int | None = None) -> Iterator[bytes]:
         """A non-string tensor's bytes, `chunk` at a time; its crc is checked after the last
         (a consumer has the bytes before they are known good: it raises then, and the
         checkpoint being written is abandoned)."""
@@ -246,7 +246,7 @@ class Reader:
             raise ValueError("chunks: a string tensor's crc is not that of its bytes; use strings()")
         f = self._file(entry.shard_id)
         f.seek(entry.offset)
-        left, crc = entry.size, 0
+        left, crc, chunk = entry.size, 0, chunk or CHUNK
         while left:
             piece = f.read(min(chunk, left))
             if not piece:
