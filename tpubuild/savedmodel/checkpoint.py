@@ -1,4 +1,5 @@
-"""The variables checkpoint of a SavedModel: keys by object-graph node, bfloat16 rewrite."""
+"""The variables checkpoint of a SavedModel: keys by object-graph node; the rewrites (bfloat16,
+variables dropped, resharded), streamed a tensor at a time through tensor_bundle.py."""
 
 from __future__ import annotations
 

@@ -448,10 +448,14 @@ class Writer:
         return self
 
     def __exit__(self, kind, value, traceback) -> None:
-        if kind is None:
-            self.finish()
-        else:
+        if kind is not None:
             self.abort()
+            return
+        try:
+            self.finish()
+        except BaseException:
+            self.abort()  # a full disk while fsyncing: no temporary file left behind
+            raise
 
     def _shard(self, shard: int) -> _Shard:
         if not 0 <= shard < self.num_shards:
