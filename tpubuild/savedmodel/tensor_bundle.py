@@ -437,7 +437,7 @@ class Writer:
 
     prefix: Path
     num_shards: int = 1
-    version: versions_pb2.VersionDef | None = None  # a VersionDef to write in the header; kTensorBundleVersion's otherwise
+    version: versions_pb2.VersionDef | None = None  # the header's; kTensorBundleVersion's when None
     entries: dict[bytes, tensor_bundle_pb2.BundleEntryProto] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
