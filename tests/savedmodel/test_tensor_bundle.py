@@ -161,6 +161,19 @@ def test_bfloat16_of_a_sharded_checkpoint_keeps_its_shards(sharded: Path, tmp_pa
     assert not [p for p in (out / "variables").iterdir() if p.name.startswith(".")]  # no temporary left
 
 
+def test_the_cast_in_chunks_is_the_cast_of_the_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    values = np.random.default_rng(7).normal(size=(1000, 37)).astype(np.float32) * 1e3
+    values[0, :4] = [np.inf, -np.inf, np.nan, 3.0e38]  # and the values rounding must not lose
+    (tmp_path / "src" / "variables").mkdir(parents=True)
+    _save_v2(tmp_path / "src" / "variables" / "variables", ["w", OBJECT_GRAPH_KEY], [values, np.array(b"g", object)])
+    out = _copy(tmp_path / "src", tmp_path / "out")
+    monkeypatch.setattr(tensor_bundle, "CHUNK", 4096)  # 36 chunks, none on a row's boundary
+    checkpoint.write_bfloat16(tmp_path / "src", out, {"w"})
+    got = tf.train.load_checkpoint(str(out / PREFIX)).get_tensor("w")
+    assert got.dtype == tf.bfloat16.as_numpy_dtype
+    assert got.tobytes() == tf.cast(values, tf.bfloat16).numpy().tobytes()
+
+
 def test_write_without_drops_a_sliced_variable_and_replaces_the_object_graph(sharded: Path, tmp_path: Path) -> None:
     out = _copy(sharded, tmp_path / "out")
     with tensor_bundle.Reader.open(sharded / PREFIX) as reader:

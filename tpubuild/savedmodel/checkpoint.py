@@ -1,4 +1,5 @@
-"""The variables checkpoint of a SavedModel: keys by object-graph node, bfloat16 rewrite."""
+"""The variables checkpoint of a SavedModel: keys by object-graph node; the rewrites (bfloat16,
+variables dropped, resharded), streamed a tensor at a time through tensor_bundle.py."""
 
 from __future__ import annotations
 
@@ -149,7 +150,7 @@ def _rewrite(reader: tensor_bundle.Reader, prefix: Path, cast: set[bytes], drop:
             if key == graph_key and object_graph is not None:
                 writer.add_strings(key, shape, [object_graph], entry.shard_id)
             elif key in cast:
-                writer.add(key, DT_BFLOAT16, shape, _cast_bfloat16(reader.chunks(key), entry.dtype), entry.shard_id)
+                writer.add(key, DT_BFLOAT16, shape, _cast_bfloat16(reader, key), entry.shard_id)
             elif entry.dtype == tensor_bundle.DT_STRING:
                 writer.add_raw(key, entry, [tensor_bundle.string_bytes(reader.strings(key))[0]], entry.shard_id)
             else:
@@ -162,16 +163,23 @@ def _rewrite(reader: tensor_bundle.Reader, prefix: Path, cast: set[bytes], drop:
                 writer.add_metadata(key, entry)
 
 
-def _cast_bfloat16(chunks: Iterator[bytes], dtype: int) -> Iterator[bytes]:
-    """Each chunk of a tensor's bytes cast to bfloat16 by TensorFlow (round to nearest
-    even, as tf.cast does for the whole tensor: the cast is elementwise, so chunking does not
-    change a bit). A chunk is a whole number of elements (tensor_bundle.CHUNK is a multiple
-    of every element size)."""
+def _cast_bfloat16(reader: tensor_bundle.Reader, key: bytes) -> Iterator[bytes]:
+    """The tensor's bytes cast to bfloat16 by TensorFlow, a chunk at a time (round to
+    nearest even, as tf.cast does for the whole tensor: the cast is elementwise, so chunking
+    does not change a bit). A chunk is a whole number of elements (tensor_bundle.CHUNK is a
+    multiple of every element size)."""
     import numpy as np
     import tensorflow as tf
 
-    numpy_dtype = tf.dtypes.as_dtype(dtype).as_numpy_dtype
-    for piece in chunks:
+    entry = reader.entries[key]
+    numpy_dtype = np.dtype(tf.dtypes.as_dtype(entry.dtype).as_numpy_dtype)
+    elements = 1
+    for dim in entry.shape.dim:
+        elements *= dim.size
+    if entry.size != elements * numpy_dtype.itemsize:  # TensorFlow's reader refuses it too (BundleReader::GetValue)
+        raise tensor_bundle.DataLoss(f"{reader.data_file(entry.shard_id)}: {key.decode(errors='replace')} holds "
+                                     f"{entry.size} bytes, not the {elements * numpy_dtype.itemsize} of its shape")
+    for piece in reader.chunks(key):
         yield tf.cast(np.frombuffer(piece, numpy_dtype), tf.bfloat16).numpy().tobytes()
 
 

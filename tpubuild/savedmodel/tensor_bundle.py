@@ -237,7 +237,7 @@ class Reader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def chunks(self, key: bytes, chunk: int = CHUNK) -> Iterator[bytes]:
+    def chunks(self, key: bytes, chunk: int | None = None) -> Iterator[bytes]:
         """A non-string tensor's bytes, `chunk` at a time; its crc is checked after the last
         (a consumer has the bytes before they are known good: it raises then, and the
         checkpoint being written is abandoned)."""
@@ -246,7 +246,7 @@ class Reader:
             raise ValueError("chunks: a string tensor's crc is not that of its bytes; use strings()")
         f = self._file(entry.shard_id)
         f.seek(entry.offset)
-        left, crc = entry.size, 0
+        left, crc, chunk = entry.size, 0, chunk or CHUNK
         while left:
             piece = f.read(min(chunk, left))
             if not piece:
@@ -437,7 +437,7 @@ class Writer:
 
     prefix: Path
     num_shards: int = 1
-    version: versions_pb2.VersionDef | None = None  # a VersionDef to write in the header; kTensorBundleVersion's otherwise
+    version: versions_pb2.VersionDef | None = None  # the header's; kTensorBundleVersion's when None
     entries: dict[bytes, tensor_bundle_pb2.BundleEntryProto] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -448,10 +448,14 @@ class Writer:
         return self
 
     def __exit__(self, kind, value, traceback) -> None:
-        if kind is None:
-            self.finish()
-        else:
+        if kind is not None:
             self.abort()
+            return
+        try:
+            self.finish()
+        except BaseException:
+            self.abort()  # a full disk while fsyncing: no temporary file left behind
+            raise
 
     def _shard(self, shard: int) -> _Shard:
         if not 0 <= shard < self.num_shards:
