@@ -66,61 +66,6 @@ def _copy_range(fsrc, fdst) -> None:
         progress.advance(n)
 
 
-def copy_hashed(src: Path | str, dst: str, dst_dir_fd: int | None = None, follow: bool = False) -> str:
-    """Create `dst` (which must not exist; relative to `dst_dir_fd` when given) with the
-    content of the regular file `src`, read-only (0444) and fsynced, and return the BLAKE3
-    of what it holds, reading `src` once: a reflink where the file system can make one
-    (then the reflink's bytes are hashed: the only read), else each step of `src` read
-    once into memory, hashed and written. place_file's copy and a hash of the copy read
-    every byte twice (copy_file_range, then the hash); a store ingests a model this way.
-    `dst` is a new file (O_EXCL, O_NOFOLLOW), never one written through a link."""
-    fd, _ = open_regular(src, follow)
-    try:
-        out = os.open(dst, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                      dir_fd=dst_dir_fd)
-        try:
-            try:
-                fcntl.ioctl(out, FICLONE, fd)
-                digest = hash_fd(out, os.fstat(out).st_size)
-            except OSError as exc:
-                if exc.errno not in (errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS,
-                                     errno.EPERM):
-                    raise
-                digest = _copy_hashing(fd, out)
-            os.fchmod(out, 0o444)
-            os.fsync(out)
-        finally:
-            os.close(out)
-        return digest
-    except OSError as exc:
-        if exc.errno == errno.ENOSPC:
-            raise StageError(f"no space left on device while writing {dst}") from None
-        raise
-    finally:
-        os.close(fd)
-
-
-def _copy_hashing(fd: int, out: int) -> str:
-    """Copy the open file `fd` (from its offset 0) into the empty `out`, a COPY_STEP at a
-    time, hashing each step as it passes (on every core: BLAKE3's tree splits a step)."""
-    import blake3
-
-    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
-    buffer = bytearray(COPY_STEP)
-    view = memoryview(buffer)
-    offset = 0
-    while n := os.preadv(fd, [buffer], offset):
-        step = view[:n]
-        hasher.update(step)
-        done = 0
-        while done < n:
-            done += os.write(out, step[done:])
-        offset += n
-        progress.advance(n)
-    view.release()
-    return hasher.hexdigest()
-
-
 def open_regular(src: Path | str, follow: bool = False) -> tuple[int, os.stat_result]:
     """An fd of `src` and its fstat, when `src` is a regular file. Opened without following
     a final symbolic link unless `follow`, and without blocking (a FIFO would block a
@@ -172,31 +117,16 @@ def place_file(src: Path | str, dst: Path | str, link_type: str = "copy", durabl
             except OSError as exc:
                 if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
                     raise
-        copied_hash = None  # a checked copy's hash, taken as its bytes passed
         if how is None:
             out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                           dir_fd=dst_dir_fd)
             with os.fdopen(out, "wb") as fdst, os.fdopen(os.dup(fd), "rb") as fsrc:
-                if expect is None:
-                    how = clone_or_copy(fsrc, fdst)
-                else:  # hashed as it is copied (copy_hashed): each byte read once, not copied and read again
-                    try:
-                        fcntl.ioctl(fdst.fileno(), FICLONE, fsrc.fileno())
-                        how = "reflink"
-                    except OSError as exc:
-                        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL,
-                                             errno.ENOSYS, errno.EPERM):
-                            raise
-                        copied_hash, how = _copy_hashing(fsrc.fileno(), fdst.fileno()), "copy"
+                how = clone_or_copy(fsrc, fdst)
                 os.fchmod(fdst.fileno(), 0o444)
                 if durable:
                     fdst.flush()
                     os.fsync(fdst.fileno())
-        if copied_hash is not None and expect is not None:
-            if copied_hash != expect:
-                os.unlink(dst, dir_fd=dst_dir_fd)
-                raise StageError(_changed(src, copied_hash, expect))
-        elif expect is not None:
+        if expect is not None:
             # A copy's bytes were counted as they were copied; a reflink's or a link's are
             # counted as this check reads them (progress.py).
             with progress.uncounted() if how == "copy" else nullcontext():
@@ -222,12 +152,8 @@ def _check_written(src: Path | str, dst: Path | str, expect: str, dst_dir_fd: in
         os.close(fd)
     if actual != expect:
         os.unlink(dst, dir_fd=dst_dir_fd)
-        raise StageError(_changed(src, actual, expect))
-
-
-def _changed(src: Path | str, actual: str, expect: str) -> str:
-    return (f"cache object {src} changed after it was checked (what was read from it hashes "
-            f"{actual[:16]}, not {expect[:16]}); nothing published, build again")
+        raise StageError(f"cache object {src} changed after it was checked (what was read from it hashes "
+                         f"{actual[:16]}, not {expect[:16]}); nothing published, build again")
 
 
 def replace_file(src: Path | str, dst: Path | str, link_type: str = "copy", expect: str | None = None,
