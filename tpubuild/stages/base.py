@@ -89,9 +89,11 @@ GRAPH_ONLY = MemoryEstimate(TF_BASELINE, model=1.5)
 # tensor with its cast (2x the float32 tensor: conservative, the cast is half its size).
 # The largest tensor is read from the checkpoint's index without TensorFlow
 # (savedmodel/bundle_index.py); where it cannot be, the largest variables data file stands
-# in for it (a one-shard checkpoint then counts as one tensor the size of the model). Not
-# measured: bfloat16 in this tree still casts the whole model (its measured 1.09x is under
-# GRAPH_ONLY's), so it keeps GRAPH_ONLY until it streams (issue 54 item 1).
+# in for it (a one-shard checkpoint then counts as one tensor the size of the model).
+# Measured after the streaming rewrite (savedmodel/tensor_bundle.py, 8 MiB chunks): a 1 GiB
+# float32 model's bfloat16 stage 709-861 MiB, near the worker's baseline; the estimate stays
+# conservative (2x the largest tensor), since a tensor's cast may be made whole where a chunk
+# cannot be taken (the whole-model SaveV2 fallback for variant or big-endian bundles).
 STREAMS_CHECKPOINT = MemoryEstimate(TF_BASELINE, graph=4.0, largest=2.0)
 # Stages that load the model with TensorFlow's runtime and run it (verify, report,
 # quantize, warmup, the targets' builds and verifications): measured 1.03x at 512 MiB and

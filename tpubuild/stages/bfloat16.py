@@ -7,7 +7,7 @@ from typing import Any
 
 from tpubuild.errors import ConversionError
 from tpubuild.stages import slices
-from tpubuild.stages.base import StageContext, StageResult, StageSpec
+from tpubuild.stages.base import STREAMS_CHECKPOINT, StageContext, StageResult, StageSpec
 
 SPEC = StageSpec(
     "bfloat16",
@@ -22,6 +22,7 @@ SPEC = StageSpec(
     # discovered inputs of the runs that met an XlaCallModule, not options of every run: a
     # model without one builds the same with or without jax installed.
     reports_inputs=True,
+    memory=STREAMS_CHECKPOINT,  # its peak memory (stages/base.py, measured there)
 )
 
 # The distributions whose versions key a bfloat16 run that rewrote StableHLO.

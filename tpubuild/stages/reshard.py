@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from tpubuild.stages import slices
-from tpubuild.stages.base import StageContext, StageResult, StageSpec
+from tpubuild.stages.base import STREAMS_CHECKPOINT, StageContext, StageResult, StageSpec
 
 SPEC = StageSpec(
     "reshard",
     options=lambda r: {"tags": slices.tags(r), "max_shard_size": r["variables"]["max_shard_size"]},
+    memory=STREAMS_CHECKPOINT,  # copies tensors a chunk at a time (stages/base.py)
 )
 
 
