@@ -27,7 +27,11 @@ The machine the figures come from matters: on a shared machine wall time measure
 queue for a core as much as the work, and other processes' memory moves the sampled
 baseline; say so when quoting them.
 
-Run: python benchmarks/large_models.py [--sizes 2,8] [--keep DIR]
+`--saved-model DIR` measures a SavedModel of someone else's the same way (it needs a
+`tpu_func` alias; e.g. keras_hub's GPT2Backbone exported the converter guide's way), with
+`--rtol` where bfloat16 over many layers needs a wider tolerance than verify's default.
+
+Run: python benchmarks/large_models.py [--sizes 2,8] [--keep DIR] [--saved-model DIR [--rtol R]]
      [--python /path/to/python] [--pythonpath /work/wt/base]   (a before/after of a checkout)
 """
 
@@ -102,7 +106,7 @@ converter:
       max_enqueued_batches: 10
       disable_large_batch_splitting: true
       experimental: {{function_alias: tpu_func}}
-verify: {{samples: 8}}
+verify: {{samples: 8{rtol}}}
 """
 
 FLOOR = "import sys, tensorflow as tf\ntf.saved_model.save(tf.saved_model.load(sys.argv[1]), sys.argv[2])"
@@ -248,6 +252,10 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="work in this directory and keep it (the exports are reused)")
     parser.add_argument("--python", default=sys.executable, help="the interpreter that builds (default this one)")
     parser.add_argument("--pythonpath", help="PYTHONPATH of the build (another checkout: a before/after)")
+    parser.add_argument("--saved-model", type=Path, action="append", default=[],
+                        help="also measure this SavedModel (a model no tpubuild developer wrote, with a `tpu_func` "
+                             "alias), with the same recipe; repeatable. `--sizes ''` measures only these")
+    parser.add_argument("--rtol", type=float, help="verify's rtol in the recipes (default: verify's own)")
     args = parser.parse_args()
     ws = args.keep or Path(tempfile.mkdtemp(prefix="tpubuild-large-models-"))
     (ws / "recipes").mkdir(parents=True, exist_ok=True)
@@ -268,10 +276,18 @@ def main() -> None:
         n = int(math.sqrt(size * 2**30 / 4 / LAYERS))
         name = f"dense_{size:g}gib"
         names.append((size, n, name))
+    for given in args.saved_model:
+        # Linked into the workspace (a recipe's saved_model: is read inside it), one inode per file.
+        name = "given_" + given.resolve().name.replace("-", "_").replace(".", "_")
+        linked = ws / "sources" / name
+        if not linked.is_dir():
+            shutil.copytree(given, linked, copy_function=os.link)
+        names.append((_size(linked) / 2**30, 0, name))
+    rtol = "" if args.rtol is None else f", rtol: {args.rtol}"
     for stale in (ws / "recipes").glob("*.yaml"):
         stale.unlink()  # this script's own recipes of an earlier --keep run
     for size, n, name in names:  # every recipe first: a build validates all of the workspace's
-        (ws / "recipes" / f"{name}.yaml").write_text(RECIPE.format(name=name))
+        (ws / "recipes" / f"{name}.yaml").write_text(RECIPE.format(name=name, rtol=rtol))
     for size, n, name in names:
         source = ws / "sources" / name
         if not (source / "saved_model.pb").is_file():
@@ -282,7 +298,8 @@ def main() -> None:
             print(f"exported {name} ({LAYERS} x {n} x {n}): {time.monotonic() - t:.1f} s, {_mib(_size(source))}")
     for size, n, name in names:
         source = ws / "sources" / name
-        print(f"\n{name}: {LAYERS} x {n} x {n} float32, {_mib(_size(source))} on disk")
+        shape = f"{LAYERS} x {n} x {n} float32" if n else "given SavedModel"
+        print(f"\n{name}: {shape}, {_mib(_size(source))} on disk")
         floor_dir = ws / "floor" / name
         shutil.rmtree(floor_dir, ignore_errors=True)
         floor = _measure([sys.executable, "-c", FLOOR, str(source), str(floor_dir)], ws, env)
