@@ -111,6 +111,8 @@ def test_a_comment_edit_of_a_keras_export_reruns_export_alone_and_its_revert_is_
     for line in changed:
         if line.startswith("+planning:"):
             continue  # its digest covers the stage keys the lock file records
+        if line.endswith("# measured on the building machine"):
+            continue  # export ran again: its peak_memory is this run's (issue 54 item 5)
         assert export_key in line or "cnn.py" in line or script_hash in line or "recipes/models" in line, line
     _git(ws, "checkout", "--", "recipes/models/cnn.py")
     document = build_json(ws, timeout=900)
