@@ -332,6 +332,9 @@ def main() -> None:
                      f"{_mib(io.get('wchar'))} ({_mib(io.get('write_bytes'))} to disk)" if io else ""))
         if not accounted:
             print("    (this build's rows carry no `io`: bytes per process above, from /proc/<pid>/io)")
+        if build["rc"] != 0 or floor["rc"] != 0:
+            print("  -> no ratio: a run above failed (its figures measure a part of the work)")
+            continue
         time_x = build["seconds"] / floor["seconds"]
         cpu_x = build["cpu"] / max(floor["cpu"], 1e-9)
         memory_x = build["memory"] / max(floor["memory"], 1)
