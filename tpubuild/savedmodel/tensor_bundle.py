@@ -473,11 +473,9 @@ class Writer:
         entry = self.entries[key] = tensor_bundle_pb2.BundleEntryProto()
         return entry
 
-    def add(self, key: bytes, dtype: int, shape: Iterable[int], chunks: Iterable[bytes], shard: int = 0,
-            slice_of: tensor_bundle_pb2.BundleEntryProto | None = None) -> None:
-        """A non-string tensor whose bytes come in `chunks` (BundleWriter::Add)."""
-        if dtype in (DT_STRING, DT_VARIANT):
-            raise ValueError("add: a string or variant tensor; use add_strings")
+    def _placed_entry(self, key: bytes, dtype: int, shape: Iterable[int],
+                      shard: int) -> tuple[_Shard, tensor_bundle_pb2.BundleEntryProto]:
+        """(the shard, a new entry of `key` starting at its end): what add and add_strings share."""
         out = self._shard(shard)
         entry = self._new_entry(key)
         entry.dtype = dtype  # type: ignore[assignment]
@@ -486,6 +484,13 @@ class Writer:
             entry.shape.dim.add(size=size)
         entry.shard_id = shard
         entry.offset = out.size
+        return out, entry
+
+    def add(self, key: bytes, dtype: int, shape: Iterable[int], chunks: Iterable[bytes], shard: int = 0) -> None:
+        """A non-string tensor whose bytes come in `chunks` (BundleWriter::Add)."""
+        if dtype in (DT_STRING, DT_VARIANT):
+            raise ValueError("add: a string or variant tensor; use add_strings")
+        out, entry = self._placed_entry(key, dtype, shape, shard)
         crc = 0
         for piece in chunks:
             out.file.write(piece)
@@ -496,14 +501,7 @@ class Writer:
 
     def add_strings(self, key: bytes, shape: Iterable[int], elements: list[bytes], shard: int = 0) -> None:
         """A string tensor (BundleWriter::Add, WriteStringTensor)."""
-        out = self._shard(shard)
-        entry = self._new_entry(key)
-        entry.dtype = DT_STRING  # type: ignore[assignment]
-        entry.shape.SetInParent()  # a scalar's shape is present and empty, as TensorShape::AsProto writes it
-        for size in shape:
-            entry.shape.dim.add(size=size)
-        entry.shard_id = shard
-        entry.offset = out.size
+        out, entry = self._placed_entry(key, DT_STRING, shape, shard)
         data, crc = string_bytes(elements)  # no element: the length crc alone, 4 bytes, as TF writes it
         out.file.write(data)
         out.size += len(data)
