@@ -39,7 +39,7 @@ def test_lock_file_contents_and_determinism(built_once, built_workspace):
     assert artifact["parameters"] == {"float32": 2}
     assert artifact["cost"] == {"tpu_share": "0.00%", "total": report["cost"]["total"]}
     assert "  max_abs_error: 0.0  # measured on the building machine\n" in text
-    assert set(lock["toolchain"]) == {"python", "tensorflow", "numpy", "protobuf"}
+    assert set(lock["toolchain"]) == {"python", "tensorflow", "numpy", "protobuf", "ml_dtypes"}
     # Verification errors are floats measured on this CPU: marked, and so is what embeds them.
     measured = [s["stage"] for s in lock["stages"] if s.get("measured")]
     assert measured == ["verify", "report", "publish"]

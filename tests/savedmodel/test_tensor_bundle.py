@@ -291,3 +291,30 @@ def test_every_truncated_or_flipped_index_is_data_loss_or_read(tmp_path: Path) -
             tensor_bundle.Reader.open(tmp_path / "ckpt")  # a flip in the footer's padding reads fine
         except tensor_bundle.DataLoss as exc:  # one line naming the file, never a struct.error or IndexError
             assert str(exc).startswith(f"{index}: ") and "\n" not in str(exc)
+
+
+def test_the_streamed_bfloat16_cast_is_tf_cast_bit_for_bit(tmp_path: Path) -> None:
+    """bfloat16 casts float32 with ml_dtypes into reused buffers (checkpoint._cast_bfloat16);
+    its bits must be tf.cast's on every float32 pattern that matters: ties rounded to even,
+    infinities, subnormals, the largest finite value, and NaNs of either sign and any payload
+    (tf.cast writes each as 0x7fc0, ml_dtypes would keep a negative one's sign). One tensor
+    spans several chunks (tensor_bundle.CHUNK), so chunking is covered too."""
+    rng = np.random.default_rng(0)
+    special = np.array([0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF812345, 0xFFFFFFFF,
+                        0x00000001, 0x80000001, 0x007FFFFF, 0x3F808000, 0x3F818000, 0x3F80FFFF, 0x7F7FFFFF,
+                        0x7F7F8000, 0, 0x80000000], dtype=np.uint32)
+    count = tensor_bundle.CHUNK // 4 * 2 + 1000  # two whole chunks and part of a third
+    bits = np.concatenate([special, rng.integers(0, 2**32, count - special.size, dtype=np.uint64).astype(np.uint32)])
+    value = bits.view(np.float32)
+    src = tmp_path / "src" / "variables"
+    src.mkdir(parents=True)
+    _save_v2(src / "variables", ["w"], [value])
+    out = tmp_path / "out"
+    (out / "variables").mkdir(parents=True)
+    with tensor_bundle.Reader.open(src / "variables") as reader:
+        checkpoint._rewrite(reader, out / PREFIX, cast={b"w"}, drop=set(), object_graph=None)
+    written = tf.train.load_checkpoint(str(out / PREFIX)).get_tensor("w")
+    expected = tf.cast(tf.constant(value), tf.bfloat16).numpy()
+    assert written.dtype == expected.dtype
+    np.testing.assert_array_equal(written.view(np.uint16), expected.view(np.uint16))
+    assert (expected.view(np.uint16)[[2, 3, 5, 6]] == 0x7FC0).all()  # the NaNs, as tf.cast writes them

@@ -54,16 +54,30 @@ def _newest_intact(ws: Path, recipe: str) -> Path:
     return version_dir
 
 
-def _republish(ws: Path) -> None:
+def _republish(ws: Path, link_type: str | None = None) -> None:
     """Publish toy and other again from the cache, as this tpubuild does (the session's
-    workspace was copied file by file, which separated every inode)."""
+    workspace was copied file by file, which separated every inode); with `link_type`
+    set in the workspace file."""
+    if link_type is not None:
+        with open(ws / "tpubuild.yaml", "a") as f:
+            f.write(f"link_type: {link_type}\n")
     assert tpubuild(ws, "clean").returncode == 0
     build_json(ws)
 
 
-def test_writing_a_published_file_changes_neither_the_cache_nor_another_recipe(built_workspace):
+def test_the_default_publish_links_each_file_to_its_cache_object(built_workspace):
+    """link_type's default, hardlink (issue 54: no byte written twice): on one file system
+    a published file is its cache object's inode, read-only."""
     ws = built_workspace
     _republish(ws)
+    toy = ws / "out" / "toy" / "1" / VARIABLES
+    obj = _object(ws, hash_file(toy))
+    assert os.stat(toy).st_ino == os.stat(obj).st_ino and os.stat(toy).st_mode & 0o777 == 0o444
+
+
+def test_writing_a_published_file_changes_neither_the_cache_nor_another_recipe(built_workspace):
+    ws = built_workspace
+    _republish(ws, "copy")  # the mode that promises it: each published file its own inode
     toy, other = ws / "out" / "toy" / "1" / VARIABLES, ws / "out" / "other" / "1" / VARIABLES
     digest = hash_file(toy)
     assert hash_file(other) == digest  # the same weights: one cache object
@@ -99,7 +113,7 @@ def test_verify_cache_finds_repairs_and_reports_corruption(built_workspace):
     import tensorflow as tf
 
     ws = built_workspace
-    _republish(ws)
+    _republish(ws, "copy")  # a published copy survives its object's corruption
     model = ws / "out" / "toy" / "1" / "saved_model.pb"
     digest = hash_file(model)
     obj = _object(ws, digest)

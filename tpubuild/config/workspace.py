@@ -114,7 +114,7 @@ def load_workspace(start: Path | None = None, override: Path | None = None) -> W
         output_dir=root / data.get("output_dir", "out"),
         cache_dir=root / data.get("cache_dir", f"{STATE_DIR}/cache"),
         keep_versions=data.get("keep_versions"),
-        link_type=data.get("link_type", "copy"),
+        link_type=data.get("link_type", "hardlink"),  # issue 54: no byte moved twice (publish/versions.py)
         stage_timeout=float(data.get("stage_timeout", 3600.0)),
         worker_memory_limit=_size(data.get("worker_memory_limit")),
         remote_cache=_remote_setting(data)[0],

@@ -47,8 +47,9 @@ ENV_THREADS = ("OMP_NUM_THREADS", "TF_NUM_INTEROP_THREADS", "TF_NUM_INTRAOP_THRE
 # installed packages, like TensorFlow (docs/builds.md: "What is hashed").
 ENV_PASSTHROUGH = ("HOME", "LANG", "LC_ALL", "LC_CTYPE", "PATH", "PYTHONPATH", "TMPDIR", "VIRTUAL_ENV",
                    "SYSTEMROOT", "TPUBUILD_DEBUG", "TPUBUILD_QUIET_TENSORFLOW", *ENV_THREADS)
+# ml_dtypes: the bfloat16 stage casts float32 with it (savedmodel/checkpoint.py).
 TOOLCHAIN_PACKAGES = {"tensorflow": ("tensorflow", "tensorflow-cpu", "tf-nightly"), "numpy": ("numpy",),
-                      "protobuf": ("protobuf",)}
+                      "protobuf": ("protobuf",), "ml_dtypes": ("ml-dtypes",)}
 
 
 @lru_cache(maxsize=None)

@@ -154,7 +154,7 @@ class ReferenceBeside:
         """Run the prefetch; whatever ends it without its result, FAILED says so, for verify
         waits for one or the other (verify/reference.py take)."""
         from tpubuild.atomic import write_atomic
-        from tpubuild.verify.reference import DONE, FAILED
+        from tpubuild.verify.reference import DONE, ENDED, FAILED
 
         why = "stopped"
         try:
@@ -163,11 +163,14 @@ class ReferenceBeside:
         except BaseException as exc:  # noqa: BLE001 - verify runs the source itself; the worker's log says why
             why = f"{type(exc).__name__}: {exc}"
         finally:
-            if not (directory / DONE).exists():
-                try:
+            # run_beside has closed its worker by now, whatever ended it: ENDED says so to
+            # verify, which loads its models only then (verify/reference.py wait_ended).
+            try:
+                if not (directory / DONE).exists():
                     write_atomic(directory / FAILED, (why or "no result").encode())
-                except OSError:
-                    pass  # the directory is gone: its verify has ended
+                write_atomic(directory / ENDED, b"")
+            except OSError:
+                pass  # the directory is gone: its verify has ended
 
     def directory(self, run: RecipeRun) -> Path | None:
         """The directory handed to verify (request `reference_dir`), when one was started."""

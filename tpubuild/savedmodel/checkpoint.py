@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tensorflow.core.protobuf import tensor_bundle_pb2, trackable_object_graph_pb2
 
@@ -141,6 +143,11 @@ def _rewrite(reader: tensor_bundle.Reader, prefix: Path, cast: set[bytes], drop:
     theirs) left out, the object graph replaced when given."""
     cast, drop = _owners(reader, cast), _owners(reader, drop)
     graph_key = OBJECT_GRAPH_KEY.encode()
+    # One read buffer and one cast buffer for every tensor (tensor_bundle.Reader.views): no
+    # new memory per chunk.
+    import numpy as np
+
+    buffers = _Buffers(np.empty(tensor_bundle.CHUNK, np.uint8), np.empty(tensor_bundle.CHUNK, np.uint8))
     with tensor_bundle.Writer(prefix, reader.header.num_shards, reader.header.version) as writer:
         for key in reader.in_file_order():
             entry = reader.entries[key]
@@ -150,11 +157,11 @@ def _rewrite(reader: tensor_bundle.Reader, prefix: Path, cast: set[bytes], drop:
             if key == graph_key and object_graph is not None:
                 writer.add_strings(key, shape, [object_graph], entry.shard_id)
             elif key in cast:
-                writer.add(key, DT_BFLOAT16, shape, _cast_bfloat16(reader, key), entry.shard_id)
+                writer.add(key, DT_BFLOAT16, shape, _cast_bfloat16(reader, key, buffers), entry.shard_id)
             elif entry.dtype == tensor_bundle.DT_STRING:
                 writer.add_raw(key, entry, [tensor_bundle.string_bytes(reader.strings(key))[0]], entry.shard_id)
             else:
-                writer.add_raw(key, entry, reader.chunks(key), entry.shard_id)
+                writer.add_raw(key, entry, reader.views(key, buffers.read), entry.shard_id)
         for key, entry in reader.entries.items():
             if entry.slices and key not in drop:
                 if key in cast:
@@ -163,11 +170,25 @@ def _rewrite(reader: tensor_bundle.Reader, prefix: Path, cast: set[bytes], drop:
                 writer.add_metadata(key, entry)
 
 
-def _cast_bfloat16(reader: tensor_bundle.Reader, key: bytes) -> Iterator[bytes]:
-    """The tensor's bytes cast to bfloat16 by TensorFlow, a chunk at a time (round to
-    nearest even, as tf.cast does for the whole tensor: the cast is elementwise, so chunking
-    does not change a bit). A chunk is a whole number of elements (tensor_bundle.CHUNK is a
-    multiple of every element size)."""
+@dataclass
+class _Buffers:
+    read: Any  # uint8 numpy arrays: a chunk of the source tensor
+    cast: Any  # its cast (half of it is used: float32 to bfloat16)
+
+
+# A NaN in bfloat16: exponent all ones, a mantissa bit set; tf.cast writes every NaN as
+# 0x7fc0 (TF 2.21, measured on 2**24 random float32 bit patterns: ml_dtypes keeps a
+# negative NaN's sign, 0xffc0, and agrees with tf.cast on every other value, rounding
+# to nearest even, infinities and subnormals included).
+BF16_EXPONENT_MASK, BF16_QUIET_NAN = 0x7F80, 0x7FC0
+
+
+def _cast_bfloat16(reader: tensor_bundle.Reader, key: bytes, buffers: _Buffers) -> Iterator[Any]:
+    """The tensor's bytes cast to bfloat16 as tf.cast casts them, a chunk at a time (round
+    to nearest even; the cast is elementwise, so chunking does not change a bit). A chunk
+    is a whole number of elements (tensor_bundle.CHUNK is a multiple of every element size).
+    float32, nearly every weight: cast by ml_dtypes into a reused buffer, NaNs then written
+    as tf.cast writes them (no new memory per chunk: Reader.views); other dtypes by tf.cast."""
     import numpy as np
     import tensorflow as tf
 
@@ -179,8 +200,23 @@ def _cast_bfloat16(reader: tensor_bundle.Reader, key: bytes) -> Iterator[bytes]:
     if entry.size != elements * numpy_dtype.itemsize:  # TensorFlow's reader refuses it too (BundleReader::GetValue)
         raise tensor_bundle.DataLoss(f"{reader.data_file(entry.shard_id)}: {key.decode(errors='replace')} holds "
                                      f"{entry.size} bytes, not the {elements * numpy_dtype.itemsize} of its shape")
-    for piece in reader.chunks(key):
-        yield tf.cast(np.frombuffer(piece, numpy_dtype), tf.bfloat16).numpy().tobytes()
+    if numpy_dtype != np.float32:
+        for piece in reader.chunks(key):
+            yield tf.cast(np.frombuffer(piece, numpy_dtype), tf.bfloat16).numpy().tobytes()
+        return
+    import ml_dtypes
+
+    cast = buffers.cast.view(ml_dtypes.bfloat16)
+    for piece in reader.views(key, buffers.read):
+        source = piece.view(np.float32)
+        out = cast[:source.size]
+        with np.errstate(invalid="ignore"):  # NaN is cast as NaN: no warning
+            np.copyto(out, source, casting="unsafe")
+        bits = out.view(np.uint16)
+        nan = (bits & 0x7FFF) > BF16_EXPONENT_MASK
+        if nan.any():
+            bits[nan] = BF16_QUIET_NAN
+        yield buffers.cast[:out.nbytes]
 
 
 def _write_bfloat16_whole(src_dir: Path, out_dir: Path, keys: set[str]) -> None:

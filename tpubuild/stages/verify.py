@@ -86,6 +86,12 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
     sample_sets = [samples_by_key, *([random_samples] if random_samples else [])]
     del source, artifact  # the protos: only the loaded models below are needed now
     tpu_placed = "tpu" in applied
+    if context.reference_dir is not None:
+        from tpubuild.verify.reference import wait_ended
+
+        # The worker beside holds the source until it has written its outputs and exited:
+        # no model is loaded here before (one copy of the model in memory at a time).
+        wait_ended(context.reference_dir)
     with tempfile.TemporaryDirectory(prefix=".twin-", dir=output_dir) as scratch:
         # One model at a time, and the serving-load check first, while this process holds
         # no other model: each model a process has loaded leaves some of its footprint

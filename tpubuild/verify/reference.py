@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 DONE = "reference.json"  # written last: its presence says the arrays are complete
 ARRAYS = "reference.npz"
 FAILED = "failed"  # written by the engine when the prefetch ended without DONE (engine/beside.py)
+# Written by the engine once the prefetch's worker has exited (engine/beside.py): its
+# memory, a loaded source, is the machine's again.
+ENDED = "ended"
 POLL_SECONDS = 0.05
 
 
@@ -54,6 +57,15 @@ def write(directory: Path, source_dir: Path, tags: list[str], sample_sets: list[
         sets.append(described)
     _save_npz(directory / ARRAYS, arrays)
     write_atomic(directory / DONE, json.dumps({"source": str(source_dir), "tags": list(tags), "sets": sets}).encode())
+
+
+def wait_ended(directory: Path) -> None:
+    """Until the prefetch's worker has exited: verify loads no model of its own while one
+    beside still holds the source (issue 54: at 8 GiB the two overlapped, worker 8,915 MiB
+    beside verify's serving-load check, 5,373 MiB). FAILED too says it has: the engine
+    writes it only once the worker is gone."""
+    while not (directory / ENDED).exists() and not (directory / FAILED).exists():
+        time.sleep(POLL_SECONDS)
 
 
 def take(directory: Path, source_dir: Path, tags: list[str], sample_sets: list[dict[str, list[Sample]]],
