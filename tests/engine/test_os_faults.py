@@ -87,6 +87,25 @@ def test_a_full_disk_fails_the_build_in_one_line_and_publishes_nothing(make_work
 DIES = ("import os\n\n\ndef export(output_dir):\n    print('about to die', flush=True)\n    os._exit(3)\n")
 
 
+CRASHES = ("import ctypes\n\n\ndef read_nothing():\n    return ctypes.string_at(0)\n\n\n"
+           "def export(output_dir):\n    read_nothing()\n")
+
+
+def test_a_worker_crashed_by_native_code_names_the_signal_and_the_frame(make_workspace):
+    """A segfault in a stage (a kernel, an op library, user code through ctypes) leaves no
+    Python traceback: the one line names the signal and, from faulthandler's dump in the
+    worker's log, the function it crashed in."""
+    ws = make_workspace({"crashes": export_recipe("crashes", "models/crashes.py", "models/helper.py")})
+    (ws / "recipes" / "models" / "crashes.py").write_text(CRASHES)
+    result = tpubuild(ws, "build", "crashes")
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr, result.stderr
+    line = next(line for line in result.stderr.splitlines() if "stage export" in line)
+    assert "the worker process died (exit code -11, SIGSEGV) while running stage export: " \
+           "Segmentation fault in string_at (" in line, line
+    assert "crashes.py" in open(line.rsplit("; see ", 1)[1]).read()  # the whole stack is in the log
+
+
 @pytest.mark.slow
 def test_the_log_a_failure_points_to_outlives_later_builds_until_the_recipe_builds(make_workspace):
     ws = make_workspace({"dies": export_recipe("dies", "models/dies.py", "models/helper.py"),

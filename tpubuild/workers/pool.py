@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import select
 import signal
 import subprocess
@@ -390,7 +391,37 @@ def last_words(log_path: Path, stage: str, tail: int = 64 * 1024) -> str | None:
     marker = text.rfind(f"--- stage {stage} ")
     if marker >= 0:  # what this stage wrote, after its marker line
         text = text[marker:].partition("\n")[2]
-    return telling_line(text)
+    return crash_site(text) or telling_line(text)
+
+
+_CRASH = re.compile(r"^Fatal Python error: (.+)$", re.MULTILINE)
+_FRAME = re.compile(r'^  File "(.+)", line (\d+) in (\S+)$')
+
+
+def crash_site(text: str) -> str | None:
+    """What faulthandler wrote when native code crashed the worker (workers/process.py
+    enables it): the error and the Python frame it happened in, with the innermost frame
+    of tpubuild's own when that is another (the stage step that called into the crash)."""
+    found = None
+    for found in _CRASH.finditer(text):
+        pass  # the last crash: a worker reused for stages dies once
+    if found is None:
+        return None
+    after = text[found.end():]
+    current = after.find("Current thread ")
+    lines = after[current:].splitlines()[1:] if current >= 0 else []
+    frames = [m.groups() for m in map(_FRAME.match, lines) if m]
+    if not frames:
+        return found.group(1)
+
+    def where(frame: tuple[str, ...]) -> str:
+        return f"{frame[2]} ({frame[0]}:{frame[1]})"
+
+    said = f"{found.group(1)} in {where(frames[0])}"
+    own = next((f for f in frames if f"{os.sep}tpubuild{os.sep}" in f[0]), None)
+    if own is not None and own != frames[0]:
+        said += f", called from {where(own)}"
+    return said
 
 
 class Worker:
@@ -452,7 +483,7 @@ class Worker:
             cause = last_words(self.log_path, request["stage"]) or _disk_full(self.log_path.parent)
             limit = f" (under worker_memory_limit {gib(self.memory_limit)})" if self.memory_limit else ""
             raise StageError(
-                f"the worker process died (exit code {code}) while running stage {request['stage']}{limit}"
+                f"the worker process died ({_exit_said(code)}) while running stage {request['stage']}{limit}"
                 + (f": {cause}" if cause else "") + f"; see {self.log_path}"
             )
         return json.loads(line)
@@ -482,6 +513,16 @@ class Worker:
         for path in self.cleanup:
             shutil.rmtree(path, ignore_errors=True)
         self.cleanup = []
+
+
+def _exit_said(code: int) -> str:
+    """A worker's exit status in words: subprocess's negative code is the signal that ended it."""
+    if code < 0:
+        try:
+            return f"exit code {code}, {signal.Signals(-code).name}"
+        except ValueError:
+            pass
+    return f"exit code {code}"
 
 
 def _disk_full(directory: Path) -> str | None:

@@ -6,6 +6,7 @@ and what it imports (keys/code.py RUNTIME_MODULES), never the pool or the build 
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import signal
@@ -203,6 +204,10 @@ def _limit_memory(argv: list[str]) -> None:
 
 
 def main() -> None:
+    # A crash in native code (TensorFlow's kernels, a user's op library) ends the worker
+    # with a signal and no Python traceback: faulthandler writes the Python stack of every
+    # thread to the log first, so the pool's one line and the log name where it was.
+    faulthandler.enable(file=sys.stderr, all_threads=True)
     _die_with_parent()
     _limit_memory(sys.argv[1:])
     from tpubuild.quiet import quiet_from_environment
