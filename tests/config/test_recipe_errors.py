@@ -255,3 +255,19 @@ def test_max_shard_size_below_one_mib(ws):
     assert errors_of(ws, MODEL + "variables: {max_shard_size: 1000}\n", "s") == [
         "recipes/s.yaml:2:29: variables.max_shard_size: must be >= 1048576, got 1000"
     ]
+
+
+def test_a_size_that_is_not_one_says_how_sizes_are_written(ws):
+    # The schema's pattern says it in words (patternErrorMessage), not as a regex.
+    assert errors_of(ws, MODEL + "variables: {max_shard_size: 12 megs}\n") == [
+        "recipes/r.yaml:2:29: variables.max_shard_size: '12 megs' is not a size: a whole number of bytes, or a "
+        "number with a unit (KiB, MiB, GiB, TiB; KB, MB, GB, TB), e.g. 512MiB or 1.5GiB"
+    ]
+    ws.write("tpubuild.yaml", "recipes: [recipes/*.yaml]\nworker_memory_limit: 8 gigs\n")
+    with pytest.raises(ConfigError) as info:
+        load_workspace(ws.root)
+    # A oneOf (bytes or a size string): the alternative of the value's type says what is wrong.
+    assert info.value.lines() == [
+        "tpubuild.yaml:2:22: worker_memory_limit: '8 gigs' is not a size: a whole number of bytes, or a number "
+        "with a unit (KiB, MiB, GiB, TiB; KB, MB, GB, TB), e.g. 512MiB or 1.5GiB"
+    ]

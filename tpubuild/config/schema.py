@@ -100,6 +100,12 @@ def _message(error) -> str:
         return "must not be empty"
     if kind == "anyOf" and "anyOfErrorMessage" in error.schema:
         return f"{_show(value)} {error.schema['anyOfErrorMessage']}"
+    if kind in ("oneOf", "anyOf"):
+        # The alternative of the value's own type says what is wrong with it (a size
+        # string that is not one), where "not valid under any of the given schemas" does not.
+        fitting = [sub for sub in error.context or () if sub.validator != "type" and not sub.relative_path]
+        if fitting:
+            return _message(fitting[0])
     if kind == "minimum":
         return f"must be >= {error.validator_value}, got {_show(value)}"
     if kind == "maximum":
