@@ -177,3 +177,19 @@ def test_available_memory_is_the_kernels_or_the_knobs(monkeypatch):
     monkeypatch.setenv("TPUBUILD_MEMORY_AVAILABLE", "8GiB")
     with pytest.raises(UsageError, match=r"^TPUBUILD_MEMORY_AVAILABLE='8GiB': expected a whole number of bytes"):
         available_memory_bytes()
+
+
+def test_the_workers_estimate_bounds_what_it_was_measured_to_take():
+    """beside_bytes against the worker peaks measured (engine/beside.py): each a bound, none
+    far above (the 2.5x of before said 6,070 MiB for a 2 GiB source that took 2,689)."""
+    from tpubuild.engine.beside import beside_bytes, beside_fits
+
+    mib = 2**20
+    measured = {100 * mib: 1_057 * mib, 419 * mib: 1_521 * mib, 2048 * mib: 2_689 * mib, 8192 * mib: 8_915 * mib}
+    for source, peak in measured.items():
+        assert peak <= beside_bytes(source) <= peak + 1_000 * mib, (source / mib, beside_bytes(source) / mib)
+    # The decision counts the stages beside it, and says each part.
+    fits, said = beside_fits(2048 * mib, 8_000 * mib, 3_792 * mib)
+    assert not fits and said == ("8,000 MiB available, 8,326 MiB needed (the worker ~3,510 MiB, the stages beside "
+                                 "it up to ~3,792 MiB, a margin of 1,024 MiB)")
+    assert beside_fits(2048 * mib, 8_326 * mib, 3_792 * mib)[0]

@@ -14,9 +14,9 @@ Only where it pays and fits: a second CPU; a source of REFERENCE_BESIDE_MIN_BYTE
 (with more jobs, the other cores run stages); and memory for it. The worker is a second
 process holding a loaded model while the stage beside it runs, so it starts only when the
 machine's available memory (memory.py available_memory_bytes, /proc/meminfo MemAvailable or
-TPUBUILD_MEMORY_AVAILABLE) holds both, with a margin: beside_bytes for the worker, the same
-for the running stage (a bound: that stage holds at most one loaded model of this size),
-and MEMORY_MARGIN. Else verify computes the source's outputs itself, one model at a time
+TPUBUILD_MEMORY_AVAILABLE) holds both, with a margin: beside_bytes for the worker, the
+largest estimate of the stages it runs beside (StageSpec.memory, what the pool's memory gate
+counts), and MEMORY_MARGIN. Else verify computes the source's outputs itself, one model at a time
 (stages/verify.py), and the build's output says why. The knob
 TPUBUILD_REFERENCE_BESIDE_MIN_BYTES moves the size (tests set 0); neither knob changes an
 output, so no key: verify uses the outputs only when they are for exactly its own samples,
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tpubuild.pipeline import ENGINE_STEPS, PlannedStage
+from tpubuild.pipeline import ENGINE_STEPS, PlannedStage, spec
 from tpubuild.stages.base import MODEL, SOURCE
 
 if TYPE_CHECKING:
@@ -61,13 +61,20 @@ class _Started:
 # of a 20.7 s build); below, TensorFlow's start-up in one more process costs about what it saves.
 REFERENCE_BESIDE_MIN_BYTES = 256 * 2**20
 
-# A process that loaded a SavedModel and ran it on verify's samples one at a time, measured
-# (VmHWM of a fresh process: after `import tensorflow`, then after tf.saved_model.load and 8
-# calls; size on disk): ResNet50 (100 MiB): 809 MiB, then 1,057 MiB (+2.49x the model);
-# BERT-base with tensorflow_text (419 MiB): 926 MiB, then 1,521 MiB (+1.42x). The larger of
-# each, rounded up: a bound, not a mean (a small model's per-run memory weighs more).
+# The worker's peak: a process that imported TensorFlow, loaded the source and ran it on
+# verify's samples one at a time. Measured (VmHWM of a fresh process after `import
+# tensorflow`, then after tf.saved_model.load and the samples' calls; size on disk):
+# ResNet50 (100 MiB): 809 MiB, then 1,057 MiB; BERT-base with tensorflow_text (419 MiB):
+# 926 MiB, then 1,521 MiB; and the worker's max RSS in benchmarks/large_models.py (issue
+# 54, dense stacks, 8 samples): 2 GiB source 2,689 MiB, 8 GiB source 8,915 MiB. So the
+# loaded model counts once (restore reads each tensor into its variable), plus what its
+# runs allocate: up to 1.5x a small model (ResNet50's activations, +148 MiB) and no more
+# than 512 MiB measured at any size (BERT +176 MiB, the dense stacks +-0.3 GiB). The
+# earlier 2.5x the model was ResNet50's ratio applied to every size: 6,070 MiB for a 2 GiB
+# source that took 2,689, which kept the worker from starting where it fits.
 TF_BASELINE_BYTES = 950 * 2**20
-LOADED_MODEL_FACTOR = 2.5
+RUN_FACTOR = 1.5
+RUN_CAP_BYTES = 512 * 2**20
 # Above both estimates: what the estimates miss, and the page cache the kernel would have to
 # give back (MemAvailable counts it as available).
 MEMORY_MARGIN = 1024 * 2**20
@@ -75,18 +82,19 @@ MEMORY_MARGIN = 1024 * 2**20
 
 def beside_bytes(source_bytes: int) -> int:
     """The peak memory of the worker that runs the source beside the transforms."""
-    return int(TF_BASELINE_BYTES + LOADED_MODEL_FACTOR * source_bytes)
+    return int(TF_BASELINE_BYTES + source_bytes + min(RUN_FACTOR * source_bytes, RUN_CAP_BYTES))
 
 
-def beside_fits(source_bytes: int, available: int | None) -> tuple[bool, str]:
-    """Whether the worker fits beside the running stage, and the line that says so."""
+def beside_fits(source_bytes: int, available: int | None, running_bytes: int) -> tuple[bool, str]:
+    """Whether the worker fits beside the stages it runs beside, the largest of whose own
+    estimates (StageSpec.memory) is `running_bytes`, and the line that says so."""
     worker = beside_bytes(source_bytes)
-    needed = 2 * worker + MEMORY_MARGIN  # the worker, the running stage (bounded alike), the margin
+    needed = worker + running_bytes + MEMORY_MARGIN
     mib = 2**20
     if available is None:
         return False, "the machine's available memory is unknown (no /proc/meminfo; TPUBUILD_MEMORY_AVAILABLE)"
     said = (f"{available / mib:,.0f} MiB available, {needed / mib:,.0f} MiB needed (the worker ~{worker / mib:,.0f} "
-            f"MiB, the running stage as much, a margin of {MEMORY_MARGIN / mib:,.0f} MiB)")
+            f"MiB, the stages beside it up to ~{running_bytes / mib:,.0f} MiB, a margin of {MEMORY_MARGIN / mib:,.0f} MiB)")
     return available >= needed, said
 
 
@@ -131,7 +139,15 @@ class ReferenceBeside:
             return
         from tpubuild.memory import available_memory_bytes
 
-        fits, said = beside_fits(source_bytes, available_memory_bytes())
+        # The worker runs beside every stage from this one to verify: the largest of their
+        # own estimates (StageSpec.memory), each from the source's sizes (no stage before
+        # verify makes a model larger than its input: graph edits, a cast to half the bytes).
+        from tpubuild.stages.base import ModelSizes
+
+        sizes = ModelSizes.of([run.outputs[roles[SOURCE]].files])
+        between = run.plan[run.plan.index(planned):run.plan.index(verify)]
+        running_bytes = max(spec(p.name).memory_estimate.bytes(sizes) for p in between if p.name not in ENGINE_STEPS)
+        fits, said = beside_fits(source_bytes, available_memory_bytes(), running_bytes)
         if not fits:
             self.started[run.name] = None  # decided for this build: verify runs the source itself
             self.notes(f"{run.name}: verify's source side does not run beside the earlier stages: {said}; "
