@@ -391,7 +391,13 @@ def last_words(log_path: Path, stage: str, tail: int = 64 * 1024) -> str | None:
     marker = text.rfind(f"--- stage {stage} ")
     if marker >= 0:  # what this stage wrote, after its marker line
         text = text[marker:].partition("\n")[2]
-    return crash_site(text) or telling_line(text)
+    crash = _CRASH.search(text)  # the worker dies at its first
+    if crash is None:
+        return telling_line(text)
+    # Native code that aborts says why first (LLVM ERROR, a failed CHECK): that line, then
+    # where faulthandler saw the crash.
+    told, site = telling_line(text[:crash.start()]), crash_site(text)
+    return f"{told} ({site})" if told else site
 
 
 _CRASH = re.compile(r"^Fatal Python error: (.+)$", re.MULTILINE)
@@ -402,9 +408,7 @@ def crash_site(text: str) -> str | None:
     """What faulthandler wrote when native code crashed the worker (workers/process.py
     enables it): the error and the Python frame it happened in, with the innermost frame
     of tpubuild's own when that is another (the stage step that called into the crash)."""
-    found = None
-    for found in _CRASH.finditer(text):
-        pass  # the last crash: a worker reused for stages dies once
+    found = _CRASH.search(text)  # the worker dies at its first
     if found is None:
         return None
     after = text[found.end():]
