@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.core.framework.function_pb2 import FunctionDef
 from click.testing import CliRunner
 from sm_models import F
 
@@ -311,3 +313,58 @@ def test_inspect_reports_rule_findings_of_a_model_converted_elsewhere(placed, tm
         f"      error: tpu function {body.signature.name}, node {relu.name}: feeds return value {key} without "
         'TPUReplicatedOutput: "Undeclared output of TPU computation" on a TPU host'
     ) in lines
+
+
+class Weights(tf.Module):
+    """Weights as constants in the TPU body (a frozen graph): 4 x 256 KiB of float32, an
+    int64 and a bfloat16 constant above the splat size, and smaller ones below it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        rng = np.random.default_rng(3)
+        self.first = rng.standard_normal((F, 256), dtype=np.float32)  # below the splat size
+        self.mats = [rng.standard_normal((256, 256), dtype=np.float32) for _ in range(4)]
+        self.ids = rng.integers(0, 7, (128, 128), dtype=np.int64)
+        self.half = rng.standard_normal((256, 256)).astype(np.float32)
+
+    @tf.function(input_signature=[VEC])
+    def tpu_func(self, x):
+        h = tf.matmul(x, tf.constant(self.first))
+        for m in self.mats:
+            h = tf.tanh(tf.matmul(h, tf.constant(m)))
+        h = tf.cast(tf.matmul(tf.cast(h, tf.bfloat16), tf.constant(self.half, tf.bfloat16)), tf.float32)
+        extra = tf.cast(tf.reduce_sum(tf.constant(self.ids)), tf.float32) + tf.constant([1.0, 2.0])[0]
+        return tf.nn.relu(h) + extra
+
+    @tf.function(input_signature=[VEC])
+    def serve(self, x):
+        return {"y": self.tpu_func(x)}
+
+
+def test_the_bridge_checks_large_constants_as_splats_with_the_same_verdict(tmp_path):
+    from tpubuild.tpu.mlir_bridge import SPLAT_MIN_BYTES, _splat_large_constants
+
+    out = tmp_path / "placed"
+    place(save(Weights(), tmp_path / "weights"), out, PLACEMENTS["tpu_func"])
+    model = SavedModel.load(out)
+    body = model.functions[body_of(model)]
+    big = [n for n in body.node_def if n.op == "Const" and len(n.attr["value"].tensor.tensor_content) > SPLAT_MIN_BYTES]
+    assert len(big) == 6, [n.name for n in big]  # 4 float32, int64, bfloat16
+    copy = FunctionDef()
+    copy.CopyFrom(body)
+    _splat_large_constants(copy)
+    for node in big:
+        before = node.attr["value"].tensor
+        after = next(n for n in copy.node_def if n.name == node.name).attr["value"].tensor
+        assert (after.dtype, after.tensor_shape) == (before.dtype, before.tensor_shape) and not after.tensor_content
+        # TF reads one value as the whole shape filled with it (tensor.cc FromProtoField).
+        filled = tf.make_ndarray(after)
+        assert filled.shape == tf.make_ndarray(before).shape and np.unique(filled.astype(np.float64)).tolist() in ([0.5], [3.0])
+    small = [n for n in copy.node_def if n.op == "Const" and n.name not in {b.name for b in big}]
+    assert small and all(n == next(o for o in body.node_def if o.name == n.name) for n in small)
+    assert check_tpu_runtime_rules(model) == [] and bridge_findings(model) == []
+    # And what the bridge refuses, it still refuses.
+    (relu,) = [n for n in body.node_def if n.op == "Relu"]
+    relu.attr["_tpu_replicate"].s = b"cluster_other"
+    (finding,) = bridge_findings(model)
+    assert "TF2XLA TPU bridge input check: mismatch clusters tpu_replicate attr" in finding.message
