@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.core.framework.function_pb2 import FunctionDef
 from click.testing import CliRunner
 from sm_models import F
 
@@ -342,7 +341,7 @@ class Weights(tf.Module):
 
 
 def test_the_bridge_checks_large_constants_as_splats_with_the_same_verdict(tmp_path):
-    from tpubuild.tpu.mlir_bridge import SPLAT_MIN_BYTES, _splat_large_constants
+    from tpubuild.tpu.splat import SPLAT_MIN_BYTES, splat_large_constants
 
     out = tmp_path / "placed"
     place(save(Weights(), tmp_path / "weights"), out, PLACEMENTS["tpu_func"])
@@ -350,9 +349,8 @@ def test_the_bridge_checks_large_constants_as_splats_with_the_same_verdict(tmp_p
     body = model.functions[body_of(model)]
     big = [n for n in body.node_def if n.op == "Const" and len(n.attr["value"].tensor.tensor_content) > SPLAT_MIN_BYTES]
     assert len(big) == 6, [n.name for n in big]  # 4 float32, int64, bfloat16
-    copy = FunctionDef()
-    copy.CopyFrom(body)
-    _splat_large_constants(copy)
+    copy = splat_large_constants(body)
+    assert copy.signature == body.signature and len(copy.node_def) == len(body.node_def)
     for node in big:
         before = node.attr["value"].tensor
         after = next(n for n in copy.node_def if n.name == node.name).attr["value"].tensor
@@ -360,8 +358,16 @@ def test_the_bridge_checks_large_constants_as_splats_with_the_same_verdict(tmp_p
         # TF reads one value as the whole shape filled with it (tensor.cc FromProtoField).
         filled = tf.make_ndarray(after)
         assert filled.shape == tf.make_ndarray(before).shape and np.unique(filled.astype(np.float64)).tolist() in ([0.5], [3.0])
-    small = [n for n in copy.node_def if n.op == "Const" and n.name not in {b.name for b in big}]
-    assert small and all(n == next(o for o in body.node_def if o.name == n.name) for n in small)
+    # Everything else is the function's own: every other node, and each splat's other attributes.
+    others = [n for n in copy.node_def if n.name not in {b.name for b in big}]
+    assert any(n.op == "Const" for n in others) and all(n == next(o for o in body.node_def if o.name == n.name)
+                                                         for n in others)
+    for node in big:
+        after = next(n for n in copy.node_def if n.name == node.name)
+        assert (after.op, list(after.input), after.device) == (node.op, list(node.input), node.device)
+        assert {k: v for k, v in after.attr.items() if k != "value"} == {k: v for k, v in node.attr.items() if k != "value"}
+    for field in ("attr", "arg_attr", "resource_arg_unique_id", "ret", "control_ret"):
+        assert dict(getattr(copy, field)) == dict(getattr(body, field)), field
     assert check_tpu_runtime_rules(model) == [] and bridge_findings(model) == []
     # And what the bridge refuses, it still refuses.
     (relu,) = [n for n in body.node_def if n.op == "Relu"]

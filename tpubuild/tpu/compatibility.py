@@ -259,16 +259,20 @@ def _library(model: SavedModel, name: str) -> dict[str, Any]:
     per model object and function). Only its closure is deserialized, not the whole
     library: a SavedModel's library also holds its signatures' functions and the object
     graph's save and restore functions, which no TPU function calls (BERT-base: 2,006 of
-    its 5,500 function nodes are the TPU function's; 0.97 s for the whole library)."""
+    its 5,500 function nodes are the TPU function's; 0.97 s for the whole library). Its
+    large constants are splats (tpu/splat.py): only the XLA check uses it, which reads none."""
     cache = model.__dict__.setdefault("_concrete_library", {})
     if name not in cache:
         from tensorflow.python.saved_model import function_deserialization
+
+        from tpubuild.tpu.splat import splat_large_constants
 
         # A copy of the closure: the loader renames functions in the library it is given.
         full = model.meta_graph.graph_def.library
         library = type(full)()
         keep = _closure(model, name)
-        library.function.extend(f for f in full.function if f.signature.name in keep)
+        # Each with its large constants as splats: the lowering reads no weight (tpu/splat.py).
+        library.function.extend(splat_large_constants(f) for f in full.function if f.signature.name in keep)
         library.gradient.extend(g for g in full.gradient if g.function_name in keep)
         library.registered_gradients.extend(g for g in full.registered_gradients if g.gradient_func in keep)
         cache[name] = function_deserialization.load_function_def_library(library, model.meta_graph.object_graph_def)

@@ -25,6 +25,7 @@ from tensorflow.core.framework.function_pb2 import FunctionDef
 from tpubuild.savedmodel.model import SavedModel
 from tpubuild.tpu.findings import ERROR, WARNING, Finding, tpu_bodies
 from tpubuild.tpu.placement import METADATA
+from tpubuild.tpu.splat import splat_large_constants
 
 PIPELINE = "tf-replicated-clustering-bridge-v2"
 _COUNTER = itertools.count()
@@ -57,7 +58,7 @@ def check_body(model: SavedModel, fn: str) -> Finding | None:
     names = [fn, *sorted(model.reachable(fn) & set(model.functions))]
     suffix = f"_tpubuild_bridge_{next(_COUNTER)}"
     renamed = {name: name + suffix for name in names}
-    copies = [_splat_large_constants(_renamed_copy(model.functions[name], renamed)) for name in names]
+    copies = [_renamed(splat_large_constants(model.functions[name]), renamed) for name in names]
     ctx = context.context()
     added = []
     try:
@@ -112,39 +113,9 @@ def _first_error(exc: Exception) -> tuple[str | None, str]:
     return node, line or type(exc).__name__
 
 
-# A constant of more bytes than this is checked as a splat (_splat_large_constants).
-SPLAT_MIN_BYTES = 64 * 1024
-# dtype -> (the TensorProto field, the splat's value: neither 0 nor 1, which canonicalization
-# folds as identities of Add and Mul; half and bfloat16 as their bits, 0.5).
-_SPLATS = {1: ("float_val", 0.5), 2: ("double_val", 0.5), 3: ("int_val", 3), 9: ("int64_val", 3),
-           19: ("half_val", 0x3800), 14: ("half_val", 0x3F00)}
-
-
-def _splat_large_constants(fdef: FunctionDef) -> FunctionDef:
-    """`fdef` with each large numeric constant's value replaced by a splat of its dtype and
-    shape. The bridge returns its module as text, every constant printed in hex: a TPU body
-    holding 576 MiB of weights as constants took its worker to 11 GiB and minutes, per
-    check. What the clustering bridge decides (clusters, outside compilation, its input
-    checks) reads ops, attributes, dtypes and shapes, never a constant's values, and a
-    TensorProto with one value repeats it over its shape (tensorflow/core/framework/
-    tensor.cc FromProtoField: the last value fills the rest), so the check is the same."""
-    for node in fdef.node_def:
-        if node.op != "Const" or "value" not in node.attr:
-            continue
-        tensor = node.attr["value"].tensor
-        splat = _SPLATS.get(tensor.dtype)
-        if splat is None or len(tensor.tensor_content) <= SPLAT_MIN_BYTES:
-            continue
-        field, value = splat
-        tensor.ClearField("tensor_content")
-        getattr(tensor, field).append(value)
-    return fdef
-
-
-def _renamed_copy(fdef: FunctionDef, renamed: dict[str, str]) -> FunctionDef:
-    copy = FunctionDef()
-    copy.CopyFrom(fdef)
-    copy.signature.name = renamed[fdef.signature.name]
+def _renamed(copy: FunctionDef, renamed: dict[str, str]) -> FunctionDef:
+    """`copy` (a function's copy: edited in place) with the functions it names renamed."""
+    copy.signature.name = renamed[copy.signature.name]
     for node in copy.node_def:
         if node.op in renamed:
             node.op = renamed[node.op]
