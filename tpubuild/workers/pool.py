@@ -396,7 +396,7 @@ def last_words(log_path: Path, stage: str, tail: int = 64 * 1024) -> str | None:
         return telling_line(text)
     # Native code that aborts says why first (LLVM ERROR, a failed CHECK): that line, then
     # where faulthandler saw the crash.
-    told, site = telling_line(text[:crash.start()]), crash_site(text)
+    told, site = telling_line(text[:crash.start()]), crash_site(crash, text)
     return f"{told} ({site})" if told else site
 
 
@@ -404,13 +404,11 @@ _CRASH = re.compile(r"^Fatal Python error: (.+)$", re.MULTILINE)
 _FRAME = re.compile(r'^  File "(.+)", line (\d+) in (\S+)$')
 
 
-def crash_site(text: str) -> str | None:
+def crash_site(found: re.Match[str], text: str) -> str:
     """What faulthandler wrote when native code crashed the worker (workers/process.py
-    enables it): the error and the Python frame it happened in, with the innermost frame
-    of tpubuild's own when that is another (the stage step that called into the crash)."""
-    found = _CRASH.search(text)  # the worker dies at its first
-    if found is None:
-        return None
+    enables it), its "Fatal Python error" line `found` in `text`: the error and the Python
+    frame it happened in, with the innermost frame of tpubuild's own when that is another
+    (the stage step that called into the crash)."""
     after = text[found.end():]
     current = after.find("Current thread ")
     lines = after[current:].splitlines()[1:] if current >= 0 else []
