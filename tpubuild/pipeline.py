@@ -35,8 +35,11 @@ MAIN_STAGES = {
     "io_shape": "tpubuild.stages.io_shape",
     "batch": "tpubuild.stages.batch",
     "reshard": "tpubuild.stages.reshard",  # variables.max_shard_size: the checkpoint in files of a size
+    # TF Serving warmup requests for the published SavedModels. Before verify: it reads the
+    # final model's proto and runs none, so it runs in the transforms' worker, which it hands
+    # on to verify, instead of on top of the CPU twin verify keeps loaded for report.
+    "warmup": "tpubuild.stages.warmup",
     "verify": "tpubuild.stages.verify",
-    "warmup": "tpubuild.stages.warmup",  # TF Serving warmup requests for the published SavedModels
     "report": "tpubuild.stages.report",
 }
 

@@ -41,7 +41,7 @@ def quick_start(tmp_path_factory) -> Path:
     assert (root / ".gitignore").read_text().endswith("\n/out/\n")
     assert done.stdout[done.stdout.index("1 recipe OK"):].startswith(
         f"1 recipe OK in {root}\n"
-        "toy  recipes/toy.py:export  [export > tpu > bfloat16 > io_shape > batch > verify > warmup > report > publish]\n"
+        "toy  recipes/toy.py:export  [export > tpu > bfloat16 > io_shape > batch > warmup > verify > report > publish]\n"
         'tpu_functions {\n  function_alias: "tpu_func"\n}\n'
     ), done.stdout
     return root

@@ -151,7 +151,7 @@ def test_a_fresh_clone_is_checked_from_recorded_hashes_alone(built_workspace, mo
     recipe.write_text(text.replace("samples: 4", "samples: 5"))
     check = tpubuild(ws, "build", "--check")
     assert (check.returncode, check.stdout) == (
-        1, "recipes/toy.yaml: building would change recipes/toy.lock.yaml: stage verify would run (the recipe changed)\n")
+        1, "recipes/toy.yaml: building would change recipes/toy.lock.yaml: stage warmup would run (the recipe changed)\n")
     recipe.write_text(text)
     assert quick_check(ws, None) == 3
 

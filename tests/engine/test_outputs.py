@@ -78,7 +78,7 @@ def test_check_lists_the_recipes_whose_lock_would_change(built_workspace):
     cut, toy = stale.stdout.splitlines()
     assert cut.startswith("recipes/cut.yaml: building would change recipes/cut.lock.yaml: stage export would run "
                           "(input file:recipes/models/notes.py: content changed (")
-    assert toy == ("recipes/toy.yaml: building would change recipes/toy.lock.yaml: stage verify would run "
+    assert toy == ("recipes/toy.yaml: building would change recipes/toy.lock.yaml: stage warmup would run "
                    "(option samples: 4 -> 9)")
     assert sorted(os.listdir(ws / "out" / "toy")) == ["1"]  # nothing was built
 
@@ -107,7 +107,7 @@ def test_check_in_a_fresh_clone_answers_from_the_lock_files(built_workspace, tmp
     assert says(other, "other", "source") and says(toy, "toy", "source")  # the first changed key is named
     (clone / "recipes" / "models" / "tiny" / "extra.txt").unlink()
     check = tpubuild(clone, "build", "--check", "toy")
-    assert check.returncode == 1 and says(check.stdout, "toy", "verify"), check.stdout
+    assert check.returncode == 1 and says(check.stdout, "toy", "warmup"), check.stdout
 
 
 def test_explain_and_dry_run_name_what_changed(built_workspace):
@@ -120,28 +120,28 @@ def test_explain_and_dry_run_name_what_changed(built_workspace):
         "recipes/toy.yaml: recipe toy",
         "  source: cached (key K)",
         "  batch: cached (key K)",
-        "  verify: would run (key K)",
-        "    - option samples: 4 -> 5",
         "  warmup: would run (key K)",
+        "    - option samples: 4 -> 5",
+        "  verify: would run (key K)",
         "    - option samples: 4 -> 5",
         # Decided once verify has run: early cutoff (engine/explain.py).
         "  report: cached if verify's output is unchanged",
-        "  publish: cached if the outputs of verify and warmup are unchanged",
+        "  publish: cached if the outputs of warmup and verify are unchanged",
     ]
     dry = json.loads(tpubuild(ws, "build", "--dry-run", "--json", "toy").stdout)
     assert [(r["stage"], r["status"], r["state"]) for r in dry["rows"]] == [
-        ("source", "cached", "cached"), ("batch", "cached", "cached"), ("verify", "pending", "would run"),
-        ("warmup", "pending", "would run"), ("report", "pending", "cached if verify's output is unchanged"),
-        ("publish", "pending", "cached if the outputs of verify and warmup are unchanged"),
+        ("source", "cached", "cached"), ("batch", "cached", "cached"), ("warmup", "pending", "would run"),
+        ("verify", "pending", "would run"), ("report", "pending", "cached if verify's output is unchanged"),
+        ("publish", "pending", "cached if the outputs of warmup and verify are unchanged"),
     ]
     assert dry["summary"] == {"cached": 2, "would run": 2, "cached if unchanged": 2}
     # Text: a row per stage that is not cached yet, with explain's words and reasons, then a summary.
     text = tpubuild(ws, "build", "--dry-run", "toy")
     assert (text.returncode, text.stdout.splitlines()) == (0, [
-        "toy: verify: would run (option samples: 4 -> 5)",
         "toy: warmup: would run (option samples: 4 -> 5)",
+        "toy: verify: would run (option samples: 4 -> 5)",
         "toy: report: cached if verify's output is unchanged",
-        "toy: publish: cached if the outputs of verify and warmup are unchanged",
+        "toy: publish: cached if the outputs of warmup and verify are unchanged",
         "1 recipe: 2 would run, 2 cached if unchanged, 2 cached",
     ])
     # -v: every stage, and each says what explain says of it, in the same words.

@@ -72,7 +72,7 @@ def screen(received: str) -> list[str]:
 
 
 def edit_toy(ws, samples: int) -> None:
-    """A verify option: toy's verify, warmup, report and publish rerun, the rest is cached
+    """A verify option: toy's warmup, verify, report and publish rerun, the rest is cached
     (the same model: its version is updated in place)."""
     (ws / "recipes" / "toy.yaml").write_text(source_recipe("toy", samples=samples))
 
@@ -91,9 +91,9 @@ def test_a_terminal_gets_a_live_line_colour_and_rows_of_work_only(built_workspac
     plain = [ESCAPE.sub("", line) for line in shown]
     # Rows for the stages that built, never one for a cached stage, in colour.
     assert plain[:4] == [line for line in plain if ROW.match(line)]
-    assert [ROW.match(line).group(2) for line in plain[:4]] == ["verify", "warmup", "report", "publish"]
+    assert [ROW.match(line).group(2) for line in plain[:4]] == ["warmup", "verify", "report", "publish"]
     assert all(ROW.match(line).group(3) == "built" for line in plain[:4])
-    assert "toy: verify: \x1b[32mbuilt\x1b[0m (" in shown[0]
+    assert "toy: warmup: \x1b[32mbuilt\x1b[0m (" in shown[0]
     # The same model re-measured: toy's version 1 updated in place, no new version.
     assert plain[4:] == ["toy: out/toy/1 unchanged (report updated)", f"3 recipes: 4 built, {total - 4} cached"]
     assert shown[-1] == f"3 recipes: \x1b[32m4 built\x1b[0m, \x1b[34m{total - 4} cached\x1b[0m"
@@ -121,7 +121,7 @@ def test_piped_output_has_rows_of_work_and_published_versions_without_live_line_
     assert "\x1b" not in result.stdout and "\r" not in result.stdout
     lines = result.stdout.splitlines()
     assert [ROW.match(line).group(2, 3) for line in lines[:4]] == [
-        ("verify", "built"), ("warmup", "built"), ("report", "built"), ("publish", "built")]
+        ("warmup", "built"), ("verify", "built"), ("report", "built"), ("publish", "built")]
     assert lines[4:] == ["toy: out/toy/1 unchanged (report updated)", "3 recipes: 4 built, 12 cached"]
     # Nothing changed: one summary line.
     again = tpubuild(ws, "build")
@@ -162,8 +162,9 @@ def test_verbose_lists_every_stage_and_a_stage_time_is_its_own_work(built_once, 
     assert all(built[s].group(5) is not None for s in ("verify", "warmup", "report"))
     assert built["publish"].group(5) is None
     # The first stage a new worker runs waited for its start-up (a process, TensorFlow's
-    # import: seconds), which is not in the stage's own time (this tiny verify: well under).
-    first = built["verify"]
+    # import: seconds), which is not in the stage's own time (this tiny warmup, verify's
+    # first step now: well under).
+    first = built["warmup"]
     assert float(first.group(5)) > float(first.group(4)), first.group(0)
     assert lines[-2:] == ["toy: out/toy/1 unchanged (report updated)", "3 recipes: 4 built, 12 cached"]
     # The same in build --json, in the session's first build: each worker's first stage.

@@ -139,7 +139,7 @@ def test_a_threshold_that_is_not_a_number_stops_the_build_before_it_starts(make_
     ws = make_workspace({"toy": source_recipe("toy")})
     for command in (("build",), ("build", "--dry-run")):
         result = tpubuild(ws, *command, env={"TPUBUILD_REFERENCE_BESIDE_MIN_BYTES": "256M"})
-        expected = "error: TPUBUILD_REFERENCE_BESIDE_MIN_BYTES='256M': expected a whole number of bytes (default 268435456)\n"
+        expected = "error: TPUBUILD_REFERENCE_BESIDE_MIN_BYTES='256M': expected a whole number of bytes (default 67108864)\n"
         assert (result.returncode, result.stderr) == (2, expected), result.stderr
     assert not (ws / "out").exists()
 

@@ -138,9 +138,10 @@ def test_a_verify_not_handed_on_keeps_no_twin(tmp_path, tpu_saved_model):
 
 
 @pytest.mark.slow  # a cold build: the slow tier
-def test_a_batched_recipe_hands_verifys_worker_through_warmup_to_report(tmp_path, tpu_saved_model):
-    """warmup (between verify and report when a recipe batches) runs in verify's worker and
-    hands it on: report takes the twin verify loaded, in no new worker (engine/loop.py HANDOFF)."""
+def test_a_batched_recipe_runs_warmup_before_verify_and_hands_verifys_worker_to_report(tmp_path, tpu_saved_model):
+    """warmup (when a recipe batches) runs no model: it runs in the transforms' worker, before
+    verify, and hands it on to verify (pipeline.py MAIN_STAGES); report then takes the twin
+    verify loaded, in no new worker (engine/loop.py HANDOFF), with nothing run between."""
     batched = RECIPE.replace("converter:\n", "converter:\n  batch_options:\n    - {num_batch_threads: 1, "
                              "max_batch_size: 4, batch_timeout_micros: 0, allowed_batch_sizes: [2, 4], "
                              "max_enqueued_batches: 10}\n")
@@ -148,7 +149,7 @@ def test_a_batched_recipe_hands_verifys_worker_through_warmup_to_report(tmp_path
     done = build_json(ws, env={"TPUBUILD_OWN_WORKER_MIN_BYTES": "1"})
     assert [statuses(done, "placed")[s] for s in ("verify", "warmup", "report")] == ["built"] * 3, done
     logs = list((ws / ".tpubuild" / "logs").glob("worker-*.log"))
-    assert any(stages[-3:] == ["verify", "warmup", "report"] for stages in _stages_per_worker(logs))
+    assert any(stages[-4:] == ["batch", "warmup", "verify", "report"] for stages in _stages_per_worker(logs))
     [shared] = [log.read_text() for log in logs if "--- stage verify" in log.read_text()]
     assert "[verify] verify called the artifact in batches of 2, 4 rows" in shared
     assert "[report] HLO from the CPU twin verify loaded and ran" in shared

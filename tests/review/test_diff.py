@@ -68,8 +68,11 @@ def test_a_stage_already_in_the_cache(repo):
     (repo / "recipes" / "sampled.yaml").write_text(
         "name: sampled\nextends: common/base.yaml\nmodel: {saved_model: models/tiny}\n")
     stages = affected(diff_json(repo, "main"))["sampled"]["stages"]
-    assert stages[0]["stage"] == "verify" and stages[0]["cached"] is True
-    assert any(c.startswith("option representative_datasets") for c in stages[0]["causes"]), stages[0]
+    # warmup, then verify (pipeline.py MAIN_STAGES): both read verify's samples, both cached.
+    assert [s["stage"] for s in stages[:2]] == ["warmup", "verify"], stages
+    for stage in stages[:2]:
+        assert stage["cached"] is True
+        assert any(c.startswith("option representative_datasets") for c in stage["causes"]), stage
 
 
 def assert_text_and_markdown_agree(repo, changed: dict) -> None:
@@ -99,9 +102,11 @@ def test_dataset_edit_affects_the_recipe_reading_it(repo):
     write_samples(repo / "recipes" / "models" / "samples.tfrecord", 2.0)
     changed = affected(diff_json(repo, "main"))
     assert list(changed) == ["sampled"]
-    verify = changed["sampled"]["stages"][0]
-    assert verify["stage"] == "verify"
-    assert verify["causes"][0].startswith("input file:recipes/models/samples.tfrecord: content changed")
+    stages = changed["sampled"]["stages"]
+    # warmup, then verify (pipeline.py MAIN_STAGES): both read the samples.
+    assert [s["stage"] for s in stages[:2]] == ["warmup", "verify"], stages
+    for stage in stages[:2]:
+        assert stage["causes"][0].startswith("input file:recipes/models/samples.tfrecord: content changed"), stage
     assert_text_and_markdown_agree(repo, changed)
     listed = json.loads(tpubuild(repo, "list", "--changed-since", "main", "--json", code=0).stdout)
     assert [row["name"] for row in listed] == ["sampled"]

@@ -58,8 +58,13 @@ class _Started:
 
 
 # From this size of source on, the prefetch pays (BERT-base, 420 MiB, issue 48: verify 9.2 s
-# of a 20.7 s build); below, TensorFlow's start-up in one more process costs about what it saves.
-REFERENCE_BESIDE_MIN_BYTES = 256 * 2**20
+# of a 20.7 s build); below, TensorFlow's start-up in one more process costs about what it
+# saves. Issue 54, benchmarks/real_models.py on 2 cores, ResNet50 (100 MiB) with and without
+# it in one session: its bf16 recipe (8 samples) 16.7 s wall against 18.3 s, build peak RSS
+# 883 MiB against 933 (verify loads no source), CPU 25.1 s against 19.2; its batched recipe
+# (16 samples) 18.1 s against 22.0 s, verify 6.8 s against 10.7. So from 64 MiB on, where a
+# model's verify runs in a worker of its own (workers/pool.py OWN_WORKER_MIN_BYTES) too.
+REFERENCE_BESIDE_MIN_BYTES = 64 * 2**20
 
 # The worker's peak: a process that imported TensorFlow, loaded the source and ran it on
 # verify's samples one at a time. Measured (VmHWM of a fresh process after `import

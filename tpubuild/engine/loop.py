@@ -55,11 +55,11 @@ __all__ = ["BuildEvents", "BuildOptions", "Engine", "RecipeRun", "Row", "build",
 # peak in verify's worker, ResNet50 bf16 with TensorFlow imported without JAX
 # (workers/lean_import.py): see benchmarks/real_models.py; the goal, 3x the model +
 # TensorFlow's own, holds.
-HANDOFF = {"verify": ("report", "warmup"), "warmup": ("report",)}
-# A batched recipe runs warmup between verify and report: verify's worker (its CPU twin still
-# loaded) is handed through warmup, which loads no model, on to report, instead of report
-# starting a worker that imports TensorFlow and loads the twin again (ResNet50 batched, issue
-# 54: report 4.5 s, 3.5 s of it a new worker's start-up).
+HANDOFF = {"verify": ("report",)}
+# warmup runs no model (stages/warmup.py): a pool stage, before verify, in the transforms'
+# worker, which it hands on to verify like the transform before it would. After verify, in
+# its worker, it had peaked on top of the CPU twin kept for report (ResNet50 batched, issue
+# 54: verify 987 MiB, warmup 1,026, the goal 964).
 # Besides HANDOFF, a stage of the shared pool (tpu, bfloat16, io_shape: no `runs_models`)
 # hands its worker on to the very next step of the plan when that step runs models (verify
 # after io_shape): that stage then starts in a worker that has imported TensorFlow (and
@@ -222,8 +222,7 @@ class Engine(RunVersion):
         if stage.runs_user_code:  # a fresh worker, closed after it
             return False
         if stage.runs_models:
-            # warmup hands on whatever its own size: what it was handed, verify's worker.
-            return (big or planned.name == "warmup") and upcoming in HANDOFF.get(planned.name, ())
+            return big and upcoming in HANDOFF.get(planned.name, ())
         return True
 
     def _handed_a_worker(self, run: RecipeRun, name: str) -> bool:
@@ -345,7 +344,7 @@ class Engine(RunVersion):
                    and p.name not in run.outputs]
         handing = self.executor == "local"  # Ray: the next may run elsewhere
         # Only to the very next such stage: a worker kept idle while another stage's worker
-        # runs (warmup between verify and report) would hold its memory beside that one.
+        # runs would hold its memory beside that one.
         upcoming = next((p.name for p in later if p.name not in ENGINE_STEPS), None)
         if handing and wanting and wanting[0] == upcoming and self._hands_on(planned, upcoming, big):
             request["keep_for"] = _handoff_token(run, upcoming)

@@ -15,17 +15,19 @@ inputs, the same ones verify runs), so the same inputs give the same bytes.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 ASSETS_EXTRA = "assets.extra"
 REQUESTS_FILE = "tf_serving_warmup_requests"
 MAX_RECORDS = 1000  # WarmupConsts::kMaxNumRecords
 MODEL_NAME = "model"  # TF Serving matches requests to the loading model whatever its name
-# What warmup may hold in memory: one request, and all of them (the stage builds them all,
-# then writes the file). Ours, not TF Serving's: it reads each record as one protobuf
+# What warmup may hold in memory: one request (each is written as it is made), and all of
+# them (the file TF Serving reads). Ours, not TF Serving's: it reads each record as one protobuf
 # message, whose hard limit is 2 GiB; a request this large compiles nothing a smaller
 # one of the same shape would not, and validate bounds batch sizes (config/checks.py
 # MAX_BATCH_SIZE), so only very wide inputs reach these.
@@ -41,6 +43,8 @@ def warmup_path(saved_model_dir: Path) -> Path:
 def batch_rows(samples: list[dict[str, np.ndarray]], size: int) -> dict[str, np.ndarray]:
     """One batch of `size` rows, taken in order from the samples (cycling), each sample's
     rows along dimension 0. Each input is allocated once, at its final size."""
+    import numpy as np
+
     pool = _sample_rows(samples)
     rows = next(iter(pool.values())).shape[0] if pool else 0
     if pool and rows == 0:
@@ -51,6 +55,8 @@ def batch_rows(samples: list[dict[str, np.ndarray]], size: int) -> dict[str, np.
 
 def _sample_rows(samples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """Every sample's rows, in order, per input."""
+    import numpy as np
+
     names = list(samples[0]) if samples else []
     return {name: np.concatenate([np.asarray(sample[name]) for sample in samples], axis=0) for name in names}
 
@@ -62,11 +68,10 @@ def request_bytes(samples: list[dict[str, np.ndarray]], size: int) -> int:
 
 
 def requests(samples_by_key: dict[str, list[dict[str, np.ndarray]]], batch_sizes: dict[str, list[int]],
-             max_records: int) -> list[Any]:
-    """One PredictionLog per signature and batch size, in sorted order."""
-    import tensorflow as tf
-    from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
-
+             max_records: int) -> Iterator[Any]:
+    """One PredictionLog per signature and batch size, in sorted order, each made when the
+    one before it has been taken. Checked before the first is made: a ValueError now, not
+    after half the file was written."""
     count = sum(len(sizes) for sizes in batch_sizes.values())
     limit = min(max_records, MAX_RECORDS)
     if count > limit:
@@ -82,27 +87,35 @@ def requests(samples_by_key: dict[str, list[dict[str, np.ndarray]]], batch_sizes
                         f"more than {MAX_REQUEST_BYTES >> 20} MiB" if need > MAX_REQUEST_BYTES else
                         f"the requests would hold more than {MAX_TOTAL_BYTES >> 20} MiB in all")
                 raise ValueError(f"{what}; lower the batch sizes, or `warmup: {{enabled: false}}`")
-    logs = []
+    return _made(samples_by_key, batch_sizes)
+
+
+def _made(samples_by_key: dict[str, list[dict[str, np.ndarray]]], batch_sizes: dict[str, list[int]]) -> Iterator[Any]:
+    import tensorflow as tf
+    from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
+
     for key in sorted(batch_sizes):
         for size in sorted(batch_sizes[key]):
             request = predict_pb2.PredictRequest(model_spec=model_pb2.ModelSpec(name=MODEL_NAME, signature_name=key))
             for name, value in sorted(batch_rows(samples_by_key[key], size).items()):
                 request.inputs[name].CopyFrom(tf.make_tensor_proto(value))
-            logs.append(prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request)))
-    return logs
+            yield prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
 
 
-def write(saved_model_dir: Path, logs: list[Any]) -> Path:
-    """Write the requests as TF Serving reads them: a TFRecord file of PredictionLog.
-    The directory is a stage's fresh output, moved into the store whole by the engine."""
+def write(saved_model_dir: Path, logs: Iterable[Any]) -> list[str]:
+    """Write the requests as TF Serving reads them: a TFRecord file of PredictionLog, each
+    request let go once written; returns each one's line (describe). The directory is a
+    stage's fresh output, moved into the store whole by the engine."""
     import tensorflow as tf
 
     path = warmup_path(saved_model_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
+    described = []
     with tf.io.TFRecordWriter(str(path)) as writer:
         for log in logs:
             writer.write(log.SerializeToString(deterministic=True))
-    return path
+            described.append(describe(log))
+    return described
 
 
 def read(saved_model_dir: Path) -> list[Any]:

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from tpubuild.errors import StageError
+from tpubuild.serving import warmup
 from tpubuild.stages import slices
-from tpubuild.stages.base import DATASET, LOADS_MODEL, MODEL, StageContext, StageResult, StageSpec
+from tpubuild.stages.base import DATASET, MODEL, TF_BASELINE, MemoryEstimate, StageContext, StageResult, StageSpec
 
 
 def batch_sizes(recipe: dict[str, Any]) -> list[int]:
@@ -26,9 +27,16 @@ def batch_sizes(recipe: dict[str, Any]) -> list[int]:
     return sorted(set(entry.get("allowed_batch_sizes") or [entry["max_batch_size"]]))
 
 
+# A bound, not a measurement: what warmup may hold is the final model's graph (parsed, a few
+# times its saved_model.pb), the samples and one request at a time (written as it is made),
+# at most MAX_REQUEST_BYTES (serving/warmup.py) with its serialization; no variable is read.
+# (ResNet50 batched, issue 54: the worker measured 720 MiB at its peak, well inside it.)
+WARMUP_MEMORY = MemoryEstimate(TF_BASELINE + 2 * warmup.MAX_REQUEST_BYTES, graph=4.0)
+
 SPEC = StageSpec(
     "warmup",
-    runs_models=True,
+    # No model runs here (the graph's signatures and verify's samples make the requests):
+    # a pool stage, in the transforms' worker before verify (pipeline.py MAIN_STAGES).
     options=lambda r: {
         "tags": slices.tags(r),
         "batch_sizes": batch_sizes(r),
@@ -42,14 +50,13 @@ SPEC = StageSpec(
     },
     files=lambda r: slices.tfrecord_files(slices.verify_datasets(r)),
     consumes=(MODEL, DATASET),
-    memory=LOADS_MODEL,  # its peak memory (stages/base.py, measured there)
+    memory=WARMUP_MEMORY,
 )
 
 
 def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: StageContext) -> StageResult:
     from tpubuild.quantize import datasets
     from tpubuild.savedmodel.model import INIT_OP_KEY, SavedModel
-    from tpubuild.serving import warmup
     from tpubuild.verify.verdict import verification_samples
 
     model = SavedModel.load(input_dir, options["tags"])
@@ -74,11 +81,16 @@ def run(input_dir: Path, output_dir: Path, options: dict[str, Any], context: Sta
             f"warmup: no warmup requests written: {exc} (give verify.representative_datasets, or "
             "`warmup: {enabled: false}` to say so)"])
     try:
-        logs = warmup.requests(samples_by_key, sizes, options["max_records"])
+        # Each request written as it is made: one held at a time, not all of them.
+        described = warmup.write(output_dir, warmup.requests(samples_by_key, sizes, options["max_records"]))
     except ValueError as exc:
         raise StageError(f"warmup: {exc}") from None
-    warmup.write(output_dir, logs)
-    described = [warmup.describe(log) for log in logs]
+    # The worker goes on to verify (engine/loop.py _hands_on): what this stage allocated,
+    # the samples and the graph, is handed back to the system first (memory.py).
+    from tpubuild.memory import release_memory
+
+    del model, samples_by_key
+    release_memory(collect=False)
     for line in described:
         context.log(line)
     return StageResult(summary={"requests": described, "batch_sizes": sizes, "samples_from": origin})
