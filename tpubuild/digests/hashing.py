@@ -68,6 +68,34 @@ def hash_fd(fd: int, size: int) -> str:
     return hasher.hexdigest()
 
 
+# What hash_while_copying reads and writes at a time: large enough that BLAKE3's threads
+# split each piece across the cores, small enough to stay in the CPU's caches' reach.
+COPY_PIECE = 16 << 20
+
+
+def hash_while_copying(src_fd: int, dst_fd: int) -> tuple[str, int]:
+    """(BLAKE3, size) of the bytes read from `src_fd` (from its offset 0), each piece
+    written to `dst_fd` from the same buffer it was hashed in: the digest is the one of what
+    was written, read once (store/staging.py). Counted as it goes (progress.py)."""
+    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    buffer = bytearray(COPY_PIECE)
+    view = memoryview(buffer)
+    offset = 0
+    try:
+        while n := os.preadv(src_fd, [buffer], offset):
+            piece = view[:n]
+            hasher.update(piece)
+            written = 0
+            while written < n:
+                written += os.write(dst_fd, piece[written:])
+            piece.release()
+            offset += n
+            progress.advance(n)
+    finally:
+        view.release()
+    return hasher.hexdigest(), offset
+
+
 # A mapped file is hashed in slices this large when a terminal shows the progress: each
 # slice is still hashed on all cores (BLAKE3's tree splits it), and counted after it.
 PROGRESS_SLICE = 64 << 20

@@ -258,7 +258,9 @@ class Engine(RunVersion):
             if planned.name == "source":
                 entry = self._snapshot_source(run, planned, pending)
                 self._digests_ahead(run, entry)
-                io = io_counters.since(io_before, io_counters.THREAD)
+                # With what its files' staging read and wrote while the key was taken.
+                io = io_counters.add(self.store.staging.io_of([f.hash for f in entry.files]),
+                                     io_counters.since(io_before, io_counters.THREAD))
             elif planned.name == "publish":
                 self.publish_version(run)
                 self.row(run, Row(run.name, "publish", "built", self.resolver.publish_key(run, run.outputs["publish"].tree),
@@ -469,6 +471,9 @@ def build(ws: Workspace, recipes: list[Recipe], options: BuildOptions | None = N
     options = options or BuildOptions()
     events = events or BuildEvents()
     engine = Engine(ws, options, events)
+    # A build's source files are read once: hashed for the key as they are copied into the
+    # session, which the source step moves into the store (store/staging.py).
+    engine.resolver.source_hasher = engine.store.staging.hash
     started = time.time()
     memo, since_ns = options.memo, options.since_ns
     runs = new_runs(recipes)
