@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from tpubuild import io_counters
+from tpubuild import io_counters, progress
 from tpubuild.digests import hash_fd, hash_file, hash_while_copying, is_racy, stat_key
 from tpubuild.errors import StageError
 from tpubuild.fs import open_regular, opened, remove_at
@@ -73,8 +73,11 @@ class SourceStaging:
                     after = os.fstat(fd)
                     if stat_key(after) != stat_key(st) or size != st.st_size:
                         raise StageError(f"{path} changed while it was being read (build again)")
-                    if is_racy(st.st_mtime_ns, st.st_ctime_ns, started) and hash_fd(fd, size) != digest:
-                        raise StageError(f"{path} changed while it was being read (build again)")
+                    if is_racy(st.st_mtime_ns, st.st_ctime_ns, started):
+                        with progress.uncounted():  # the meter counted these bytes once
+                            again = hash_fd(fd, size)
+                        if again != digest:
+                            raise StageError(f"{path} changed while it was being read (build again)")
                 except BaseException as exc:
                     remove_at(name, work_fd)
                     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
