@@ -138,7 +138,7 @@ class Resolver:
         self._distrusted: set[Path] = set()  # dep files said to be (partly) ignored
         # A build's: reads the source's files the stat cache does not know, for its key
         # (store/staging.py: copied into the store's session as they are hashed).
-        self.source_hasher: Callable[[str, os.stat_result], str] | None = None
+        self.source_hasher: Callable[[RecipeRun, str, os.stat_result], str] | None = None
 
     # --- inputs -------------------------------------------------------------------
     def expand(self, recipe: Recipe, patterns: list[str]) -> list[str]:
@@ -174,7 +174,8 @@ class Resolver:
         must be resolved already (doit's task order, or the planning walk)."""
         name = planned.name
         if name == "source":
-            tree = self.source_tree(run.recipe, self.source_hasher)[0]
+            build = self.source_hasher
+            tree = self.source_tree(run.recipe, None if build is None else lambda path, st: build(run, path, st))[0]
             inputs = {f"dir:{planned.options['saved_model']}": tree}
             record = key_record(name, self.codes[name], planned.options, inputs, environ=None)
             return Pending(record, stage_key(record))

@@ -59,6 +59,7 @@ class SourceStaging:
             return hash_file(path, st.st_size)
         started = time.time_ns()
         io_before = io_counters.read(io_counters.THREAD)
+        writer_io: list[dict[str, int] | None] = []  # the copy's writing thread's own counters
         fd, now = open_regular(path, follow=True)  # links inside the model: walk_files checked them
         with opened(fd):
             if stat_key(now) != stat_key(st):
@@ -69,7 +70,7 @@ class SourceStaging:
                               dir_fd=work_fd)
                 try:
                     with opened(out):
-                        digest, size = hash_while_copying(fd, out)
+                        digest, size = hash_while_copying(fd, out, writer_io)
                     after = os.fstat(fd)
                     if stat_key(after) != stat_key(st) or size != st.st_size:
                         raise StageError(f"{path} changed while it was being read (build again)")
@@ -83,7 +84,7 @@ class SourceStaging:
                     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
                         raise StageError(f"no space left on device while copying {path} into the cache") from None
                     raise
-        io = io_counters.since(io_before, io_counters.THREAD)
+        io = io_counters.add(io_counters.since(io_before, io_counters.THREAD), writer_io[0] if writer_io else None)
         with self._guard:
             if io is not None:
                 self._io[digest] = io_counters.add(self._io.get(digest), io) or io
