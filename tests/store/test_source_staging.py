@@ -95,3 +95,36 @@ def test_small_files_are_hashed_not_staged(tmp_path):
     path = str(tmp_path / "small")
     assert store.staging.hash(path, os.stat(path)) == hash_file(path)
     assert not store.session_dir().exists() or list(store.session_dir().rglob("*.staged")) == []
+
+
+FULL = r"""
+import os, resource, signal, sys
+from tpubuild.store import Store
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+store = Store(sys.argv[2])
+try:
+    store.staging.hash(sys.argv[1], os.stat(sys.argv[1]))
+except OSError as exc:
+    print(exc.errno, exc.filename)
+    print(sorted(p.name for p in store.session_dir().rglob("*.staged")))
+"""
+
+
+def test_a_copy_the_disk_refuses_names_its_file_and_leaves_none(tmp_path):
+    """The file system refuses the copy's bytes (a file size limit here: the kernel's EFBIG,
+    as a full disk's ENOSPC): the error names the copy, the build's one line says where
+    (errors.py), and no partial copy is left in the session."""
+    import errno
+    import subprocess
+    import sys
+
+    from tests.cli import REPO
+
+    (tmp_path / "big").write_bytes(os.urandom(SIZE))
+    done = subprocess.run([sys.executable, "-c", FULL, str(tmp_path / "big"), str(tmp_path / "cache")],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    code, filename = done.stdout.splitlines()[0].split(" ", 1)
+    assert int(code) == errno.EFBIG and filename.startswith(str(tmp_path / "cache")) and filename.endswith(".staged")
+    assert done.stdout.splitlines()[1] == "[]"

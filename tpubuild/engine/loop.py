@@ -181,6 +181,8 @@ class Engine(RunVersion):
                                                                  detail=traceback.format_exc())
             return False
         fetched = layer == RemoteLayer.name
+        if entry is not None and planned.name == "source":  # a remote's: copies staged for it are not needed
+            self.store.staging.discard([f.hash for f in entry.files])
         with self.state_lock:
             if entry is None:
                 self.pending[(run.name, planned.name)] = pending

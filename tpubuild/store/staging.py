@@ -21,7 +21,6 @@ cached) is removed at once or with the session.
 
 from __future__ import annotations
 
-import errno
 import os
 import threading
 import time
@@ -81,8 +80,10 @@ class SourceStaging:
                             raise StageError(f"{path} changed while it was being read (build again)")
                 except BaseException as exc:
                     remove_at(name, work_fd)
-                    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-                        raise StageError(f"no space left on device while copying {path} into the cache") from None
+                    if isinstance(exc, OSError) and exc.filename is None:
+                        # A write's error names no file: the copy's, so the build's one line
+                        # says where (`No space left on device: <cache>/v1/tmp/...`: errors.py).
+                        raise OSError(exc.errno, exc.strerror, os.fspath(self._dir() / name)) from None
                     raise
         io = io_counters.add(io_counters.since(io_before, io_counters.THREAD), writer_io[0] if writer_io else None)
         with self._guard:
