@@ -318,3 +318,35 @@ def test_the_streamed_bfloat16_cast_is_tf_cast_bit_for_bit(tmp_path: Path) -> No
     assert written.dtype == expected.dtype
     np.testing.assert_array_equal(written.view(np.uint16), expected.view(np.uint16))
     assert (expected.view(np.uint16)[[2, 3, 5, 6]] == 0x7FC0).all()  # the NaNs, as tf.cast writes them
+
+
+REFUSED_WRITE = r"""
+import os, resource, signal, sys
+from pathlib import Path
+from tpubuild.savedmodel import tensor_bundle
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+prefix = Path(sys.argv[1]) / "variables"
+piece = bytes(256 << 10)
+try:
+    with tensor_bundle.Writer(prefix) as writer:
+        writer.add(b"w", 1, [16, 1 << 16], (piece for _ in range(16)))  # 4 MiB in 256 KiB pieces
+except OSError as exc:
+    print(exc.errno, sorted(os.listdir(sys.argv[1])))
+"""
+
+
+def test_a_write_the_file_system_refuses_fails_the_tensor_and_leaves_nothing(tmp_path: Path) -> None:
+    """Writer.add's pieces are written by a thread (tensor_bundle._Writes): the kernel's
+    refusal of one (EFBIG past a file size limit, as ENOSPC on a full disk) is raised by add
+    itself, and the writer's temporary data file is removed."""
+    import errno
+    import subprocess
+    import sys
+
+    from tests.cli import REPO
+
+    done = subprocess.run([sys.executable, "-c", REFUSED_WRITE, str(tmp_path)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split(maxsplit=1) == [str(errno.EFBIG), "[]\n"], done.stdout

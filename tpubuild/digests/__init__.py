@@ -26,7 +26,6 @@ _FACE = {
     "hash_bytes": "hashing",
     "hash_fd": "hashing",
     "hash_file": "hashing",
-    "hash_while_copying": "hashing",
     "installed_dist": "toolchain_facts",
     "is_racy": "statcache",
     "key_env": "toolchain_facts",

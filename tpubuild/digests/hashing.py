@@ -12,7 +12,7 @@ from pathlib import Path
 
 import blake3
 
-from tpubuild import io_counters, progress
+from tpubuild import progress
 from tpubuild.errors import file_kind
 
 SCHEME = "blake3-tree-v1"
@@ -66,68 +66,6 @@ def hash_fd(fd: int, size: int) -> str:
         offset += len(chunk)
         progress.advance(len(chunk))
     return hasher.hexdigest()
-
-
-# What hash_while_copying reads and writes at a time: large enough that BLAKE3's threads
-# split each piece across the cores, small enough to stay in the CPU's caches' reach; and
-# how many pieces are in flight between its reading and its writing thread.
-COPY_PIECE = 16 << 20
-COPY_PIECES = 3
-
-
-def hash_while_copying(src_fd: int, dst_fd: int, writer_io: list[dict[str, int] | None] | None = None) -> tuple[str, int]:
-    """(BLAKE3, size) of the bytes read from `src_fd` (from its offset 0), each piece
-    written to `dst_fd` from the same buffer it was hashed in: the digest is the one of what
-    was written, read once (store/staging.py). A thread writes while this one reads and
-    hashes the next piece, so the disk's reads and writes overlap, as a kernel copy's do.
-    Counted as it goes (progress.py); the writing thread's own I/O counters
-    (io_counters.py) are appended to `writer_io` when it is given."""
-    import queue
-    import threading
-
-    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
-    free: queue.Queue[bytearray | None] = queue.Queue()
-    full: queue.Queue[tuple[bytearray, int] | None] = queue.Queue()
-    for _ in range(COPY_PIECES):
-        free.put(bytearray(COPY_PIECE))
-    failed: list[BaseException] = []
-
-    def write() -> None:
-        before = io_counters.read(io_counters.THREAD) if writer_io is not None else None
-        try:
-            while (item := full.get()) is not None:
-                buffer, n = item
-                with memoryview(buffer) as view:
-                    written = 0
-                    while written < n:
-                        written += os.write(dst_fd, view[written:n])
-                free.put(buffer)
-        except BaseException as exc:  # said by the reading thread, which stops
-            failed.append(exc)
-            free.put(None)
-        finally:
-            if writer_io is not None:
-                writer_io.append(io_counters.since(before, io_counters.THREAD))
-
-    writer = threading.Thread(target=write, name="tpubuild-copy-writer", daemon=True)
-    writer.start()
-    offset = 0
-    try:
-        while (buffer := free.get()) is not None and not failed:
-            n = os.preadv(src_fd, [buffer], offset)
-            if not n:
-                break
-            with memoryview(buffer) as view:
-                hasher.update(view[:n])
-            full.put((buffer, n))
-            offset += n
-            progress.advance(n)
-    finally:
-        full.put(None)
-        writer.join()
-    if failed:
-        raise failed[0]
-    return hasher.hexdigest(), offset
 
 
 # A mapped file is hashed in slices this large when a terminal shows the progress: each

@@ -26,7 +26,6 @@ import os
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Callable
 
 from tpubuild import progress
 from tpubuild.atomic import write_text_atomic
@@ -80,10 +79,8 @@ class StatCache:
             except (OSError, ValueError, KeyError, AttributeError):
                 pass  # a missing or damaged cache only costs rehashing
 
-    def file_hash(self, path: str, st: os.stat_result | None = None,
-                  hasher: Callable[[str, os.stat_result], str] | None = None) -> str:
-        """The content hash of `path` (absolute), from the cache when its stat is unchanged;
-        else read, by `hasher(path, st)` when given (a build's source: store/staging.py)."""
+    def file_hash(self, path: str, st: os.stat_result | None = None) -> str:
+        """The content hash of `path` (absolute), from the cache when its stat is unchanged."""
         if st is None:
             st = os.stat(path)
         self.seen.add(path)
@@ -93,7 +90,7 @@ class StatCache:
         started = time.time_ns()
         with span("hashing", cat="hash", file=path, bytes=st.st_size) if st.st_size >= TRACED_HASH_BYTES \
                 else nullcontext():
-            digest = hasher(path, st) if hasher is not None else hash_file(path, st.st_size)
+            digest = hash_file(path, st.st_size)
         self.files_hashed += 1
         self.bytes_hashed += st.st_size
         self.record(path, st, digest, started)
@@ -130,20 +127,17 @@ class StatCache:
         elif self.entries.pop(path, None) is not None:
             self.dirty = True
 
-    def tree(self, root: Path, hasher: Callable[[str, os.stat_result], str] | None = None) -> tuple[str, list[FileEntry]]:
-        """(Merkle hash, entries) of the directory `root`; a file not in the cache is read
-        by `hasher` when given (file_hash)."""
+    def tree(self, root: Path) -> tuple[str, list[FileEntry]]:
+        """(Merkle hash, entries) of the directory `root`."""
         root = Path(os.path.abspath(root))
         found = list(walk_files(root))
         to_hash = sum(st.st_size for rel, st in found
                       if (self.entries.get(os.path.join(root, rel)) or [None])[:5] != stat_key(st))
         entries = []
-        # On a terminal, a large model's progress; a build's source is copied as it is hashed.
-        label = f"hashing {root.name}" + (" into the cache" if hasher is not None else "")
-        with progress.meter(label, to_hash):
+        with progress.meter(f"hashing {root.name}", to_hash):  # on a terminal, a large model's
             for rel, st in found:
                 full = os.path.join(root, rel)
-                entries.append(FileEntry(rel, self.file_hash(full, st, hasher), st.st_size))
+                entries.append(FileEntry(rel, self.file_hash(full, st), st.st_size))
         return tree_digest(entries), entries
 
     def prune(self) -> int:

@@ -35,7 +35,7 @@ from tpubuild.engine.version import RunVersion
 from tpubuild.errors import StageError
 from tpubuild.keys import StageEntry
 from tpubuild.pipeline import ENGINE_STEPS, TARGET_STAGES, PlannedStage, entry, spec
-from tpubuild.store import STAGED_MIN_SIZE, Store
+from tpubuild.store import Store
 from tpubuild.store import register as register_used
 from tpubuild.trace_events import span
 
@@ -181,8 +181,6 @@ class Engine(RunVersion):
                                                                  detail=traceback.format_exc())
             return False
         fetched = layer == RemoteLayer.name
-        if entry is not None and planned.name == "source":  # a remote's: copies staged for it are not needed
-            self.store.staging.discard([f.hash for f in entry.files])
         with self.state_lock:
             if entry is None:
                 self.pending[(run.name, planned.name)] = pending
@@ -201,15 +199,6 @@ class Engine(RunVersion):
         run.outputs[planned.name] = self.resolver.output_of(planned, entry, directory)
         self.row(run, Row(run.name, planned.name, "cached", entry.key, time.monotonic() - start, remote=fetched))
         return True
-
-    def stage_source_file(self, run: RecipeRun, path: str, st: os.stat_result) -> str:
-        """The hash of a file of `run`'s source the stat cache does not know, copied into
-        the store's session as it is read (store/staging.py). A large one makes a new source
-        likely: the first worker starts importing TensorFlow now, beside the copy, not after
-        it (8 GiB, issue 54: the copy 20-30 s, then 4.4 s of waiting for a worker)."""
-        if st.st_size >= STAGED_MIN_SIZE:
-            self._prestart_worker(run)
-        return self.store.staging.hash(path, st)
 
     def _prestart_worker(self, run: RecipeRun) -> None:
         """A new source changes the key of every stage after it: those stages will run, in
@@ -269,9 +258,7 @@ class Engine(RunVersion):
             if planned.name == "source":
                 entry = self._snapshot_source(run, planned, pending)
                 self._digests_ahead(run, entry)
-                # With what its files' staging read and wrote while the key was taken.
-                io = io_counters.add(self.store.staging.io_of([f.hash for f in entry.files]),
-                                     io_counters.since(io_before, io_counters.THREAD))
+                io = io_counters.since(io_before, io_counters.THREAD)
             elif planned.name == "publish":
                 self.publish_version(run)
                 self.row(run, Row(run.name, "publish", "built", self.resolver.publish_key(run, run.outputs["publish"].tree),
@@ -482,17 +469,14 @@ def build(ws: Workspace, recipes: list[Recipe], options: BuildOptions | None = N
     options = options or BuildOptions()
     events = events or BuildEvents()
     engine = Engine(ws, options, events)
-    # A build's source files are read once: hashed for the key as they are copied into the
-    # session, which the source step moves into the store (store/staging.py).
-    engine.resolver.source_hasher = engine.stage_source_file
     started = time.time()
     memo, since_ns = options.memo, options.since_ns
     runs = new_runs(recipes)
     events.planned(runs)
     lock = WorkspaceLock(ws.state_dir)
     lock.acquire(options.lock_wait, notify=engine.errors)
-    todo: list[RecipeRun] = []
     try:
+        todo = []
         for run in runs:
             if traced_planning(up_to_date, engine, run):
                 if memo is not None and since_ns is not None:
@@ -556,8 +540,6 @@ def build(ws: Workspace, recipes: list[Recipe], options: BuildOptions | None = N
             engine.store.index.unusable(exc)
         engine.stat.save()
     finally:
-        if engine.pool is not None and not todo:  # a spare started as a source was hashed, and nothing ran
-            engine.pool.close(kill=True)
         engine.store.close()
         lock.release()
     return runs, engine

@@ -20,7 +20,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from tpubuild.digests import (
     ABSENT,
@@ -136,9 +136,6 @@ class Resolver:
         self.codes["source"] = self.codes["publish"] = "engine"
         self._entries: dict[str, StageEntry] = {}
         self._distrusted: set[Path] = set()  # dep files said to be (partly) ignored
-        # A build's: reads the source's files the stat cache does not know, for its key
-        # (store/staging.py: copied into the store's session as they are hashed).
-        self.source_hasher: Callable[[RecipeRun, str, os.stat_result], str] | None = None
 
     # --- inputs -------------------------------------------------------------------
     def expand(self, recipe: Recipe, patterns: list[str]) -> list[str]:
@@ -154,10 +151,7 @@ class Resolver:
             stats[rel] = _stat_tuple(st)
         return hashes, stats
 
-    def source_tree(self, recipe: Recipe, hasher: Callable[[str, os.stat_result], str] | None = None
-                    ) -> tuple[str, list[FileEntry], Path]:
-        """(tree hash, files, directory) of the recipe's SavedModel; its files not in the
-        stat cache read by `hasher` when given (a build's: store/staging.py)."""
+    def source_tree(self, recipe: Recipe) -> tuple[str, list[FileEntry], Path]:
         rel = recipe.canonical["model"]["saved_model"]
         directory = Path(recipe.root) / rel
         if not directory.is_dir():
@@ -166,7 +160,7 @@ class Resolver:
             from tpubuild.savedmodel.proto_limit import cpb_hint
 
             raise StageError(f"model.saved_model: {rel} holds no saved_model.pb{cpb_hint(directory)}")
-        tree, files = self.stat.tree(directory, hasher)
+        tree, files = self.stat.tree(directory)
         return tree, files, directory
 
     def record_for(self, run: RecipeRun, planned: PlannedStage) -> Pending:
@@ -174,8 +168,7 @@ class Resolver:
         must be resolved already (doit's task order, or the planning walk)."""
         name = planned.name
         if name == "source":
-            build = self.source_hasher
-            tree = self.source_tree(run.recipe, None if build is None else lambda path, st: build(run, path, st))[0]
+            tree = self.source_tree(run.recipe)[0]
             inputs = {f"dir:{planned.options['saved_model']}": tree}
             record = key_record(name, self.codes[name], planned.options, inputs, environ=None)
             return Pending(record, stage_key(record))
@@ -215,8 +208,6 @@ class Resolver:
         if verify and not self.store.verify(entry, self.stat):
             self._entries.pop(key, None)
             return None
-        if planned.name == "source":  # cached: copies staged as its files were hashed are not needed
-            self.store.staging.discard([f.hash for f in entry.files])
         return entry
 
     def depfile(self, key: str) -> Path:

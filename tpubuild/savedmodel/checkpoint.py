@@ -147,7 +147,9 @@ def _rewrite(reader: tensor_bundle.Reader, prefix: Path, cast: set[bytes], drop:
     # new memory per chunk.
     import numpy as np
 
-    buffers = _Buffers(np.empty(tensor_bundle.CHUNK, np.uint8), np.empty(tensor_bundle.CHUNK, np.uint8))
+    # The cast's buffers in turn: Writer.add writes one while the next is cast (WRITE_AHEAD).
+    buffers = _Buffers(np.empty(tensor_bundle.CHUNK, np.uint8),
+                       [np.empty(tensor_bundle.CHUNK, np.uint8) for _ in range(tensor_bundle.WRITE_AHEAD + 2)])
     with tensor_bundle.Writer(prefix, reader.header.num_shards, reader.header.version) as writer:
         for key in reader.in_file_order():
             entry = reader.entries[key]
@@ -173,7 +175,7 @@ def _rewrite(reader: tensor_bundle.Reader, prefix: Path, cast: set[bytes], drop:
 @dataclass
 class _Buffers:
     read: Any  # uint8 numpy arrays: a chunk of the source tensor
-    cast: Any  # its cast (half of it is used: float32 to bfloat16)
+    cast: list[Any]  # its cast (half of each is used: float32 to bfloat16), one after another
 
 
 # A NaN in bfloat16: exponent all ones, a mantissa bit set; tf.cast writes every NaN as
@@ -206,17 +208,17 @@ def _cast_bfloat16(reader: tensor_bundle.Reader, key: bytes, buffers: _Buffers) 
         return
     import ml_dtypes
 
-    cast = buffers.cast.view(ml_dtypes.bfloat16)
-    for piece in reader.views(key, buffers.read):
+    for turn, piece in enumerate(reader.views(key, buffers.read)):
+        into = buffers.cast[turn % len(buffers.cast)]  # not one Writer.add may still be writing
         source = piece.view(np.float32)
-        out = cast[:source.size]
+        out = into.view(ml_dtypes.bfloat16)[:source.size]
         with np.errstate(invalid="ignore"):  # NaN is cast as NaN: no warning
             np.copyto(out, source, casting="unsafe")
         bits = out.view(np.uint16)
         nan = (bits & 0x7FFF) > BF16_EXPONENT_MASK
         if nan.any():
             bits[nan] = BF16_QUIET_NAN
-        yield buffers.cast[:out.nbytes]
+        yield into[:out.nbytes]
 
 
 def _write_bfloat16_whole(src_dir: Path, out_dir: Path, keys: set[str]) -> None:

@@ -1,6 +1,6 @@
 """The content-addressed local cache, `<cache_dir>/v1/`: objects, stage records under this
 user's MAC, checkouts, dep files and per-process sessions (`store`, with its parts `objects`,
-`entries`, `checkouts`, `scan`, `depfiles`; `layout`, `sessions`, `staging`, `record_mac`), the SQLite index of the workspaces that use it (`index`, with what each
+`entries`, `checkouts`, `scan`, `depfiles`; `layout`, `sessions`, `record_mac`), the SQLite index of the workspaces that use it (`index`, with what each
 build used: `registration`), and garbage collection (`gc`). Safe to share between
 workspaces and users who trust each other (docs/shared-cache.md).
 """
@@ -13,7 +13,6 @@ from tpubuild.face import lazy
 _FACE = {
     "GcResult": "gc",
     "LAYOUT": "layout",
-    "STAGED_MIN_SIZE": "staging",
     "Store": "store",
     "choose_removals": "gc",
     "collect": "gc",

@@ -2,7 +2,6 @@
 from tpubuild.store.gc import GcResult as GcResult, choose_removals as choose_removals, collect as collect, workspace_references as workspace_references
 from tpubuild.store.layout import LAYOUT as LAYOUT
 from tpubuild.store.registration import register as register
-from tpubuild.store.staging import STAGED_MIN_SIZE as STAGED_MIN_SIZE
 from tpubuild.store.store import Store as Store
 
-__all__ = ['GcResult', 'LAYOUT', 'STAGED_MIN_SIZE', 'Store', 'choose_removals', 'collect', 'register', 'workspace_references']
+__all__ = ['GcResult', 'LAYOUT', 'Store', 'choose_removals', 'collect', 'register', 'workspace_references']

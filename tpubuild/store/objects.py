@@ -17,7 +17,6 @@ from tpubuild.fs import NotAFile, fsync_fd, lstat_at, open_dir, open_regular_at,
 from tpubuild.keys import StageEntry
 from tpubuild.store.layout import CacheLayout
 from tpubuild.store.sessions import Sessions
-from tpubuild.store.staging import SourceStaging
 
 __all__ = ["StoreObjects"]
 
@@ -29,7 +28,6 @@ class StoreObjects:
     objects: Path
     layout: CacheLayout
     sessions: Sessions
-    staging: SourceStaging
     # Objects this process hashed itself, with the stat they had (see Store.__init__).
     _verified: dict[str, list[int]]
     # The same objects by inode (st_dev, st_ino) -> (digest, size, mtime_ns): a stage's
@@ -267,25 +265,6 @@ class StoreObjects:
         except FileNotFoundError:
             return False
 
-    def _move_in_staged(self, f: FileEntry, src_root: Path) -> bool:
-        """Move the copy made as `f` was hashed for the key (store/staging.py) into the store
-        as its object, durable first; False when there is none. Its bytes are the hashed
-        ones (one buffer): not read again."""
-        staged = self.staging.take(f.hash)
-        if staged is None:
-            return False
-        workdir, name = staged
-        with self.sessions.in_session(workdir) as work_fd:
-            fd, st = open_regular_at(name, work_fd)
-            with opened(fd):
-                os.fchmod(fd, 0o444)
-                os.fsync(fd)
-                st = os.fstat(fd)
-                if st.st_size != f.size:
-                    raise StageError(f"{os.path.join(src_root, f.path)} changed while it was being read")
-                self.move_in(name, work_fd, f.hash, st, os.path.join(src_root, f.path))
-        return True
-
     def ingest_copies(self, files: list[FileEntry], src_root: Path, stat_cache: StatCache | None = None) -> None:
         """Copy files of a user directory (a source SavedModel) into the store, so what is
         published never shares an inode with the user's files. With `stat_cache`, an
@@ -294,9 +273,6 @@ class StoreObjects:
         missing = list({f.hash: f for f in files if not (
             self.object_ok(f.hash, stat_cache) if stat_cache is not None
             else os.path.lexists(self.object_path(f.hash)))}.values())
-        self.staging.discard([f.hash for f in files if f not in missing])  # the store has them
-        staged = [f for f in missing if self._move_in_staged(f, src_root)]
-        missing = [f for f in missing if f not in staged]
         if not missing:
             return
         work = self.sessions.new_workdir("ingest")

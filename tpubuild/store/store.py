@@ -52,7 +52,6 @@ from tpubuild.store.index import StoreIndex
 from tpubuild.store.layout import LAYOUT, CacheLayout
 from tpubuild.store.scan import StoreScan
 from tpubuild.store.sessions import Sessions
-from tpubuild.store.staging import SourceStaging
 
 __all__ = ["LAYOUT", "Store", "link_or_copy"]
 
@@ -67,8 +66,6 @@ class Store(StageRecords, StoreCheckouts, StoreScan, StoreDepFiles):
         self.stages = self.root / "stages"
         self.trees = self.root / "trees"
         self.sessions = Sessions(self.layout)
-        # A build's source files copied as they were hashed for its key (store/staging.py).
-        self.staging = SourceStaging(self.sessions)
         self.index = StoreIndex(self.layout)
         self.sessions.closing.append(self.index.close)
         self.tmp, self.lock_path, self.index_path = self.sessions.tmp, self.sessions.lock_path, self.index.path
