@@ -327,26 +327,28 @@ from tpubuild.savedmodel import tensor_bundle
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
 resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
 prefix = Path(sys.argv[1]) / "variables"
-piece = bytes(256 << 10)
+pieces = int(sys.argv[2])
+piece = bytes((4 << 20) // pieces)
 try:
     with tensor_bundle.Writer(prefix) as writer:
-        writer.add(b"w", 1, [16, 1 << 16], (piece for _ in range(16)))  # 4 MiB in 256 KiB pieces
+        writer.add(b"w", 1, [16, 1 << 16], (piece for _ in range(pieces)))  # 4 MiB in pieces
 except OSError as exc:
     print(exc.errno, sorted(os.listdir(sys.argv[1])))
 """
 
 
-def test_a_write_the_file_system_refuses_fails_the_tensor_and_leaves_nothing(tmp_path: Path) -> None:
-    """Writer.add's pieces are written by a thread (tensor_bundle._Writes): the kernel's
-    refusal of one (EFBIG past a file size limit, as ENOSPC on a full disk) is raised by add
-    itself, and the writer's temporary data file is removed."""
+@pytest.mark.parametrize("pieces", [16, 1], ids=["by_the_thread", "inline"])
+def test_a_write_the_file_system_refuses_fails_the_tensor_and_leaves_nothing(tmp_path: Path, pieces: int) -> None:
+    """Writer.add's pieces are written by a thread (tensor_bundle._Writes), a tensor of one
+    piece inline: the kernel's refusal of one (EFBIG past a file size limit, as ENOSPC on a
+    full disk) is raised by add itself, and the writer's temporary data file is removed."""
     import errno
     import subprocess
     import sys
 
     from tests.cli import REPO
 
-    done = subprocess.run([sys.executable, "-c", REFUSED_WRITE, str(tmp_path)], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", REFUSED_WRITE, str(tmp_path), str(pieces)], capture_output=True, text=True,
                           timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stderr
     assert done.stdout.split(maxsplit=1) == [str(errno.EFBIG), "[]\n"], done.stdout

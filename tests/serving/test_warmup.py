@@ -90,6 +90,14 @@ def test_a_batch_is_allocated_once_at_its_size() -> None:
     assert raised is None and peak < 1.4 * (result["x"].nbytes + result["s"].nbytes)
 
 
+def test_a_request_s_size_is_known_from_the_samples_without_building_it() -> None:
+    mixed = [{"x": np.zeros((rows, 300), np.float32)} for rows in (1, 3, 4)]  # 1,200-byte rows
+    assert warmup.request_bytes(mixed, 1000) == warmup.batch_rows(mixed, 1000)["x"].nbytes == 1_200_000
+    # Learning the size allocates nothing like the 9.6 KiB of the samples' rows concatenated.
+    peak, raised = _peak_bytes(lambda: warmup.request_bytes(mixed, 1000))
+    assert raised is None and peak < 4096
+
+
 def test_a_request_larger_than_the_cap_is_refused_before_it_is_built() -> None:
     wide = [{"x": np.zeros((1, 1 << 16), np.float32)}]  # 256 KiB rows: batch 2048 is 512 MiB
     peak, raised = _peak_bytes(lambda: warmup.requests({"k": wide}, {"k": [1, 2048]}, 1000))

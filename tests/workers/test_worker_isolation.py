@@ -142,10 +142,10 @@ def test_a_stage_running_a_large_model_gets_a_worker_of_its_own(make_workspace):
     shutil.rmtree(ws / ".tpubuild")  # cache and logs: build every stage again
     build_json(ws, env={"TPUBUILD_OWN_WORKER_MIN_BYTES": "1"})
     own = per_worker(ws)
-    # No stage that runs models after another in one worker, but verify's, handed to report (engine/loop.py HANDOFF: the CPU twin it loaded is report's HLO;
-    # test_worker_handoff.py). The stage before verify (no models of its own to leave behind
-    # but the transform's) hands its worker on to verify: one TensorFlow import less
-    # (engine/loop.py _hands_on).
+    # No stage that runs models after another in one worker, but verify's, handed to report
+    # (engine/loop.py HANDOFF: the CPU twin it loaded is report's HLO; test_worker_handoff.py).
+    # The stage before verify (no models of its own to leave behind but the transform's)
+    # hands its worker on to verify: one TensorFlow import less (engine/loop.py _hands_on).
     for stages in own:
         running = [stage for stage in stages if spec(stage).runs_models]
         assert not running or stages[-len(running):] == running, own

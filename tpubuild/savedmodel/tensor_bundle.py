@@ -454,43 +454,64 @@ class _Writes:
     """A thread writing one tensor's pieces to its shard file, and their crc32c, in order,
     while the caller reads and casts the next: write() into the page cache was most of
     bfloat16's rewrite (issue 54: 2 GiB of float32 in 4.8 s, 2.8 s of it in write()), and
-    its system call runs beside the cast (it releases the GIL)."""
+    its system call runs beside the cast (it releases the GIL). The thread starts at a
+    tensor's second piece: a tensor of one piece (most of a model's, CHUNK or smaller) is
+    written inline at close, where a thread would only cost its start."""
 
     def __init__(self, file: BinaryIO):
         import queue
-        import threading
 
         self.file = file
         self.crc = 0
         self.size = 0
         self.failed: BaseException | None = None
+        self.first: Any = None  # the first piece, held until a second one starts the thread
+        self.thread: Any = None
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=WRITE_AHEAD)
-        self.thread = threading.Thread(target=self._run, name="tpubuild-bundle-writer", daemon=True)
-        self.thread.start()
+
+    def _write(self, piece: Any) -> None:
+        self.file.write(piece)
+        self.crc = crc32c(piece, self.crc)
+        self.size += len(piece)
 
     def _run(self) -> None:
         while (piece := self.queue.get()) is not None:
             if self.failed is not None:
                 continue  # taken and dropped: the caller learns at its next put or at close
             try:
-                self.file.write(piece)
-                self.crc = crc32c(piece, self.crc)
-                self.size += len(piece)
+                self._write(piece)
             except BaseException as exc:
                 self.failed = exc
 
     def put(self, piece: Any) -> None:
         if self.failed is not None:
             raise self.failed
+        if self.thread is None:
+            if self.first is None:
+                self.first = piece
+                return
+            import threading
+
+            # The caller's buffers: the first piece is still held unwritten while the second
+            # is taken, as a queued piece is once the thread runs (WRITE_AHEAD + 1 pieces).
+            self.thread = threading.Thread(target=self._run, name="tpubuild-bundle-writer", daemon=True)
+            self.thread.start()
+            self.queue.put(self.first)
+            self.first = None
         self.queue.put(piece)
 
     def stop(self) -> None:
-        self.queue.put(None)
-        self.thread.join()
+        self.first = None
+        if self.thread is not None:
+            self.queue.put(None)
+            self.thread.join()
 
     def close(self) -> tuple[int, int]:
         """(crc32c, bytes) of what was written, once every piece is; the writing error if
         there was one."""
+        if self.thread is None and self.first is not None:
+            first, self.first = self.first, None
+            self._write(first)  # one piece: written here, an error raised as it is
         self.stop()
         if self.failed is not None:
             raise self.failed

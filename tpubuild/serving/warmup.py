@@ -43,9 +43,13 @@ def warmup_path(saved_model_dir: Path) -> Path:
 def batch_rows(samples: list[dict[str, np.ndarray]], size: int) -> dict[str, np.ndarray]:
     """One batch of `size` rows, taken in order from the samples (cycling), each sample's
     rows along dimension 0. Each input is allocated once, at its final size."""
+    return _taken(_sample_rows(samples), size)
+
+
+def _taken(pool: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
+    """`size` rows of each input of `pool` (every sample's rows, _sample_rows), cycling."""
     import numpy as np
 
-    pool = _sample_rows(samples)
     rows = next(iter(pool.values())).shape[0] if pool else 0
     if pool and rows == 0:
         raise ValueError("the samples hold no rows")
@@ -62,9 +66,17 @@ def _sample_rows(samples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 
 
 def request_bytes(samples: list[dict[str, np.ndarray]], size: int) -> int:
-    """What batch_rows(samples, size) will allocate, known before it does."""
-    pool = _sample_rows(samples)
-    return sum(value.nbytes // max(value.shape[0], 1) * size for value in pool.values())
+    """What batch_rows(samples, size) will allocate, known before it does (from the
+    samples' sizes: nothing is concatenated to learn it)."""
+    import numpy as np
+
+    names = list(samples[0]) if samples else []
+    total = 0
+    for name in names:
+        values = [np.asarray(sample[name]) for sample in samples]
+        rows = sum(value.shape[0] if value.ndim else 1 for value in values)
+        total += sum(value.nbytes for value in values) // max(rows, 1) * size
+    return total
 
 
 def requests(samples_by_key: dict[str, list[dict[str, np.ndarray]]], batch_sizes: dict[str, list[int]],
@@ -95,9 +107,10 @@ def _made(samples_by_key: dict[str, list[dict[str, np.ndarray]]], batch_sizes: d
     from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
     for key in sorted(batch_sizes):
+        pool = _sample_rows(samples_by_key[key])  # once per signature, for all its batch sizes
         for size in sorted(batch_sizes[key]):
             request = predict_pb2.PredictRequest(model_spec=model_pb2.ModelSpec(name=MODEL_NAME, signature_name=key))
-            for name, value in sorted(batch_rows(samples_by_key[key], size).items()):
+            for name, value in sorted(_taken(pool, size).items()):
                 request.inputs[name].CopyFrom(tf.make_tensor_proto(value))
             yield prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
 
