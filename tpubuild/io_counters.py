@@ -11,6 +11,8 @@ elsewhere, and where /proc is not readable, None.
 
 from __future__ import annotations
 
+import threading
+
 FIELDS = ("rchar", "wchar", "read_bytes", "write_bytes")
 SELF = "/proc/self/io"
 # The calling thread's own counters: the build's engine stores one stage's outputs while
@@ -19,12 +21,29 @@ THREAD = "/proc/thread-self/io"
 
 
 def read(path: str = SELF) -> dict[str, int] | None:
+    """The counters of `path`; THREAD's include what helper threads did for this thread
+    (`charge`): a stage's row counts the copy a thread made for it."""
     try:
         with open(path) as f:
             values = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
-        return {name: int(values[name]) for name in FIELDS}
+        counters = {name: int(values[name]) for name in FIELDS}
     except (OSError, KeyError, ValueError):
         return None
+    if path == THREAD:
+        charged = getattr(_charged, "io", None)
+        if charged is not None:
+            counters = {name: counters[name] + charged[name] for name in FIELDS}
+    return counters
+
+
+_charged = threading.local()
+
+
+def charge(io: dict[str, int] | None) -> None:
+    """Count `io` (a helper thread's own `since`, taken on that thread) as the calling
+    thread's, in its THREAD reads from now on: fs/place.py copy_hashed's copying thread."""
+    if io is not None:
+        _charged.io = add(getattr(_charged, "io", None), io)
 
 
 def since(before: dict[str, int] | None, path: str = SELF) -> dict[str, int] | None:

@@ -25,6 +25,7 @@ _FACE = {
     "forget_installed": "toolchain_facts",
     "hash_bytes": "hashing",
     "hash_fd": "hashing",
+    "hash_fd_arriving": "hashing",
     "hash_file": "hashing",
     "installed_dist": "toolchain_facts",
     "is_racy": "statcache",

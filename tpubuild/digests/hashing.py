@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 
 import blake3
@@ -91,6 +92,38 @@ def _hash_mapped(fd: int) -> str:
         finally:
             view.release()
         return hasher.hexdigest()
+
+
+def hash_fd_arriving(fd: int, pieces: Iterable[int]) -> str:
+    """BLAKE3 of an open file's bytes from offset 0, hashed piece by piece as they arrive:
+    `pieces` yields each next piece's length once its bytes are in the file (a copy that
+    another thread is writing, fs/place.py copy_hashed). The same digest as hash_fd of the
+    whole file (BLAKE3's incremental update is exact); each piece memory-mapped and
+    hashed on all cores, counted (progress.py) after it."""
+    import mmap
+
+    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    offset = 0
+    for length in pieces:
+        if length >= THREADED_MIN_SIZE:
+            start = offset - offset % mmap.ALLOCATIONGRANULARITY  # a mapping starts on a page
+            with mmap.mmap(fd, offset + length - start, access=mmap.ACCESS_READ, offset=start) as mapped:
+                view = memoryview(mapped)
+                try:
+                    hasher.update(view[offset - start:])
+                finally:
+                    view.release()
+        else:
+            done = 0
+            while done < length:
+                chunk = os.pread(fd, min(CHUNK, length - done), offset + done)
+                if not chunk:
+                    raise OSError(f"hash_fd_arriving: the file ends at {offset + done} bytes, short of a piece")
+                hasher.update(chunk)
+                done += len(chunk)
+        offset += length
+        progress.advance(length)
+    return hasher.hexdigest()
 
 
 class FileEntry:

@@ -21,6 +21,7 @@ _FACE = {
     "NotAFile": "nofollow",
     "WorkspaceLock": "wslock",
     "clean_relative": "names",
+    "copy_hashed": "place",
     "create_exclusive_at": "nofollow",
     "descend": "nofollow",
     "fsync_fd": "nofollow",

@@ -2,7 +2,7 @@
 from tpubuild.fs.flock import LockTimeout as LockTimeout, holder as holder, open_lock_file as open_lock_file, try_lock as try_lock, unlock as unlock, wait_lock as wait_lock
 from tpubuild.fs.names import INT64_MAX as INT64_MAX, clean_relative as clean_relative, inside as inside, shown as shown, version_number as version_number
 from tpubuild.fs.nofollow import MAX_DEPTH as MAX_DEPTH, NotAFile as NotAFile, create_exclusive_at as create_exclusive_at, descend as descend, fsync_fd as fsync_fd, lstat_at as lstat_at, make_dir as make_dir, open_dir as open_dir, open_path as open_path, open_regular_at as open_regular_at, opened as opened, read_regular_at as read_regular_at, remove_at as remove_at, walk_regular as walk_regular, write_atomic_at as write_atomic_at
-from tpubuild.fs.place import open_regular as open_regular, place_file as place_file, replace_file as replace_file
+from tpubuild.fs.place import copy_hashed as copy_hashed, open_regular as open_regular, place_file as place_file, replace_file as replace_file
 from tpubuild.fs.wslock import WorkspaceLock as WorkspaceLock
 
-__all__ = ['INT64_MAX', 'LockTimeout', 'MAX_DEPTH', 'NotAFile', 'WorkspaceLock', 'clean_relative', 'create_exclusive_at', 'descend', 'fsync_fd', 'holder', 'inside', 'lstat_at', 'make_dir', 'open_dir', 'open_lock_file', 'open_path', 'open_regular', 'open_regular_at', 'opened', 'place_file', 'read_regular_at', 'remove_at', 'replace_file', 'shown', 'try_lock', 'unlock', 'version_number', 'wait_lock', 'walk_regular', 'write_atomic_at']
+__all__ = ['INT64_MAX', 'LockTimeout', 'MAX_DEPTH', 'NotAFile', 'WorkspaceLock', 'clean_relative', 'copy_hashed', 'create_exclusive_at', 'descend', 'fsync_fd', 'holder', 'inside', 'lstat_at', 'make_dir', 'open_dir', 'open_lock_file', 'open_path', 'open_regular', 'open_regular_at', 'opened', 'place_file', 'read_regular_at', 'remove_at', 'replace_file', 'shown', 'try_lock', 'unlock', 'version_number', 'wait_lock', 'walk_regular', 'write_atomic_at']

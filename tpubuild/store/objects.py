@@ -13,7 +13,7 @@ from typing import Callable, Iterator
 from tpubuild import progress
 from tpubuild.digests import FileEntry, StatCache, hash_fd, stat_key
 from tpubuild.errors import StageError, file_kind
-from tpubuild.fs import NotAFile, fsync_fd, lstat_at, open_dir, open_regular_at, opened, place_file, remove_at
+from tpubuild.fs import NotAFile, copy_hashed, fsync_fd, lstat_at, open_dir, open_regular_at, opened, remove_at
 from tpubuild.keys import StageEntry
 from tpubuild.store.layout import CacheLayout
 from tpubuild.store.sessions import Sessions
@@ -284,17 +284,17 @@ class StoreObjects:
                     src = os.path.join(src_root, f.path)
                     with self.sessions.in_session(work) as work_fd:
                         # Links inside the model are allowed (walk_files checked they stay inside it).
-                        # Copied in the kernel (copy_file_range), then the copy hashed: the
-                        # user's file is read once here. Copying and hashing in one pass
-                        # through this process's memory reads it once too, but measured
-                        # slower here: 2 GiB in 8.6-11.6 s against 2.7-3.4 s (write() of
-                        # user memory against the kernel's copy; the copy's hash reads
-                        # the page cache at ~3 GB/s on all cores).
-                        place_file(src, f.hash, "copy", follow=True, dst_dir_fd=work_fd)
+                        # Copied in the kernel (copy_file_range), the copy hashed behind it
+                        # (fs/place.py copy_hashed): the user's file is read once here.
+                        # Copying and hashing in one pass through this process's memory
+                        # reads it once too, but measured slower here: 2 GiB in 8.6-11.6 s
+                        # against 2.7-3.4 s (write() of user memory against the kernel's
+                        # copy; the copy's hash reads the page cache at ~3 GB/s on all cores).
+                        digest = copy_hashed(src, f.hash, follow=True, dst_dir_fd=work_fd)
+                        if digest != f.hash:
+                            raise StageError(f"{src} changed while it was being read")
                         fd, _ = open_regular_at(f.hash, work_fd)
-                        with opened(fd), progress.uncounted():
-                            if hash_fd(fd, os.fstat(fd).st_size) != f.hash:
-                                raise StageError(f"{src} changed while it was being read")
+                        with opened(fd):
                             self.move_in(f.hash, work_fd, f.hash, os.fstat(fd), src)
         finally:
             self.sessions.remove(work)
