@@ -348,7 +348,7 @@ def test_a_write_the_file_system_refuses_fails_the_tensor_and_leaves_nothing(tmp
 
     from tests.cli import REPO
 
-    done = subprocess.run([sys.executable, "-c", REFUSED_WRITE, str(tmp_path), str(pieces)], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    done = subprocess.run([sys.executable, "-c", REFUSED_WRITE, str(tmp_path), str(pieces)], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stderr
     assert done.stdout.split(maxsplit=1) == [str(errno.EFBIG), "[]\n"], done.stdout

@@ -98,6 +98,14 @@ def test_a_request_s_size_is_known_from_the_samples_without_building_it() -> Non
     assert raised is None and peak < 4096
 
 
+def test_a_scalar_sample_is_refused_the_same_way_by_its_size_and_its_batch() -> None:
+    scalar = [{"x": np.zeros((2, 3), np.float32)}, {"x": np.float32(1.0)}]
+    for measure in (lambda: warmup.request_bytes(scalar, 4), lambda: warmup.batch_rows(scalar, 4)):
+        with pytest.raises(ValueError, match="^sample input 'x' is a scalar; a warmup request batches samples along "
+                                             "dimension 0$"):
+            measure()
+
+
 def test_a_request_larger_than_the_cap_is_refused_before_it_is_built() -> None:
     wide = [{"x": np.zeros((1, 1 << 16), np.float32)}]  # 256 KiB rows: batch 2048 is 512 MiB
     peak, raised = _peak_bytes(lambda: warmup.requests({"k": wide}, {"k": [1, 2048]}, 1000))

@@ -191,9 +191,7 @@ def copy_hashed(src: Path | str, dst: str, follow: bool = False, dst_dir_fd: int
                 steps: queue.Queue[int | None] = queue.Queue()
                 failed: list[BaseException] = []
                 stop = threading.Event()
-
                 start = copied
-
                 helper_io: list[dict[str, int] | None] = []
 
                 def copier() -> None:

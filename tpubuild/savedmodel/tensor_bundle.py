@@ -36,7 +36,7 @@ import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 # google-crc32c: the C implementation of CRC-32C (a pyproject dependency for this module;
 # TensorFlow exposes none to Python). Every tensor's bytes are checksummed as they pass.
@@ -45,6 +45,9 @@ from tensorflow.core.framework import versions_pb2
 from tensorflow.core.protobuf import tensor_bundle_pb2
 
 from tpubuild.errors import ConversionError
+
+if TYPE_CHECKING:
+    import threading
 
 # tensorflow/core/framework/types.proto
 DT_STRING = 7
@@ -466,7 +469,7 @@ class _Writes:
         self.size = 0
         self.failed: BaseException | None = None
         self.first: Any = None  # the first piece, held until a second one starts the thread
-        self.thread: Any = None
+        self.thread: threading.Thread | None = None
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=WRITE_AHEAD)
 
     def _write(self, piece: Any) -> None:

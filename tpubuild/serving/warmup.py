@@ -62,7 +62,19 @@ def _sample_rows(samples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     import numpy as np
 
     names = list(samples[0]) if samples else []
-    return {name: np.concatenate([np.asarray(sample[name]) for sample in samples], axis=0) for name in names}
+    return {name: np.concatenate([_batched(name, sample[name]) for sample in samples], axis=0) for name in names}
+
+
+def _batched(name: str, value: Any) -> np.ndarray:
+    """A sample's input as an array batched along dimension 0; a scalar (no rows to
+    batch) is a ValueError naming the input, where numpy's concatenate and shape[0]
+    would each fail their own way."""
+    import numpy as np
+
+    array = np.asarray(value)
+    if array.ndim == 0:
+        raise ValueError(f"sample input {name!r} is a scalar; a warmup request batches samples along dimension 0")
+    return array
 
 
 def request_bytes(samples: list[dict[str, np.ndarray]], size: int) -> int:
@@ -73,8 +85,8 @@ def request_bytes(samples: list[dict[str, np.ndarray]], size: int) -> int:
     names = list(samples[0]) if samples else []
     total = 0
     for name in names:
-        values = [np.asarray(sample[name]) for sample in samples]
-        rows = sum(value.shape[0] if value.ndim else 1 for value in values)
+        values = [_batched(name, sample[name]) for sample in samples]
+        rows = sum(value.shape[0] for value in values)
         total += sum(value.nbytes for value in values) // max(rows, 1) * size
     return total
 
