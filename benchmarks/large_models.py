@@ -247,7 +247,9 @@ def _role(cmd: str) -> str:
         return "worker"
     if "-m tpubuild" in cmd:
         return "build"
-    return "python -c" if " -c " in cmd else cmd.split()[0]
+    if " -c " in cmd:
+        return "python -c"
+    return cmd.split()[0] if cmd.split() else "?"  # a process that exited before its command line was read
 
 
 def _print_procs(procs: dict[int, dict[str, int | str]]) -> None:

@@ -4,6 +4,7 @@ compute_ahead): publish states the digests of the bytes it names, as when it rea
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import blake3
@@ -41,3 +42,23 @@ def test_digests_computed_ahead_are_the_ones_publish_reads_and_a_changed_object_
     digests.compute_ahead([entry], lambda digest: tmp_path / digest)
     tree = tree_digest([entry])
     assert digests.dependency_digests(tmp_path, {"dir:m": tree}, {tree: [entry]}, lambda d: tmp_path / d) == {}
+
+
+def test_digests_ahead_stop_when_the_build_ends_and_publish_reads_what_they_lack(tmp_path):
+    files = {"saved_model.pb": os.urandom(1000)}  # bytes no other test's digests computed (they are kept)
+    entries = _objects(tmp_path, files)
+    tree = tree_digest(entries)
+    expected = {"dir:model": {"dirHash": digests.dir_hash([("saved_model.pb", hashlib.sha256(files["saved_model.pb"])
+                                                                                  .hexdigest())])}}
+    digests.stop_ahead()  # the build ended: a pass ahead computes nothing
+    try:
+        digests.compute_ahead(entries, lambda digest: tmp_path / digest)
+    finally:
+        digests.start_ahead()
+    (tmp_path / "moved").mkdir()
+    for entry in entries:
+        (tmp_path / entry.hash).rename(tmp_path / "moved" / entry.hash)
+    assert digests.dependency_digests(tmp_path, {"dir:model": tree}, {tree: entries}, lambda d: tmp_path / d) == {}
+    # Publish reads what the passes ahead did not compute.
+    assert digests.dependency_digests(tmp_path, {"dir:model": tree}, {tree: entries},
+                                      lambda d: tmp_path / "moved" / d) == expected

@@ -293,6 +293,19 @@ def test_every_truncated_or_flipped_index_is_data_loss_or_read(tmp_path: Path) -
             assert str(exc).startswith(f"{index}: ") and "\n" not in str(exc)
 
 
+def _cast_by_rewrite(tmp_path: Path, value: np.ndarray) -> np.ndarray:
+    """`value` saved as variable "w" by TensorFlow, cast to bfloat16 by checkpoint._rewrite,
+    read back by TensorFlow's checkpoint reader."""
+    src = tmp_path / "src" / "variables"
+    src.mkdir(parents=True)
+    _save_v2(src / "variables", ["w"], [value])
+    out = tmp_path / "out"
+    (out / "variables").mkdir(parents=True)
+    with tensor_bundle.Reader.open(src / "variables") as reader:
+        checkpoint._rewrite(reader, out / PREFIX, cast={b"w"}, drop=set(), object_graph=None)
+    return tf.train.load_checkpoint(str(out / PREFIX)).get_tensor("w")
+
+
 def test_the_streamed_bfloat16_cast_is_tf_cast_bit_for_bit(tmp_path: Path) -> None:
     """bfloat16 casts float32 with ml_dtypes into reused buffers (checkpoint._cast_bfloat16);
     its bits must be tf.cast's on every float32 pattern that matters: ties rounded to even,
@@ -306,18 +319,26 @@ def test_the_streamed_bfloat16_cast_is_tf_cast_bit_for_bit(tmp_path: Path) -> No
     count = tensor_bundle.CHUNK // 4 * 2 + 1000  # two whole chunks and part of a third
     bits = np.concatenate([special, rng.integers(0, 2**32, count - special.size, dtype=np.uint64).astype(np.uint32)])
     value = bits.view(np.float32)
-    src = tmp_path / "src" / "variables"
-    src.mkdir(parents=True)
-    _save_v2(src / "variables", ["w"], [value])
-    out = tmp_path / "out"
-    (out / "variables").mkdir(parents=True)
-    with tensor_bundle.Reader.open(src / "variables") as reader:
-        checkpoint._rewrite(reader, out / PREFIX, cast={b"w"}, drop=set(), object_graph=None)
-    written = tf.train.load_checkpoint(str(out / PREFIX)).get_tensor("w")
+    written = _cast_by_rewrite(tmp_path, value)
     expected = tf.cast(tf.constant(value), tf.bfloat16).numpy()
     assert written.dtype == expected.dtype
     np.testing.assert_array_equal(written.view(np.uint16), expected.view(np.uint16))
     assert (expected.view(np.uint16)[[2, 3, 5, 6]] == 0x7FC0).all()  # the NaNs, as tf.cast writes them
+
+
+def test_a_lone_nan_in_a_chunk_of_ordinary_weights_is_cast_as_tf_cast_casts_it(tmp_path: Path) -> None:
+    """The NaN search runs only on a chunk whose float32 sum is not finite (checkpoint.
+    _cast_bfloat16): a chunk of ordinary weights, one holding a single negative NaN, one
+    whose infinities of both signs sum to NaN, one whose finite values overflow the sum."""
+    per_chunk = tensor_bundle.CHUNK // 4
+    value = np.random.default_rng(1).standard_normal(per_chunk * 4).astype(np.float32)
+    value.view(np.uint32)[per_chunk + 12345] = 0xFFC01234  # chunk 2: one NaN, negative, with a payload
+    value[2 * per_chunk + 7], value[2 * per_chunk + 9] = np.inf, -np.inf  # chunk 3: inf + -inf
+    value[3 * per_chunk:3 * per_chunk + 64] = 3.0e38  # chunk 4: a sum past float32's range, no NaN
+    written = _cast_by_rewrite(tmp_path, value)
+    expected = tf.cast(tf.constant(value), tf.bfloat16).numpy()
+    np.testing.assert_array_equal(written.view(np.uint16), expected.view(np.uint16))
+    assert written.view(np.uint16)[per_chunk + 12345] == 0x7FC0
 
 
 REFUSED_WRITE = r"""

@@ -40,7 +40,7 @@ from tpubuild.store import register as register_used
 from tpubuild.trace_events import span
 
 if TYPE_CHECKING:
-    from concurrent.futures import Future, ThreadPoolExecutor
+    from concurrent.futures import ThreadPoolExecutor
 
     from tpubuild.config.recipe import Recipe
     from tpubuild.config.workspace import Workspace
@@ -103,9 +103,8 @@ class Engine(RunVersion):
         self.cache = LayeredCache([LocalLayer(self.resolver, self.state_lock)])
         # verify's source side, started beside the stages before it (engine/beside.py).
         self.beside = ReferenceBeside(self.store, self.jobs, self.executor, self.timeout, self.notes)
-        # The thread that computes the source's standard digests (_digests_ahead).
+        # The thread that computes the standard digests of stored objects (_digests_ahead).
         self._ahead: ThreadPoolExecutor | None = None
-        self.ahead_futures: dict[str, Future[None]] = {}  # recipe name -> its source's
 
     # --- the remote cache -----------------------------------------------------------
     def attach_remote(self, url: str, push: bool = True) -> None:
@@ -126,23 +125,31 @@ class Engine(RunVersion):
         self.cache.layers.append(RemoteLayer(remote, self.resolver, self.state_lock, self.errors))
 
     def _digests_ahead(self, run: RecipeRun, entry: StageEntry) -> None:
-        """Compute the in-toto digests of a new source snapshot now, in a thread, while the
-        stages after it run in workers: publish needs them (provenance/digests.py
-        compute_ahead), and they are the same bytes' whenever they are read."""
+        """Compute the in-toto digests of a stage's output objects now, in a thread, while
+        the stages after it run in workers: publish needs them (provenance/digests.py
+        compute_ahead: the source's for its dependencies, the artifact's for the subjects),
+        and they are the same bytes' whenever they are read. One thread, in stage order:
+        an object a later stage passes on unchanged is computed once."""
         from concurrent.futures import ThreadPoolExecutor
 
-        from tpubuild.provenance.digests import compute_ahead
+        from tpubuild.provenance.digests import compute_ahead, start_ahead
 
         with self.pool_lock:
             if self._ahead is None:
-                self._ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpubuild-digests")
-            self.ahead_futures[run.name] = self._ahead.submit(compute_ahead, entry.files, self.store.object_path)
+                start_ahead()
+                self._ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpubuild-digests",
+                                                 initializer=_in_the_background)
+            self._ahead.submit(compute_ahead, entry.files, self.store.object_path, self.store.known_object)
 
     def finish_digests(self, wait: bool = True) -> None:
-        """Wait for the digests computed ahead (they read store objects); on an interrupt,
-        drop the ones not started."""
+        """Stop the digests computed ahead: every version was published (publish read what
+        they had not computed), so what is left is wanted by no one. The pass under way
+        stops at its next chunk; `wait`, for it to end (it reads store objects)."""
         if self._ahead is not None:
-            self._ahead.shutdown(wait=wait, cancel_futures=not wait)
+            from tpubuild.provenance.digests import stop_ahead
+
+            stop_ahead()
+            self._ahead.shutdown(wait=wait, cancel_futures=True)
             self._ahead = None
 
     # --- doit: the up-to-date test and the action of one (recipe, stage) task --------
@@ -267,6 +274,7 @@ class Engine(RunVersion):
             else:
                 entry, peak_rss, timing, worker_io = self._execute(run, planned, pending)
                 io = io_counters.add(worker_io, io_counters.since(io_before, io_counters.THREAD))
+                self._digests_ahead(run, entry)
         except StageError as exc:
             return self._fail(run, planned, str(exc), start, exc.detail, timing if exc.timing is None else exc.timing)
         except Exception as exc:  # a bug in tpubuild or a full disk: the recipe fails, the build goes on
@@ -543,6 +551,17 @@ def build(ws: Workspace, recipes: list[Recipe], options: BuildOptions | None = N
         engine.store.close()
         lock.release()
     return runs, engine
+
+
+def _in_the_background() -> None:
+    """The calling thread at the lowest CPU priority (Linux: a thread's nice value is its
+    own, setpriority on its thread id): the digests computed ahead take what the stages'
+    workers leave of the cores, instead of a share of them (issue 54: an 8 GiB source's
+    SHA-256, ~5 s of a core, ran beside bfloat16's cast on this 2-core machine)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):  # another system: the thread runs at the process's priority
+        pass
 
 
 def _unexpected(exc: Exception) -> str:

@@ -23,8 +23,6 @@ from tpubuild.publish import split_by_target
 from tpubuild.store import Store
 
 if TYPE_CHECKING:
-    from concurrent.futures import Future
-
     from tpubuild.config.workspace import Workspace
     from tpubuild.remote import RemoteCache
 
@@ -42,7 +40,6 @@ class RunVersion:
     link_type: str
     remote: RemoteCache | None
     pending: dict[tuple[str, str], Pending]
-    ahead_futures: dict[str, Future[None]]  # recipe name -> its source's digests, computed ahead
     errors: Callable[[str], None]
     notes: Callable[[str], None]
 
@@ -93,7 +90,8 @@ class RunVersion:
             run.version = publish(out.directory, paths, manifest, self.ws.keep_versions, self.stat,
                                   link_type=self.link_type,
                                   warn=lambda m: self.errors(f"warning: {m}"), finish=self.attest,
-                                  reservation=reservation_file(self.ws.state_dir, out.directory))
+                                  reservation=reservation_file(self.ws.state_dir, out.directory),
+                                  known=self.store.known_object)
 
     def attest(self, version_dir: Path, manifest: dict[str, Any], target: str | None = None) -> None:
         """The provenance statement of a version (the main one, or a target version when
@@ -101,7 +99,8 @@ class RunVersion:
         (tpubuild/provenance/)."""
         from tpubuild.provenance import statement
 
-        statement.write(version_dir, manifest, self.remote.url if self.remote is not None else None, target)
+        statement.write(version_dir, manifest, self.remote.url if self.remote is not None else None, target,
+                        known=self.store.known_object)
         key = self.ws.signing_key
         if key is None:
             return
@@ -122,11 +121,6 @@ class RunVersion:
         artifact (cached outputs never name a recipe)."""
         publish = run.plan[-1]
         targets = published_targets(publish)
-        ahead = self.ahead_futures.pop(run.name, None)
-        if ahead is not None:  # dependency_digests below takes what it computed, not the files again
-            from concurrent.futures import wait
-
-            wait([ahead])  # what it could not compute (or a bug in it) is computed below as ever
         main, by_target = split_by_target(run.outputs["publish"].files, sorted(targets))
         verdicts = dict(zip(targets, publish.summaries))  # plan order: each target's verify stage
         return {
@@ -154,7 +148,7 @@ class RunVersion:
             # The same inputs by the digests in-toto consumers read (provenance/digests.py).
             "input_digests": dependency_digests(Path(run.recipe.root), run_inputs(run),
                                                 {out.tree: out.files for out in run.outputs.values()},
-                                                self.store.object_path),
+                                                self.store.object_path, self.store.known_object),
             "toolchain": toolchain(),
             "tpubuild": __version__,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import blake3
 
@@ -45,7 +46,7 @@ def dir_hash(files: list[tuple[str, str]]) -> str:
 
 
 def dependency_digests(root: Path, inputs: dict[str, str], trees: dict[str, list[FileEntry]],
-                       object_path: Callable[[str], Path]) -> dict[str, dict[str, str]]:
+                       object_path: Callable[[str], Path], known: Known | None = None) -> dict[str, dict[str, str]]:
     """{input name: {"sha256" | "dirHash": hex}} for the inputs (`run_inputs`: name ->
     BLAKE3 digest) whose bytes still are the ones hashed; `trees` maps a tree digest to its
     files, whose objects `object_path` names (verified by the build)."""
@@ -56,7 +57,7 @@ def dependency_digests(root: Path, inputs: dict[str, str], trees: dict[str, list
             if kind == "dir":
                 files = trees.get(digest)
                 if files is not None and tree_digest(files) == digest:
-                    found[name] = {"dirHash": dir_hash([(f.path, _checked(object_path(f.hash), f.hash))
+                    found[name] = {"dirHash": dir_hash([(f.path, _checked(object_path(f.hash), f.hash, known))
                                                         for f in files])}
             elif kind in ("file", "import"):
                 b3, sha = blake3_and_sha256(os.path.join(root, rel))
@@ -75,27 +76,103 @@ class _Changed(Exception):
 # names its bytes, so its SHA-256 is known once it was computed (by compute_ahead or an
 # earlier version published in this process).
 _SHA256: dict[str, str] = {}
+# What a caller computes itself now (publish does not wait for the thread ahead, which runs
+# at the lowest priority: engine/loop.py): a pass ahead over one of them stops at its next
+# chunk; and every pass stops when the build ends (stop_ahead).
+_WANTED: set[str] = set()
+_STOPPED = threading.Event()
+
+# Known(st): the BLAKE3 of the file whose fstat is `st` when this process hashed that
+# inode itself and it is unchanged since (store/objects.py known_object), else None.
+Known = Callable[[os.stat_result], str | None]
 
 
-def _checked(path: Path, digest: str) -> str:
-    """SHA-256 of an object whose BLAKE3 must be `digest`."""
-    known = _SHA256.get(digest)
-    if known is not None:
-        return known
-    b3, sha = blake3_and_sha256(path)
-    if b3 != digest:
-        raise _Changed(path)
-    _SHA256[digest] = sha
-    return sha
+class _Abandoned(Exception):
+    """A pass ahead gave way: its object is wanted now by a caller that reads it itself."""
 
 
-def compute_ahead(files: list[FileEntry], object_path: Callable[[str], Path]) -> None:
-    """The SHA-256 of a tree's objects, for the dependency_digests of a version published
-    later in this process: a build computes the source model's while its stages run in
-    workers (engine/loop.py), not after them (BERT-base: 0.4 s of reading 420 MiB at
-    publish). An object that is gone or changed gets nothing here; publish tries again."""
-    for f in files:
-        try:
-            _checked(object_path(f.hash), f.hash)
-        except (OSError, _Changed):
-            continue
+def _read_into(fd: int, hashers: list[Any], digest: str, ahead: bool) -> None:
+    while chunk := os.read(fd, CHUNK):
+        if ahead and (digest in _WANTED or _STOPPED.is_set()):
+            raise _Abandoned(digest)
+        for hasher in hashers:
+            hasher.update(chunk)
+
+
+def _checked(path: Path, digest: str, known: Known | None = None, ahead: bool = False) -> str:
+    """SHA-256 of an object whose BLAKE3 must be `digest`. An object this process hashed
+    itself (`known`) is read for its SHA-256 alone: its BLAKE3 was taken from these bytes
+    (issue 54: an 8 GiB source's two hashes in one pass took ~13 s of a core beside the
+    stages; SHA-256 alone ~5 s)."""
+    found = _SHA256.get(digest)
+    if found is not None:
+        return found
+    if not ahead:
+        _WANTED.add(digest)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        sha = hashlib.sha256()
+        b3 = None if known is not None and known(os.fstat(fd)) == digest else blake3.blake3()
+        _read_into(fd, [sha] if b3 is None else [sha, b3], digest, ahead)
+        if b3 is not None and b3.hexdigest() != digest:
+            raise _Changed(path)
+    finally:
+        os.close(fd)
+    found = _SHA256[digest] = sha.hexdigest()
+    return found
+
+
+def published_sha256(path: Path, digest: str | None, known: Known | None) -> str:
+    """SHA-256 of a file of a version being published (its in-toto subject digest),
+    `digest` its BLAKE3 by the manifest: taken from what this process computed for that
+    object (compute_ahead) when the file is a hard link of an inode this process hashed
+    and holds unchanged (`known`), else read from the file. The subject names what the
+    file holds either way."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if digest is None or known is None or known(os.fstat(fd)) != digest:
+            return _sha256_fd(fd)
+        found = _SHA256.get(digest)
+        if found is None:
+            _WANTED.add(digest)  # a pass ahead over it gives way
+            found = _SHA256[digest] = _sha256_fd(fd)
+        return found
+    finally:
+        os.close(fd)
+
+
+def _sha256_fd(fd: int) -> str:
+    sha = hashlib.sha256()
+    _read_into(fd, [sha], "", False)
+    return sha.hexdigest()
+
+
+def compute_ahead(files: list[FileEntry], object_path: Callable[[str], Path], known: Known | None = None) -> None:
+    """The SHA-256 of a tree's objects, for the dependency_digests and the subjects of a
+    version published later in this process: a build computes the source model's, and
+    those of each new object a stage writes (the artifact's variables), while the stages
+    after run in workers (engine/loop.py), not at publish (BERT-base: 0.4 s of reading
+    420 MiB; an 8 GiB model's 4 GiB bfloat16 artifact: ~2.7 s). An object that is gone,
+    changed, or wanted now by publish itself (which never waits for this) gets nothing
+    here; publish reads what it lacks."""
+    from tpubuild.trace_events import span
+
+    with span("the standard digests of stored objects (ahead)", cat="cache", files=len(files)):
+        for f in files:
+            if _STOPPED.is_set():
+                return
+            try:
+                _checked(object_path(f.hash), f.hash, known, ahead=True)
+            except (OSError, _Changed, _Abandoned):
+                continue
+
+
+def start_ahead() -> None:
+    """A build's passes ahead may run (stop_ahead of an earlier build in this process undone)."""
+    _STOPPED.clear()
+
+
+def stop_ahead() -> None:
+    """Every pass ahead stops at its next chunk: the build ended, what it did not compute
+    is no longer wanted."""
+    _STOPPED.set()

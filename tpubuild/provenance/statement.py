@@ -14,11 +14,12 @@ directory) beside tpubuild's own BLAKE3, the digests in-toto consumers read
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any
+
+from tpubuild.provenance.digests import Known, published_sha256
 
 PROVENANCE = "tpubuild-provenance.json"
 SIGNATURE = "model.sig"  # model-signing's conventional name
@@ -37,15 +38,15 @@ def list_files(directory: Path, skip: set[str]) -> list[str]:
     return sorted(found)
 
 
-def sha256_files(directory: Path, skip: set[str]) -> dict[str, str]:
-    """Relative POSIX path -> SHA-256 of every file below `directory`, but `skip`."""
+def sha256_files(directory: Path, skip: set[str], blake3_by_path: dict[str, str] | None = None,
+                 known: Known | None = None) -> dict[str, str]:
+    """Relative POSIX path -> SHA-256 of every file below `directory`, but `skip`; a file
+    that is a hard link of an object this process hashed (`known`, its BLAKE3 the one
+    `blake3_by_path` gives) takes the SHA-256 computed ahead for that object
+    (provenance/digests.py published_sha256)."""
     found = {}
     for rel in list_files(directory, skip):
-        digest = hashlib.sha256()
-        with open(Path(directory) / rel, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        found[rel] = digest.hexdigest()
+        found[rel] = published_sha256(Path(directory) / rel, (blake3_by_path or {}).get(rel), known)
     return found
 
 
@@ -88,12 +89,15 @@ def statement(subjects: dict[str, str], manifest: dict[str, Any], remote_url: st
     }
 
 
-def write(directory: Path, manifest: dict[str, Any], remote_url: str | None, target: str | None = None) -> None:
+def write(directory: Path, manifest: dict[str, Any], remote_url: str | None, target: str | None = None,
+          known: Known | None = None) -> None:
     """Write the statement over the files of `directory`: those the manifest lists, and
     `tpubuild-manifest.json` itself (a consumer that trusts the statement can then trust
     what the manifest says: verdicts, targets, build facts). `directory` is target
-    `target`'s version when it is given."""
-    subjects = sha256_files(directory, {PROVENANCE, SIGNATURE})
+    `target`'s version when it is given. `known`: see sha256_files."""
+    listed = manifest.get("files", {}) if target is None else \
+        manifest.get("targets", {}).get(target, {}).get("files", {})
+    subjects = sha256_files(directory, {PROVENANCE, SIGNATURE}, listed, known)
     data = json.dumps(statement(subjects, manifest, remote_url, target), indent=2, sort_keys=True) + "\n"
     with open(directory / PROVENANCE, "w") as f:
         f.write(data)

@@ -108,9 +108,11 @@ def write_version(target_dir: Path, number: int, files: list[tuple[str, tuple[Fi
 
 
 def prepare_version(target_dir: Path, files: list[tuple[str, tuple[FileEntry, Path]]], manifest: dict[str, Any],
-                    link_type: str, finish: Callable[[Path], None] | None = None) -> Path:
+                    link_type: str, finish: Callable[[Path], None] | None = None,
+                    known: Callable[[os.stat_result], str | None] | None = None) -> Path:
     """A target version complete in a temp directory of `target_dir`, every file checked
-    against its digest (fs/place.py place_file's `expect`), durable; `commit_version` renames it."""
+    against its digest (fs/place.py place_file's `expect` and `known`), durable;
+    `commit_version` renames it."""
     target_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target_dir))
     try:
@@ -120,7 +122,7 @@ def prepare_version(target_dir: Path, files: list[tuple[str, tuple[FileEntry, Pa
             if path.parent not in made:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 made.add(path.parent)
-            place_file(obj, path, link_type, expect=entry.hash)
+            place_file(obj, path, link_type, expect=entry.hash, known=known)
         with open(tmp / MANIFEST, "wb") as f:
             f.write(manifest_bytes(manifest))
             f.flush()

@@ -240,6 +240,7 @@ def publish(
     warn: Callable[[str], None] | None = None,
     finish: Callable[[Path, dict[str, Any], str | None], None] | None = None,
     reservation: Path | None = None,
+    known: Callable[[os.stat_result], str | None] | None = None,
 ) -> int:
     """Write a new version from (entry, object path) pairs and the manifest; returns N.
     `link_type`: "hardlink" (a link where the file system allows, the workspace default) or "copy" (reflink or copy) (module docstring).
@@ -248,7 +249,8 @@ def publish(
     manifest, target)` runs on each version's temp directory (the main one's with target
     None) once its files and manifest are written, before the rename: it adds the
     provenance statement and the signature. `reservation` (`reservation_file`) keeps the
-    highest number ever used across crashes; without it only the directories present do."""
+    highest number ever used across crashes; without it only the directories present do.
+    `known`: the objects this process hashed itself (fs/place.py place_file)."""
     targets = sorted(manifest.get("targets") or {})
     files, target_files = target_versions.split_by_target(files, targets)
     try:
@@ -272,7 +274,7 @@ def publish(
                 if target.parent not in made:
                     target.parent.mkdir(parents=True, exist_ok=True)
                     made.add(target.parent)
-                place_file(obj, target, link_type, expect=entry.hash)  # the bytes published are the ones checked
+                place_file(obj, target, link_type, expect=entry.hash, known=known)  # the bytes published are checked
         with open(tmp / MANIFEST, "w") as f:
             json.dump(manifest, f, indent=2, sort_keys=True)
             f.write("\n")
@@ -289,7 +291,7 @@ def publish(
             sealed = None if finish is None else (lambda d, t=target: finish(d, manifest, t))
             prepared.append(target_versions.prepare_version(recipe_dir / target, target_files[target],
                                                             target_versions.target_manifest(manifest, target),
-                                                            link_type, sealed))
+                                                            link_type, sealed, known))
         # The main version first, each target version after it (module docstring: a reader
         # never sees a target version whose main version does not exist).
         os.rename(tmp, recipe_dir / str(number))

@@ -212,12 +212,17 @@ def _cast_bfloat16(reader: tensor_bundle.Reader, key: bytes, buffers: _Buffers) 
         into = buffers.cast[turn % len(buffers.cast)]  # not one Writer.add may still be writing
         source = piece.view(np.float32)
         out = into.view(ml_dtypes.bfloat16)[:source.size]
-        with np.errstate(invalid="ignore"):  # NaN is cast as NaN: no warning
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN is cast as NaN: no warning
             np.copyto(out, source, casting="unsafe")
-        bits = out.view(np.uint16)
-        nan = (bits & 0x7FFF) > BF16_EXPONENT_MASK
-        if nan.any():
-            bits[nan] = BF16_QUIET_NAN
+            # A NaN anywhere makes the sum NaN (IEEE 754): only then are the bits searched.
+            # The sum reads the chunk at ~15 GiB/s; the search, two temporaries a chunk,
+            # halved the cast's speed (issue 54: 1.5 GiB/s of float32 with it, 2-3.6 without).
+            suspect = not np.isfinite(np.sum(source, dtype=np.float32))
+        if suspect:
+            bits = out.view(np.uint16)
+            nan = (bits & 0x7FFF) > BF16_EXPONENT_MASK
+            if nan.any():
+                bits[nan] = BF16_QUIET_NAN
         yield into[:out.nbytes]
 
 
