@@ -87,12 +87,12 @@ _redraw: Callable[[], None] | None = None
 _drawn_at = [0.0]
 
 
-def _changed() -> None:
+def _changed(at_once: bool = False) -> None:
     redraw = _redraw
     if redraw is None:
         return
     now = time.monotonic()
-    if now - _drawn_at[0] >= REDRAW_EVERY:
+    if at_once or now - _drawn_at[0] >= REDRAW_EVERY:
         _drawn_at[0] = now
         redraw()
 
@@ -123,7 +123,9 @@ def meter(what: str, total: int) -> Iterator[Meter | None]:
     m = Meter(what, total)
     with _lock:
         board.append(m)
-    _changed()
+    # A meter shown from its start (SHOW_AFTER 0) is drawn now, not at the next change
+    # the throttle lets through: a copy shorter than REDRAW_EVERY would never show.
+    _changed(at_once=_after <= 0)
     before = getattr(_local, "meter", None)
     _local.meter = m
     try:
