@@ -193,3 +193,59 @@ def test_the_workers_estimate_bounds_what_it_was_measured_to_take():
     assert not fits and said == ("8,000 MiB available, 8,326 MiB needed (the worker ~3,510 MiB, the stages beside "
                                  "it up to ~3,792 MiB, a margin of 1,024 MiB)")
     assert beside_fits(2048 * mib, 8_326 * mib, 3_792 * mib)[0]
+
+
+def _save_wide_placed_model(path: Path, layers: int = 4, width: int = 1024) -> Path:
+    """`layers` float32 matrices of width x width (4 MiB each), one checkpoint shard: its
+    data file holds the whole model, its largest tensor a quarter of it."""
+    import tensorflow as tf
+
+    class Wide(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.ws = [tf.Variable(tf.random.stateless_normal([width, width], [i, 1]) / width**0.5)
+                       for i in range(layers)]
+
+        @tf.function(input_signature=[tf.TensorSpec([None, width], tf.float32)])
+        def tpu_func(self, x):
+            for w in self.ws:
+                x = tf.tanh(tf.matmul(x, w))
+            return x
+
+        @tf.function(input_signature=[tf.TensorSpec([None, width], tf.float32, name="x")])
+        def serve(self, x):
+            return {"y": self.tpu_func(x)}
+
+    model = Wide()
+    tf.saved_model.save(model, str(path), signatures={"serving_default": model.serve},
+                        options=tf.saved_model.SaveOptions(function_aliases={"tpu_func": model.tpu_func}))
+    return path
+
+
+def test_the_worker_beside_counts_a_streaming_stage_by_its_largest_tensor_not_its_data_file(tmp_path):
+    """The beside worker's gate reads the stages' sizes as the engine's gate does
+    (stages/base.py ModelSizes.for_estimate): bfloat16, which streams the checkpoint, by the
+    largest tensor variables.index names. At 8 GiB of one shard the data file's size said
+    17,104 MiB for a stage measured at 874 MiB, and kept the worker off where it fits."""
+    from tests.cli import tpubuild
+    from tpubuild.stages.base import GRAPH_ONLY, MiB, STREAMS_CHECKPOINT, ModelSizes
+
+    model = _save_wide_placed_model(tmp_path / "model")
+    data = [p for p in (model / "variables").iterdir() if p.name.startswith("variables.data")]
+    assert len(data) == 1 and data[0].stat().st_size >= 16 * MiB  # one shard: the whole model
+    files = [p for p in model.rglob("*") if p.is_file()]
+    whole = sum(p.stat().st_size for p in files)
+    graph = (model / "saved_model.pb").stat().st_size
+    by_tensor = max(STREAMS_CHECKPOINT.bytes(ModelSizes(whole, graph, 4 * MiB)),
+                    GRAPH_ONLY.bytes(ModelSizes(whole, graph, 4 * MiB)))
+    by_file = STREAMS_CHECKPOINT.bytes(ModelSizes(whole, graph, data[0].stat().st_size))
+    assert round(by_file / MiB) - round(by_tensor / MiB) >= 20  # the two readings differ in what is said
+    ws = write_workspace(tmp_path / "ws", model, {"placed": RECIPE})
+    done = tpubuild(ws, "build", env=BESIDE)
+    assert done.returncode == 0, done.stderr
+    if not _two_cpus():  # one CPU: nothing runs beside, nothing is said
+        assert "beside the earlier stages" not in done.stdout
+        return
+    assert f"the stages beside it up to ~{by_tensor / MiB:,.0f} MiB" in done.stdout, done.stdout
+    assert TAKEN in _logs(ws)
+    assert _verify_json(ws)["passed"] is True

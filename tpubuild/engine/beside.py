@@ -149,9 +149,11 @@ class ReferenceBeside:
         # verify makes a model larger than its input: graph edits, a cast to half the bytes).
         from tpubuild.stages.base import ModelSizes
 
-        sizes = ModelSizes.of([run.outputs[roles[SOURCE]].files])
-        between = run.plan[run.plan.index(planned):run.plan.index(verify)]
-        running_bytes = max(spec(p.name).memory_estimate.bytes(sizes) for p in between if p.name not in ENGINE_STEPS)
+        source = run.outputs[roles[SOURCE]]
+        between = [spec(p.name).memory_estimate for p in run.plan[run.plan.index(planned):run.plan.index(verify)]
+                   if p.name not in ENGINE_STEPS]
+        running_bytes = max(estimate.bytes(ModelSizes.for_estimate(estimate, [(source.files, source.directory)]))
+                            for estimate in between)
         fits, said = beside_fits(source_bytes, available_memory_bytes(), running_bytes)
         if not fits:
             self.started[run.name] = None  # decided for this build: verify runs the source itself

@@ -411,20 +411,12 @@ class Engine(RunVersion):
         from tpubuild.stages.base import DATASET, ModelSizes
 
         stage = spec(planned.name)
-        trees = [run.outputs[name].files for role, name in planned.consumes.items() if role != DATASET]
-        if not trees and stage.runs_user_code:  # export: the model it made last time, once it made one
+        consumed = [(run.outputs[name].files, run.outputs[name].directory)
+                    for role, name in planned.consumes.items() if role != DATASET]
+        sizes = ModelSizes.for_estimate(stage.memory_estimate, consumed)
+        if sizes is None and stage.runs_user_code:  # export: the model it made last time, once it made one
             earlier = self._earlier_output(run, planned.name)
-            trees = [earlier] if earlier else []
-        sizes = ModelSizes.of(trees) if trees else None
-        if sizes is not None and stage.memory_estimate.largest:  # streams the checkpoint: its largest tensor
-            from dataclasses import replace
-
-            from tpubuild.savedmodel.bundle_index import largest_tensor_bytes
-
-            known = [largest_tensor_bytes(run.outputs[name].directory)
-                     for role, name in planned.consumes.items() if role != DATASET]
-            if known and None not in known:
-                sizes = replace(sizes, largest=max(n for n in known if n is not None))
+            sizes = ModelSizes.of([earlier]) if earlier else None
         estimate = stage.memory_estimate.bytes(sizes)
         machine = total_memory_bytes()
         if machine is not None and estimate > machine and self.executor == "local":

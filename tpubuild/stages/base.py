@@ -45,6 +45,26 @@ class ModelSizes:
                  for files in trees]
         return max(sizes, key=lambda s: s.model, default=cls())
 
+    @classmethod
+    def for_estimate(cls, estimate: MemoryEstimate, consumed: list[tuple[list[Any], Path]]) -> ModelSizes | None:
+        """What `estimate` reads of the consumed SavedModels (each its file list and its
+        directory): for a stage that streams the checkpoint, the largest tensor as each
+        variables.index says it (savedmodel/bundle_index.py, no TensorFlow), not the
+        largest data file, which is the whole model when it is one shard. The engine's gate
+        (engine/loop.py) and the beside worker's (engine/beside.py) read sizes here alike."""
+        if not consumed:
+            return None
+        sizes = cls.of([files for files, _ in consumed])
+        if estimate.largest:
+            from dataclasses import replace
+
+            from tpubuild.savedmodel.bundle_index import largest_tensor_bytes
+
+            known = [largest_tensor_bytes(directory) for _, directory in consumed]
+            if None not in known:
+                sizes = replace(sizes, largest=max(n for n in known if n is not None))
+        return sizes
+
 
 @dataclass(frozen=True)
 class MemoryEstimate:
@@ -79,11 +99,16 @@ class MemoryEstimate:
 # 1,812 and 2,362, io_shape 1,768 and 2,312, verify 2,291 and 2,329, report 2,291 and
 # 2,326: up to 1.62x the model above the baseline.
 TF_BASELINE = 720 * MiB
-# Graph-only edits (tpu, batch, io_shape): they rewrite the graph and link the variables;
-# but tpu's checks (tpu/runtime_check.py) still load the model, and the measured peaks grow
-# with the model (1.02-1.09x in a worker of their own recipe, 1.62x on another's
-# leftovers), so the model counts: 1.5x.
-GRAPH_ONLY = MemoryEstimate(TF_BASELINE, model=1.5)
+# Graph-only edits (tpu, batch, io_shape): they parse, check and rewrite saved_model.pb and
+# hard-link the variables (issue 54 item 1); no variable value is read (tpu's checks,
+# tpu/runtime_check.py, run on the graph). Measured with benchmarks/large_models.py (the
+# lock file's peak_memory, `-j 1`, 2 cores): tpu 662 MiB, io_shape and batch 663 at 2 GiB
+# of model; 854, 829, 829 at 8 GiB; ResNet50 (98 MiB, a 1.7 MB graph) 649-656. The peaks
+# grow by ~0.03x the model (the index and file lists); 0.1x keeps a margin of three, and
+# the graph counts as STREAMS_CHECKPOINT counts it (parsed, edited, serialized). The 1.5x
+# this replaced (measured when tpu's checks loaded the model) kept the beside worker
+# (engine/beside.py) off at 8 GiB, where it fits.
+GRAPH_ONLY = MemoryEstimate(TF_BASELINE, model=0.1, graph=4.0)
 # A stage that streams the checkpoint tensor by tensor (read one, cast, write: bfloat16
 # after issue 54 item 1): the graph a few times (parsed, edited, serialized) and the float32
 # tensor with its cast (2x the float32 tensor: conservative, the cast is half its size).
